@@ -1,0 +1,97 @@
+"""Shared fixtures: real ClickHouse, real ZooKeeper, real Spark (local mode).
+
+Services are started once per run when absent (``txsink.services``). Every test gets its
+own ClickHouse database and its own ZooKeeper chroot, so tests cannot see each other.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import requests
+from kazoo.client import KazooClient
+
+from txsink.services import Services
+
+
+@pytest.fixture(scope="session")
+def services() -> Services:
+    svc = Services.from_env()
+    svc.up()
+    return svc
+
+
+@pytest.fixture(scope="session")
+def clickhouse_url(services: Services) -> str:
+    return services.clickhouse.url
+
+
+@pytest.fixture(scope="session")
+def zk_hosts(services: Services) -> str:
+    return services.zookeeper.hosts
+
+
+def run_sql(url: str, sql: str) -> str:
+    """Plain HTTP query for test setup and checks, independent of server_ext."""
+    resp = requests.post(url, data=sql.encode(), timeout=30)
+    body = resp.content.decode()
+    if resp.status_code != 200:
+        raise AssertionError(f"setup query failed ({resp.status_code}): {body.strip()}\n{sql}")
+    return body
+
+
+@pytest.fixture
+def ch_db(clickhouse_url: str) -> Iterator[str]:
+    """A fresh, empty database name, dropped after the test."""
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    run_sql(clickhouse_url, f"CREATE DATABASE `{name}`")
+    yield name
+    run_sql(clickhouse_url, f"DROP DATABASE IF EXISTS `{name}`")
+
+
+@pytest.fixture
+def zk_chroot(zk_hosts: str) -> Iterator[str]:
+    """A fresh ZooKeeper path to use as chroot; the tree is deleted after the test."""
+    path = f"/tests/{uuid.uuid4().hex[:10]}"
+    admin = KazooClient(hosts=zk_hosts)
+    admin.start(timeout=15)
+    admin.ensure_path(path)
+    yield path
+    admin.delete(path, recursive=True)
+    admin.stop()
+    admin.close()
+
+
+@pytest.fixture
+def zk(zk_hosts: str, zk_chroot: str) -> Iterator[KazooClient]:
+    """A started kazoo client rooted at the test's own chroot."""
+    client = KazooClient(hosts=zk_hosts + zk_chroot)
+    client.start(timeout=15)
+    yield client
+    client.stop()
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local SparkSession for the whole run (start-up costs ~6 s)."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2,3]")
+        .appName("txsink-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
