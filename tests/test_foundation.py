@@ -14,7 +14,8 @@ def test_clickhouse_answers_over_http_and_sees_zookeeper(clickhouse_url: str) ->
 
 
 def test_each_test_gets_its_own_empty_database(clickhouse_url: str, ch_db: str) -> None:
-    tables = run_sql(clickhouse_url, f"SELECT count() FROM system.tables WHERE database = '{ch_db}'")
+    sql = f"SELECT count() FROM system.tables WHERE database = '{ch_db}'"
+    tables = run_sql(clickhouse_url, sql)
     assert tables.strip() == "0"
 
 

@@ -63,13 +63,15 @@ def ensure_installed() -> None:
     ``policy-rc.d`` exiting 101 keeps the packages' postinst from starting the
     servers on a systemd host (they would take our ports).
     """
-    if Path(CLICKHOUSE_BINARY).exists() and Path(ZOOKEEPER_JAR).exists():
+    java_missing = shutil.which("java") is None
+    if Path(CLICKHOUSE_BINARY).exists() and Path(ZOOKEEPER_JAR).exists() and not java_missing:
         return
+    packages = [*APT_PACKAGES, *(["openjdk-17-jre-headless"] if java_missing else [])]
     if os.geteuid() != 0:
         raise ServiceError(
-            f"{', '.join(APT_PACKAGES)} are not installed and installing them needs root"
+            f"{', '.join(packages)} are not installed and installing them needs root"
         )
-    log.info("installing %s with apt-get", " ".join(APT_PACKAGES))
+    log.info("installing %s with apt-get", " ".join(packages))
     policy = Path("/usr/sbin/policy-rc.d")
     created_policy = not policy.exists()
     if created_policy:
@@ -79,7 +81,7 @@ def ensure_installed() -> None:
     try:
         subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
         subprocess.run(
-            ["apt-get", "install", "-y", "-qq", *APT_PACKAGES],
+            ["apt-get", "install", "-y", "-qq", *packages],
             check=True, env=env, stdout=subprocess.DEVNULL,
         )
     finally:

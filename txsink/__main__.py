@@ -1,0 +1,3 @@
+from txsink.cli import main
+
+raise SystemExit(main())

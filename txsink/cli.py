@@ -1,0 +1,127 @@
+"""The ``txsink`` command line: local services and operator commands.
+
+    txsink services up|down|status      real ClickHouse + ZooKeeper on 127.0.0.1
+    txsink status  --zookeeper H        sinks, last committed epoch, open xids, metrics
+    txsink recover --zookeeper H --url U   roll committing xids forward, undecided back
+    txsink gc      --zookeeper H --url U   drop staging tables of finished xids
+    txsink verify  --zookeeper H        audit every sink's history for anomalies
+    txsink demo                         the exactly-once demo under injected faults
+
+ClickHouse credentials come from TXSINK_CLICKHOUSE_USER / TXSINK_CLICKHOUSE_PASSWORD,
+never from the command line (it would show in ``ps``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+
+def _services(args: argparse.Namespace) -> int:
+    from txsink.services import Services
+
+    services = Services.from_env()
+    if args.action == "up":
+        services.up()
+        print(f"ZooKeeper  {services.zookeeper.hosts}  ready")
+        print(f"ClickHouse {services.clickhouse.url}  ready")
+    elif args.action == "down":
+        stopped = services.down()
+        print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+    else:
+        for name, info in services.status().items():
+            state = "ready" if info["ready"] else ("starting" if info["pid"] else "down")
+            print(f"{name:<11} {info['address']:<24} pid={info['pid']} {state}")
+    return 0
+
+
+def _operations(args: argparse.Namespace) -> int:
+    from txsink import operations
+
+    ops = operations.Operations(
+        zookeeper=args.zookeeper, zk_root=args.zk_root, url=getattr(args, "url", None),
+        user=os.environ.get("TXSINK_CLICKHOUSE_USER"),
+        password=os.environ.get("TXSINK_CLICKHOUSE_PASSWORD"),
+    )
+    try:
+        if args.command == "status":
+            result = ops.status(args.sink)
+        elif args.command == "recover":
+            result = ops.recover(args.sink)
+        elif args.command == "gc":
+            result = ops.gc(args.grace, args.prune_older_than)
+        else:
+            result = ops.verify(args.sink, args.committing_older_than)
+    finally:
+        ops.close()
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print(operations.render(args.command, result))
+    if args.command == "verify" and any(s["anomalies"] for s in result["sinks"]):
+        return 1
+    if args.command == "status" and any(s["in_doubt"] for s in result["sinks"]):
+        return 3
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from txsink import demo
+
+    return demo.main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="txsink", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    svc = sub.add_parser("services", help="install/start/stop the local servers")
+    svc.add_argument("action", choices=["up", "down", "status"])
+    svc.set_defaults(func=_services)
+
+    def ops_parser(name: str, help_text: str, url: bool) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--zookeeper", default="127.0.0.1:2181", help="host:port[/chroot]")
+        p.add_argument("--zk-root", default="/txsink")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        if url:
+            p.add_argument("--url", default="http://127.0.0.1:8123", help="ClickHouse HTTP URL")
+        p.set_defaults(func=_operations)
+        return p
+
+    status = ops_parser("status", "sinks, committed epochs, in-doubt xids, metrics", url=False)
+    status.add_argument("--sink", help="only this sink id")
+    recover = ops_parser("recover", "finish or roll back unfinished xids", url=True)
+    recover.add_argument("--sink", help="only this sink id")
+    gc = ops_parser("gc", "drop staging of finished xids; prune old xids", url=True)
+    gc.add_argument("--grace", type=float, default=3600.0,
+                    help="seconds a staging table of an unknown xid is kept (default 3600)")
+    gc.add_argument("--prune-older-than", type=float, default=None,
+                    help="also remove finished xids older than this many seconds")
+    verify = ops_parser("verify", "audit the transaction history for anomalies", url=False)
+    verify.add_argument("--sink", help="only this sink id")
+    verify.add_argument("--committing-older-than", type=float, default=300.0)
+
+    demo = sub.add_parser("demo", help="exactly-once demo under injected faults")
+    demo.add_argument("--epochs", type=int, default=12)
+    demo.add_argument("--rows-per-epoch", type=int, default=20_000)
+    demo.add_argument("--seed", type=int, default=None)
+    demo.set_defaults(func=_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except Exception as exc:  # noqa: BLE001 - operator-facing: one clear line, no trace
+        if args.verbose:
+            raise
+        print(f"txsink {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,91 @@
+"""The ``clickhouse_tx`` PySpark data source: Arrow writers for batch and streaming.
+
+Thin adapters from Spark's writer contract to :mod:`txsink.plan` (driver, before any
+task), :mod:`txsink.branch` (each task attempt) and :mod:`txsink.driver` (commit and
+abort). Spark pickles the writer object into every task and into ``commit``; only the
+immutable :class:`~txsink.plan.WritePlan` travels with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from txsink import driver
+from txsink.branch import streaming_epoch, write_branch
+from txsink.options import OptionError, parse_options
+from txsink.plan import WritePlan, check_target
+
+
+class ClickHouseTxDataSource(DataSource):
+    """Exactly-once writes into a ClickHouse table: ``format("clickhouse_tx")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "clickhouse_tx"
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return BatchWriter(self._plan(schema, overwrite, streaming=False))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        if overwrite:
+            raise OptionError(
+                "clickhouse_tx streams append only: use outputMode('append') or 'update'"
+            )
+        return StreamWriter(self._plan(schema, overwrite, streaming=True))
+
+    def _plan(self, schema: StructType, overwrite: bool, streaming: bool) -> WritePlan:
+        options = parse_options(self.options)
+        _, columns, strategy = check_target(options, schema)
+        sink_id = options.resolved_sink_id(streaming)
+        if options.in_transaction():
+            return WritePlan(options, sink_id, options.tx_generation, strategy, overwrite,
+                             columns, epoch=options.tx_epoch)
+        coord, generation = driver.open_sink(options, sink_id)
+        epoch = None
+        if not streaming:
+            epoch = coord.allocate_epoch()
+            coord.begin(epoch, generation)
+        return WritePlan(options, sink_id, generation, strategy, overwrite, columns, epoch)
+
+
+class BatchWriter(DataSourceArrowWriter):
+    """One batch job = one xid; Spark's authorised attempt per partition wins."""
+
+    def __init__(self, plan: WritePlan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return write_branch(self.plan, self.plan.epoch, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        driver.commit_epoch(self.plan, self.plan.epoch, messages)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        driver.abort_epoch(self.plan, self.plan.epoch)
+
+
+class StreamWriter(DataSourceStreamArrowWriter):
+    """One micro-batch = one xid whose epoch is the batch id (stable across restarts)."""
+
+    def __init__(self, plan: WritePlan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return write_branch(self.plan, streaming_epoch(), iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        driver.commit_epoch(self.plan, batchId, messages)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        driver.abort_epoch(self.plan, batchId)

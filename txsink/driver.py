@@ -1,0 +1,125 @@
+"""The driver side of an epoch: open the sink, commit, abort.
+
+Contract (Spark's ``BatchWrite``/``StreamingWrite``, made exactly-once):
+
+- :func:`open_sink` runs before any task of a job or micro-batch: it bumps the sink's
+  generation (fencing every older driver of the same sink) and recovers what an
+  earlier driver left: ``Committing`` xids are published, undecided ones rolled back.
+- :func:`commit_epoch` may be called more than once for the same epoch (Spark replays a
+  micro-batch whose ``commits/N`` file was not written): a committed xid is a no-op.
+  The decision is one compare-and-set in ZooKeeper; after it the publish is retried
+  until it succeeds, by this call or by a later recovery, and is never rolled back.
+- :func:`abort_epoch` rolls back an undecided xid; a decided one is left to recovery.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Sequence
+
+import server_ext
+from coordinator import Coordinator, XidDecided
+from txsink import connections
+from txsink.messages import BranchMessage
+from txsink.options import SinkOptions
+from txsink.plan import WritePlan
+from txsink.publisher import BranchPublisher
+
+log = logging.getLogger("txsink")
+
+
+def publisher_for(options: SinkOptions, coord: Coordinator) -> BranchPublisher:
+    return BranchPublisher(connections.clickhouse(options), coord)
+
+
+def open_sink(options: SinkOptions, sink_id: str) -> tuple[Coordinator, int]:
+    """Fence older writers of ``sink_id`` and recover their unfinished xids."""
+    coord = connections.coordinator(options, sink_id)
+    generation = coord.fence()
+    if options.recover_on_start:
+        publisher = publisher_for(options, coord)
+        report = coord.recover(publish=publisher.publish, rollback=publisher.rollback)
+        if report.actions:
+            log.warning("txsink sink=%s recovered: %s", sink_id, report)
+    return coord, generation
+
+
+def _overwrite_branch(plan: WritePlan, coord: Coordinator, epoch: int,
+                      winners: Sequence[str]) -> str:
+    """Register one synthetic branch that replaces every partition the winners wrote.
+
+    Dynamic partition overwrite must replace a partition with the rows of *all* tasks at
+    once, so the winners' parts are combined in a per-xid staging table and published
+    with ``REPLACE PARTITION`` (idempotent). The real branches become non-winners and are
+    dropped after the publish.
+    """
+    records = {r.branch_id: r for r in coord.branches(epoch)}
+    manifests = [records[b].manifest["manifest"] for b in winners]
+    digest = hashlib.sha1(",".join(sorted(winners)).encode()).hexdigest()[:8]
+    branch_id = f"overwrite-{digest}"
+    staging = server_ext.staging_table_name(plan.sink_id, epoch, branch_id)
+    coord.register_branch(epoch, branch_id, plan.generation, owner={"staging": staging})
+    coord.prepare_branch(epoch, branch_id, {
+        "overwrite_of": manifests, "staging": staging, "strategy": plan.strategy,
+        "rows": sum(records[b].manifest.get("rows", 0) for b in winners),
+    })
+    return branch_id
+
+
+def epoch_metrics(messages: Sequence[BranchMessage], commit_started: float) -> dict:
+    now = time.time()
+    first_write = min((m.started_at for m in messages), default=commit_started)
+    return {
+        "rows": sum(m.rows for m in messages),
+        "bytes": sum(m.bytes for m in messages),
+        "branches": len(messages),
+        "partitions": sum(m.partitions for m in messages),
+        "stage_ms": round(max((m.stage_ms for m in messages), default=0.0), 1),
+        "seal_ms": round(max((m.seal_ms for m in messages), default=0.0), 1),
+        "commit_ms": round((now - commit_started) * 1000, 1),
+        "latency_ms": round((now - first_write) * 1000, 1),
+        "committed_at": now,
+    }
+
+
+def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> None:
+    """Decide and publish xid (sink, epoch) with the branches Spark authorised."""
+    coord = connections.coordinator(plan.options, plan.sink_id)
+    branch_messages = [m for m in messages if isinstance(m, BranchMessage)]
+    if coord.is_committed(epoch):
+        log.info("txsink sink=%s epoch=%d already committed; nothing to do", plan.sink_id, epoch)
+        return
+    started = time.time()
+    coord.begin(epoch, plan.generation)  # a micro-batch with no task still gets its xid
+    winners = [m.branch_id for m in branch_messages]
+    if plan.overwrite and winners:
+        winners = [_overwrite_branch(plan, coord, epoch, winners)]
+    if plan.options.in_transaction():
+        coord.select(epoch, plan.generation, winners)
+        return
+    publisher = publisher_for(plan.options, coord)
+    coord.commit(epoch, plan.generation, winners, publish=publisher.publish,
+                 rollback=publisher.rollback)
+    metrics = epoch_metrics(branch_messages, started)
+    coord.record_metrics(epoch, metrics)
+    log.warning(
+        "txsink sink=%s epoch=%d committed rows=%d branches=%d partitions=%d "
+        "stage_ms=%.0f seal_ms=%.0f commit_ms=%.0f latency_ms=%.0f",
+        plan.sink_id, epoch, metrics["rows"], metrics["branches"], metrics["partitions"],
+        metrics["stage_ms"], metrics["seal_ms"], metrics["commit_ms"], metrics["latency_ms"],
+    )
+
+
+def abort_epoch(plan: WritePlan, epoch: int) -> None:
+    """Roll back an undecided xid; a decided one is finished by recovery, never undone."""
+    if plan.options.in_transaction():
+        return  # the transaction block aborts the whole xid
+    coord = connections.coordinator(plan.options, plan.sink_id)
+    publisher = publisher_for(plan.options, coord)
+    try:
+        coord.abort(epoch, plan.generation, rollback=publisher.rollback)
+        log.warning("txsink sink=%s epoch=%d aborted", plan.sink_id, epoch)
+    except XidDecided as exc:
+        log.warning("txsink sink=%s epoch=%d not aborted: %s", plan.sink_id, epoch, exc)

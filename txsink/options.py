@@ -1,0 +1,151 @@
+"""Options of the ``clickhouse_tx`` data source, parsed once and checked strictly.
+
+Spark hands a data source its options as a case-insensitive map of strings. A typo in an
+option name would otherwise be silently ignored, so unknown names are an error that
+names them. Credentials come from the options or from the environment
+(``TXSINK_CLICKHOUSE_USER`` / ``TXSINK_CLICKHOUSE_PASSWORD``) and never appear in
+``repr`` or errors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+
+STRATEGIES = ("auto", "move", "attach_replicated", "attach_marked")
+
+#: Options Spark itself may add to a write; accepted and ignored unless used.
+SPARK_OPTIONS = frozenset({"path", "checkpointlocation", "queryname"})
+
+#: Internal options set by :func:`txsink.transaction` to join its xid.
+TX_SINK_ID = "txsink.tx.sink_id"
+TX_EPOCH = "txsink.tx.epoch"
+TX_GENERATION = "txsink.tx.generation"
+
+
+class OptionError(ValueError):
+    """An option is missing, unknown or has a value that cannot be used."""
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """Everything a writer needs to reach ClickHouse and ZooKeeper, validated."""
+
+    url: str
+    table: str
+    zookeeper: str
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    sink_id: str | None = None
+    zk_root: str = "/txsink"
+    strategy: str = "auto"
+    insert_block_rows: int = 1_048_576
+    timeout: float = 30.0
+    retries: int = 5
+    checkpoint_location: str | None = None
+    recover_on_start: bool = True
+    tx_epoch: int | None = None
+    tx_generation: int | None = None
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.name != "password"
+        )
+        return f"SinkOptions({shown}, password={'***' if self.password else None})"
+
+    def with_table(self, table: str) -> SinkOptions:
+        return replace(self, table=table)
+
+    def in_transaction(self) -> bool:
+        return self.tx_epoch is not None
+
+    def resolved_sink_id(self, streaming: bool) -> str:
+        """The sink id: the option, else (streaming) one derived from the checkpoint.
+
+        A streaming query keeps its checkpoint across restarts, so the derived id is
+        stable; a batch job without ``sink_id`` gets a fresh one (each job is its own
+        writer).
+        """
+        if self.sink_id:
+            return self.sink_id
+        if streaming:
+            if not self.checkpoint_location:
+                raise OptionError("streaming writes need sink_id or a checkpointLocation")
+            digest = hashlib.sha1(self.checkpoint_location.rstrip("/").encode()).hexdigest()
+            return f"stream-{digest[:16]}"
+        return f"batch-{uuid.uuid4().hex[:16]}"
+
+
+#: The options users set (documented in docs/usage.md).
+PUBLIC_OPTIONS = (
+    "url", "table", "zookeeper", "user", "password", "sink_id", "zk_root", "strategy",
+    "insert_block_rows", "timeout", "retries", "recover_on_start",
+)
+
+_NAMES = {
+    **{name: name for name in PUBLIC_OPTIONS},
+    "checkpointlocation": "checkpoint_location",
+    TX_EPOCH: "tx_epoch",
+    TX_GENERATION: "tx_generation",
+    TX_SINK_ID: "sink_id",
+}
+
+
+def _number(name: str, raw: str, kind: type, minimum: float) -> int | float:
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise OptionError(f"option {name}={raw!r} is not a {kind.__name__}") from None
+    if value < minimum:
+        raise OptionError(f"option {name}={raw!r} must be at least {minimum}")
+    return value
+
+
+def parse_options(
+    raw: Mapping[str, str], env: Mapping[str, str] | None = None, *, require_table: bool = True
+) -> SinkOptions:
+    """Validate a Spark option map into :class:`SinkOptions`.
+
+    ``require_table=False`` is for a multi-table transaction, whose tables come per write.
+    """
+    env = os.environ if env is None else env
+    given = {str(k).lower(): str(v) for k, v in raw.items()}
+    unknown = sorted(k for k in given if k not in _NAMES and k not in SPARK_OPTIONS)
+    if unknown:
+        raise OptionError(
+            f"unknown option(s): {', '.join(unknown)} (known: {', '.join(PUBLIC_OPTIONS)})"
+        )
+    values: dict[str, object] = {_NAMES[k]: v for k, v in given.items() if k in _NAMES}
+    required = ("url", "table", "zookeeper") if require_table else ("url", "zookeeper")
+    missing = [n for n in required if not values.get(n)]
+    if missing:
+        raise OptionError(f"missing required option(s): {', '.join(missing)}")
+    url = str(values["url"])
+    if not url.startswith(("http://", "https://")):
+        raise OptionError(f"option url must start with http:// or https://, got {url!r}")
+    if "@" in url.split("//", 1)[1].split("/", 1)[0]:
+        raise OptionError("option url must not carry credentials; use user and password")
+    strategy = str(values.get("strategy", "auto"))
+    if strategy not in STRATEGIES:
+        raise OptionError(f"option strategy={strategy!r} is not one of {', '.join(STRATEGIES)}")
+    values.setdefault("user", env.get("TXSINK_CLICKHOUSE_USER") or None)
+    values.setdefault("password", env.get("TXSINK_CLICKHOUSE_PASSWORD") or None)
+    for name, kind, minimum in (
+        ("insert_block_rows", int, 1), ("timeout", float, 0.1), ("retries", int, 0),
+        ("tx_epoch", int, 0), ("tx_generation", int, 0),
+    ):
+        if name in values:
+            values[name] = _number(name, str(values[name]), kind, minimum)
+    if "recover_on_start" in values:
+        flag = str(values["recover_on_start"]).lower()
+        if flag not in ("true", "false"):
+            raise OptionError(f"option recover_on_start={flag!r} must be true or false")
+        values["recover_on_start"] = flag == "true"
+    root = str(values.get("zk_root", "/txsink"))
+    if not root.startswith("/") or root.endswith("/") and root != "/":
+        raise OptionError(f"option zk_root={root!r} must be an absolute ZooKeeper path")
+    values.setdefault("table", "")
+    return SinkOptions(**values)  # type: ignore[arg-type]

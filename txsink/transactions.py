@@ -1,0 +1,80 @@
+"""``txsink.transaction()``: several DataFrame writes, one atomic commit.
+
+Each ``tx.write`` runs an ordinary Spark job through ``clickhouse_tx`` that stages its
+rows and *selects* its winning branches in the shared xid without deciding it. Leaving
+the ``with`` block normally commits every selected branch of every table as one xid;
+an exception inside the block aborts all of them and re-raises.
+
+Usage::
+
+    with txsink.transaction(spark, url=url, zookeeper=zk, sink_id="nightly") as tx:
+        tx.write(facts, "db.facts")
+        tx.write(daily, "db.daily", mode="overwrite")
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from pyspark.sql import DataFrame, SparkSession
+
+from txsink import driver
+from txsink.options import TX_EPOCH, TX_GENERATION, TX_SINK_ID, parse_options
+
+log = logging.getLogger("txsink")
+
+
+class Transaction:
+    """One xid spanning several writes; created by :func:`transaction`."""
+
+    def __init__(self, spark: SparkSession, options: dict[str, str], sink_id: str) -> None:
+        self.spark = spark
+        self.options = options
+        self.sink_id = sink_id
+        parsed = parse_options({**options, TX_SINK_ID: sink_id}, require_table=False)
+        self.coord, self.generation = driver.open_sink(parsed, sink_id)
+        self.epoch = self.coord.allocate_epoch()
+        self.coord.begin(self.epoch, self.generation)
+        self._parsed = parsed
+        self.tables: list[str] = []
+
+    def write(self, df: DataFrame, table: str, mode: str = "append") -> None:
+        """Stage ``df`` for ``table``; visible only when the whole transaction commits."""
+        if mode not in ("append", "overwrite"):
+            raise ValueError(f"mode must be append or overwrite, got {mode!r}")
+        (df.write.format("clickhouse_tx").options(**self.options)
+            .option("table", table).option(TX_SINK_ID, self.sink_id)
+            .option(TX_EPOCH, str(self.epoch)).option(TX_GENERATION, str(self.generation))
+            .mode(mode).save())
+        self.tables.append(table)
+
+    def commit(self) -> None:
+        publisher = driver.publisher_for(self._parsed, self.coord)
+        self.coord.commit(self.epoch, self.generation, None, publish=publisher.publish,
+                          rollback=publisher.rollback)
+        log.warning("txsink sink=%s epoch=%d committed tables=%s",
+                    self.sink_id, self.epoch, ",".join(self.tables))
+
+    def abort(self) -> None:
+        publisher = driver.publisher_for(self._parsed, self.coord)
+        self.coord.abort(self.epoch, self.generation, rollback=publisher.rollback)
+        log.warning("txsink sink=%s epoch=%d aborted", self.sink_id, self.epoch)
+
+
+@contextmanager
+def transaction(spark: SparkSession, *, url: str, zookeeper: str, sink_id: str,
+                **options: str) -> Iterator[Transaction]:
+    """Group DataFrame writes into one xid: all become visible together, or none."""
+    from txsink import register
+
+    register(spark)
+    opts = {"url": url, "zookeeper": zookeeper, **{k: str(v) for k, v in options.items()}}
+    tx = Transaction(spark, opts, sink_id)
+    try:
+        yield tx
+    except BaseException:
+        tx.abort()
+        raise
+    tx.commit()
