@@ -1,0 +1,119 @@
+"""server_ext: the ClickHouse side of txsink (client, capabilities, schema, encoder, writer,
+staging, seal, publish, rollback, sweeper). Knows nothing about Spark or ZooKeeper."""
+
+from server_ext.capabilities import (
+    STRATEGIES,
+    Capabilities,
+    Strategy,
+    choose_strategy,
+    detect_capabilities,
+)
+from server_ext.chdb_client import ChdbClient
+from server_ext.client import (
+    ClickHouseClient,
+    qualified_name,
+    quote_identifier,
+    split_table_name,
+)
+from server_ext.encoder import (
+    arrow_stream_chunks,
+    encode_column,
+    encode_native_block,
+    to_arrow_stream_batch,
+)
+from server_ext.errors import (
+    ClickHouseError,
+    InvalidValue,
+    SchemaMismatch,
+    ServerUnreachable,
+)
+from server_ext.manifest import Manifest, PartitionManifest, StagedPart
+from server_ext.publish import (
+    STEPS,
+    InDoubtPublish,
+    Ledger,
+    MemoryLedger,
+    PartsDeduplicated,
+    PublishError,
+    PublishReport,
+    StagingChanged,
+    publish,
+    publish_overwrite,
+    resolve_partition,
+)
+from server_ext.schema import (
+    Column,
+    TargetTable,
+    check_arrow_schema,
+    check_batch,
+    describe_table,
+)
+from server_ext.seal import StagedRowsMismatch, seal
+from server_ext.staging import (
+    STAGING_DATABASE,
+    StagingName,
+    UnsupportedTarget,
+    branch_key,
+    create_staging,
+    parse_staging_table_name,
+    rollback,
+    staging_table_name,
+)
+from server_ext.staging import sink_key as staging_sink_key
+from server_ext.sweeper import sweep
+from server_ext.writer import BranchWriter
+
+__all__ = [
+    # data path
+    "STRATEGIES",
+    "BranchWriter",
+    "Capabilities",
+    "ChdbClient",
+    "ClickHouseClient",
+    "ClickHouseError",
+    "Column",
+    "InvalidValue",
+    "SchemaMismatch",
+    "ServerUnreachable",
+    "Strategy",
+    "TargetTable",
+    "arrow_stream_chunks",
+    "check_arrow_schema",
+    "check_batch",
+    "choose_strategy",
+    "describe_table",
+    "detect_capabilities",
+    "encode_column",
+    "encode_native_block",
+    "qualified_name",
+    "quote_identifier",
+    "split_table_name",
+    "to_arrow_stream_batch",
+    # two-phase commit
+    "STAGING_DATABASE",
+    "STEPS",
+    "InDoubtPublish",
+    "Ledger",
+    "Manifest",
+    "MemoryLedger",
+    "PartitionManifest",
+    "PartsDeduplicated",
+    "PublishError",
+    "PublishReport",
+    "StagedPart",
+    "StagedRowsMismatch",
+    "StagingChanged",
+    "StagingName",
+    "UnsupportedTarget",
+    "branch_key",
+    "create_staging",
+    "parse_staging_table_name",
+    "publish",
+    "publish_overwrite",
+    "resolve_partition",
+    "rollback",
+    "seal",
+    "staging_sink_key",
+    "staging_table_name",
+    "sweep",
+]

@@ -14,10 +14,12 @@ __version__ = "0.1.0"
 
 
 def register(spark) -> None:
-    """Register the ``clickhouse_tx`` data source with ``spark``."""
+    """Register ``clickhouse_tx`` (and the at-least-once baseline ``clickhouse_plain``)."""
     from txsink.datasource import ClickHouseTxDataSource
+    from txsink.plain import PlainDataSource
 
     spark.dataSource.register(ClickHouseTxDataSource)
+    spark.dataSource.register(PlainDataSource)
 
 
 def transaction(spark, **kwargs):

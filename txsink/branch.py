@@ -29,7 +29,7 @@ import server_ext
 from coordinator import XidState
 from txsink import connections, crashpoints
 from txsink.messages import BranchMessage, SkippedMessage
-from txsink.plan import WritePlan
+from txsink.plan import WritePlan, send_columns
 
 
 class XidNotWritable(RuntimeError):
@@ -71,17 +71,20 @@ def write_branch(
 ) -> BranchMessage | SkippedMessage:
     """Stage this task attempt's rows, seal them and record the branch as Prepared."""
     coord = connections.coordinator(plan.options, plan.sink_id)
-    state = coord.begin(epoch, plan.generation)
+    partition, attempt, owner = _task_identity()
+    generation = plan.generation
+    if generation is None:  # streaming: the first task of a run fences older runs
+        generation = coord.claim(str(owner.get("run_id") or owner["host"]))
+    state = coord.begin(epoch, generation)
     if state == XidState.COMMITTED:
-        return SkippedMessage(epoch)
+        return SkippedMessage(epoch, generation)
     if state != XidState.INITIALIZED:
         raise XidNotWritable(f"xid {plan.sink_id}/{epoch} is {state.value}; not writable")
 
-    partition, attempt, owner = _task_identity()
     branch_id = new_branch_id(partition, attempt)
     staging = server_ext.staging_table_name(plan.sink_id, epoch, branch_id)
     owner["staging"] = staging
-    coord.register_branch(epoch, branch_id, plan.generation, owner=owner)
+    coord.register_branch(epoch, branch_id, generation, owner=owner)
     crashpoints.hit("branch.after_register")
 
     started = time.time()
@@ -96,7 +99,7 @@ def write_branch(
             qualified = server_ext.create_staging(client, target, staging)
             writer = server_ext.BranchWriter(
                 client, target, qualified, caps, block_rows=plan.options.insert_block_rows,
-                target_columns=list(plan.columns),
+                target_columns=send_columns(target, plan.columns),
             )
         writer.write(batch)
     rows = bytes_sent = 0
@@ -118,7 +121,7 @@ def write_branch(
     })
     crashpoints.hit("branch.after_prepare")
     return BranchMessage(
-        epoch=epoch, branch_id=branch_id, rows=rows, bytes=bytes_sent,
+        epoch=epoch, generation=generation, branch_id=branch_id, rows=rows, bytes=bytes_sent,
         partitions=len(manifest.partitions), started_at=started, stage_ms=stage_ms,
         seal_ms=(time.time() - sealed) * 1000,
     )

@@ -28,9 +28,10 @@ CRASH_POINTS: tuple[str, ...] = (
     "branch.after_seal",              # task: manifest built, not recorded
     "branch.after_prepare",           # task: branch Prepared, message not yet returned
     "commit.after_decision",          # driver: xid Committing, nothing published
-    "publish.before_partition",       # driver: about to publish one partition
-    "publish.after_attach",           # driver: partition visible, not yet marked
-    "publish.after_mark",             # driver: partition marked published
+    "publish.before_partition",       # driver: about to publish a branch's partitions
+    "publish.after_intent",           # driver: publish intent recorded, nothing attached
+    "publish.after_attach",           # driver: partitions visible, not yet marked
+    "publish.after_mark",             # driver: partitions marked published
     "publish.after_drop_staging_partition",
     "commit.after_branch_published",  # driver: one winning branch fully published
     "commit.after_publish",           # driver: all published, xid not yet Committed

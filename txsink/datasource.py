@@ -51,11 +51,12 @@ class ClickHouseTxDataSource(DataSource):
         if options.in_transaction():
             return WritePlan(options, sink_id, options.tx_generation, strategy, overwrite,
                              columns, epoch=options.tx_epoch)
+        if streaming:
+            driver.open_stream(options, sink_id)
+            return WritePlan(options, sink_id, None, strategy, overwrite, columns)
         coord, generation = driver.open_sink(options, sink_id)
-        epoch = None
-        if not streaming:
-            epoch = coord.allocate_epoch()
-            coord.begin(epoch, generation)
+        epoch = coord.allocate_epoch()
+        coord.begin(epoch, generation)
         return WritePlan(options, sink_id, generation, strategy, overwrite, columns, epoch)
 
 
@@ -72,7 +73,7 @@ class BatchWriter(DataSourceArrowWriter):
         driver.commit_epoch(self.plan, self.plan.epoch, messages)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        driver.abort_epoch(self.plan, self.plan.epoch)
+        driver.abort_epoch(self.plan, self.plan.epoch, messages)
 
 
 class StreamWriter(DataSourceStreamArrowWriter):
@@ -88,4 +89,4 @@ class StreamWriter(DataSourceStreamArrowWriter):
         driver.commit_epoch(self.plan, batchId, messages)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        driver.abort_epoch(self.plan, batchId)
+        driver.abort_epoch(self.plan, batchId, messages)

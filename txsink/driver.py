@@ -2,9 +2,10 @@
 
 Contract (Spark's ``BatchWrite``/``StreamingWrite``, made exactly-once):
 
-- :func:`open_sink` runs before any task of a job or micro-batch: it bumps the sink's
-  generation (fencing every older driver of the same sink) and recovers what an
-  earlier driver left: ``Committing`` xids are published, undecided ones rolled back.
+- :func:`open_sink` runs before any task of a batch job: it bumps the sink's generation
+  (fencing every older driver of the same sink) and recovers what an earlier driver
+  left: ``Committing`` xids are published, undecided ones rolled back.
+  :func:`open_stream` is its streaming counterpart (see there why it cannot fence).
 - :func:`commit_epoch` may be called more than once for the same epoch (Spark replays a
   micro-batch whose ``commits/N`` file was not written): a committed xid is a no-op.
   The decision is one compare-and-set in ZooKeeper; after it the publish is retried
@@ -20,9 +21,9 @@ import time
 from collections.abc import Sequence
 
 import server_ext
-from coordinator import Coordinator, XidDecided
+from coordinator import Coordinator, Fenced, XidDecided
 from txsink import connections
-from txsink.messages import BranchMessage
+from txsink.messages import BranchMessage, SkippedMessage
 from txsink.options import SinkOptions
 from txsink.plan import WritePlan
 from txsink.publisher import BranchPublisher
@@ -35,18 +36,49 @@ def publisher_for(options: SinkOptions, coord: Coordinator) -> BranchPublisher:
 
 
 def open_sink(options: SinkOptions, sink_id: str) -> tuple[Coordinator, int]:
-    """Fence older writers of ``sink_id`` and recover their unfinished xids."""
+    """Fence older writers of ``sink_id`` and recover their unfinished xids (batch)."""
     coord = connections.coordinator(options, sink_id)
     generation = coord.fence()
     if options.recover_on_start:
-        publisher = publisher_for(options, coord)
-        report = coord.recover(publish=publisher.publish, rollback=publisher.rollback)
-        if report.actions:
-            log.warning("txsink sink=%s recovered: %s", sink_id, report)
+        _recover(options, coord, older_than_generation=None)
     return coord, generation
 
 
-def _overwrite_branch(plan: WritePlan, coord: Coordinator, epoch: int,
+def open_stream(options: SinkOptions, sink_id: str) -> Coordinator:
+    """Finish every xid of the sink that an earlier driver decided but did not publish.
+
+    Spark calls ``streamWriter()`` twice per micro-batch (task side and commit side),
+    so nothing here may fence or roll back: the query's tasks fence once per run
+    (:meth:`Coordinator.claim` with the run id), and an undecided xid is adopted by the
+    replay of its micro-batch, whose commit rolls back the dead run's branches.
+    """
+    coord = connections.coordinator(options, sink_id)
+    if options.recover_on_start:
+        _recover(options, coord, older_than_generation=0)
+    return coord
+
+
+def _recover(options: SinkOptions, coord: Coordinator, older_than_generation: int | None) -> None:
+    publisher = publisher_for(options, coord)
+    report = coord.recover(publish=publisher.publish, rollback=publisher.rollback,
+                           older_than_generation=older_than_generation)
+    if report.actions:
+        log.warning("txsink sink=%s recovered: %s", coord.sink_id, report)
+
+
+def generation_of(plan: WritePlan, coord: Coordinator, messages: Sequence[object]) -> int:
+    """The generation an epoch's decision is made under.
+
+    Batch: the one the driver fenced with. Streaming: the one the run's tasks claimed
+    (a newer run has fenced it if it differs from the sink's current generation).
+    """
+    if plan.generation is not None:
+        return plan.generation
+    claimed = [m.generation for m in messages if isinstance(m, BranchMessage | SkippedMessage)]
+    return max(claimed) if claimed else coord.generation()
+
+
+def _overwrite_branch(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
                       winners: Sequence[str]) -> str:
     """Register one synthetic branch that replaces every partition the winners wrote.
 
@@ -60,7 +92,7 @@ def _overwrite_branch(plan: WritePlan, coord: Coordinator, epoch: int,
     digest = hashlib.sha1(",".join(sorted(winners)).encode()).hexdigest()[:8]
     branch_id = f"overwrite-{digest}"
     staging = server_ext.staging_table_name(plan.sink_id, epoch, branch_id)
-    coord.register_branch(epoch, branch_id, plan.generation, owner={"staging": staging})
+    coord.register_branch(epoch, branch_id, generation, owner={"staging": staging})
     coord.prepare_branch(epoch, branch_id, {
         "overwrite_of": manifests, "staging": staging, "strategy": plan.strategy,
         "rows": sum(records[b].manifest.get("rows", 0) for b in winners),
@@ -92,15 +124,16 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> Non
         log.info("txsink sink=%s epoch=%d already committed; nothing to do", plan.sink_id, epoch)
         return
     started = time.time()
-    coord.begin(epoch, plan.generation)  # a micro-batch with no task still gets its xid
+    generation = generation_of(plan, coord, messages)
+    coord.begin(epoch, generation)  # a micro-batch with no task still gets its xid
     winners = [m.branch_id for m in branch_messages]
     if plan.overwrite and winners:
-        winners = [_overwrite_branch(plan, coord, epoch, winners)]
+        winners = [_overwrite_branch(plan, coord, epoch, generation, winners)]
     if plan.options.in_transaction():
-        coord.select(epoch, plan.generation, winners)
+        coord.select(epoch, generation, winners)
         return
     publisher = publisher_for(plan.options, coord)
-    coord.commit(epoch, plan.generation, winners, publish=publisher.publish,
+    coord.commit(epoch, generation, winners, publish=publisher.publish,
                  rollback=publisher.rollback)
     metrics = epoch_metrics(branch_messages, started)
     coord.record_metrics(epoch, metrics)
@@ -112,14 +145,14 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> Non
     )
 
 
-def abort_epoch(plan: WritePlan, epoch: int) -> None:
+def abort_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> None:
     """Roll back an undecided xid; a decided one is finished by recovery, never undone."""
     if plan.options.in_transaction():
         return  # the transaction block aborts the whole xid
     coord = connections.coordinator(plan.options, plan.sink_id)
     publisher = publisher_for(plan.options, coord)
     try:
-        coord.abort(epoch, plan.generation, rollback=publisher.rollback)
+        coord.abort(epoch, generation_of(plan, coord, messages), rollback=publisher.rollback)
         log.warning("txsink sink=%s epoch=%d aborted", plan.sink_id, epoch)
-    except XidDecided as exc:
+    except (XidDecided, Fenced) as exc:
         log.warning("txsink sink=%s epoch=%d not aborted: %s", plan.sink_id, epoch, exc)

@@ -12,6 +12,7 @@ class BranchMessage(WriterCommitMessage):
     """A prepared branch: its manifest is in ZooKeeper, its rows are in staging."""
 
     epoch: int
+    generation: int
     branch_id: str
     rows: int
     bytes: int
@@ -26,3 +27,4 @@ class SkippedMessage(WriterCommitMessage):
     """The xid was already committed: a replayed micro-batch writes nothing."""
 
     epoch: int
+    generation: int

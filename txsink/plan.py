@@ -24,7 +24,7 @@ log = logging.getLogger("txsink")
 class WritePlan:
     options: SinkOptions
     sink_id: str
-    generation: int
+    generation: int | None  # None for streaming: each run's tasks claim one
     strategy: str
     overwrite: bool
     columns: tuple[str, ...]
@@ -40,6 +40,12 @@ def arrow_schema(spark_schema) -> pa.Schema:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     return to_arrow_schema(spark_schema, timezone="UTC")
+
+
+def send_columns(target, names: tuple[str, ...]) -> list:
+    """The target's ``Column`` objects for the column names a plan sends, in that order."""
+    by_name = {c.name: c for c in target.columns}
+    return [by_name[name] for name in names]
 
 
 def check_target(options: SinkOptions, spark_schema) -> tuple[object, tuple[str, ...], str]:

@@ -1,0 +1,212 @@
+"""Finishing a decided xid: roll a ``Committing`` one forward, an ``Aborting`` one back.
+
+This is everything that happens *after* the decision, so it runs identically in the
+``commit``/``abort`` that made the decision and in a later ``recover`` by another process:
+
+- commit: publish each winner, roll back every other branch, then one multi-op marks the
+  branches ``Committed``/``Aborted``, sets the xid ``Committed``, advances
+  ``last_committed`` and drops the xid from the open index. Branches are marked only at
+  the end (one round trip instead of one per branch); a recovery therefore publishes
+  every winner again, which the publish contract (idempotent) makes harmless.
+- abort: roll back every branch, then one multi-op marks them and sets ``Aborted``.
+
+Crash safety comes from the order, not from locks: nothing here changes the decision, the
+callbacks are idempotent, and the final state is written only after every callback
+returned. A crash anywhere leaves the xid ``Committing``/``Aborting`` and the next run
+repeats the callbacks. Every write carries the fencing check, so a fenced process stops
+at its next write; if the xid was meanwhile finished by its successor, that is success.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from kazoo.exceptions import KazooException
+
+from coordinator.callbacks import BranchCallback, CallbackPolicy
+from coordinator.epochs import LastCommitted
+from coordinator.errors import CoordinatorError
+from coordinator.fencing import FENCE, Generation, settle
+from coordinator.multi import CHUNK_BYTES, CONFLICT_RETRIES, Multi, MultiFailed
+from coordinator.records import BranchRecord, XidRecord
+from coordinator.states import BranchState, XidState
+from coordinator.store import SinkStore
+
+log = logging.getLogger("coordinator")
+
+_PUBLISHABLE = (BranchState.PREPARED, BranchState.COMMITTED)
+
+Step = Callable[[str], None]
+
+
+class Completion:
+    """Roll decided xids forward or back.
+
+    Usage (inside :class:`~coordinator.Coordinator`; ``record`` is ``Committing``)::
+
+        completion = Completion(store, Generation(store), LastCommitted(store),
+                                CallbackPolicy(), step=lambda name: None)
+        committed = completion.finish_commit(record, token, publish, rollback)
+    """
+
+    def __init__(self, store: SinkStore, generation: Generation, last: LastCommitted,
+                 policy: CallbackPolicy, step: Step) -> None:
+        self.store = store
+        self.generation = generation
+        self.last = last
+        self.policy = policy
+        self.step = step
+
+    # -- commit ----------------------------------------------------------------------
+
+    def finish_commit(self, record: XidRecord, token: int, publish: BranchCallback,
+                      rollback: BranchCallback, metrics: dict[str, Any] | None = None,
+                      winners: dict[str, BranchRecord] | None = None) -> XidRecord:
+        """Publish the winners of a ``Committing`` xid and mark it ``Committed``."""
+        branches = dict(winners or {})
+        missing = [b for b in record.winners if b not in branches]
+        if missing:
+            branches.update(self.store.run(self.store.read_branches, record.epoch, missing))
+        for branch_id in record.winners:
+            branch = branches.get(branch_id)
+            if branch is None or branch.state not in _PUBLISHABLE:
+                raise CoordinatorError(
+                    f"xid {record.xid}: winner {branch_id} is "
+                    f"{branch.state.value if branch else 'missing'}; the record was altered")
+            if branch.state is BranchState.COMMITTED:
+                continue  # marked by an earlier, partly applied final write
+            self.policy.call(publish, branch, "publish", XidState.COMMITTING)
+            self.step("commit.after_branch_published")
+        self.step("commit.after_publish")
+        losers = self._roll_back_losers(record, rollback)
+        final = self.store.run(self._write_committed, record, token, branches, losers,
+                               metrics or {})
+        log.info("xid %s committed: %d winner(s) published, %d other branch(es) rolled back",
+                 record.xid, len(record.winners), len(losers))
+        self.step("commit.after_committed")
+        return final
+
+    def _roll_back_losers(self, record: XidRecord, rollback: BranchCallback
+                          ) -> dict[str, BranchRecord]:
+        """Read every non-winner *after* the decision (no branch can register any more)
+        and roll back those not yet ``Aborted``."""
+        names = [b for b in self.store.run(self.store.branch_ids, record.epoch)
+                 if b not in record.winners]
+        losers = self.store.run(self.store.read_branches, record.epoch, names)
+        for loser in losers.values():
+            if loser.state is not BranchState.ABORTED:
+                self.policy.call(rollback, loser, "rollback", XidState.COMMITTING)
+        return losers
+
+    def _write_committed(self, record: XidRecord, token: int,
+                         winners: dict[str, BranchRecord], losers: dict[str, BranchRecord],
+                         metrics: dict[str, Any]) -> XidRecord:
+        current = record
+        for _ in range(CONFLICT_RETRIES):
+            if current.state is XidState.COMMITTED:
+                return current
+            final = current.moved_to(XidState.COMMITTED, token,
+                                     metrics={**current.metrics, **metrics})
+            updates = [b.moved_to(BranchState.COMMITTED) for b in winners.values()
+                       if b.state is not BranchState.COMMITTED and b.branch_id in record.winners]
+            updates += [b.moved_to(BranchState.ABORTED) for b in losers.values()
+                        if b.state is not BranchState.ABORTED]
+            last_epoch, last_version = self.last.read()
+
+            def close(multi: Multi, last_epoch: int | None = last_epoch,
+                      last_version: int = last_version) -> None:
+                self.last.advance(multi, record.epoch, last_epoch, last_version)
+                multi.delete(self.store.layout.open_marker(record.epoch), label="open")
+
+            try:
+                return self._apply(current, final, updates, token, extra=close)
+            except MultiFailed as failed:
+                current = self._after_conflict(failed, current, token)
+                winners = self.store.read_branches(record.epoch, record.winners)
+                losers = self.store.read_branches(record.epoch, losers.keys())
+        raise CoordinatorError(f"xid {record.xid}: too much contention marking Committed")
+
+    # -- abort -----------------------------------------------------------------------
+
+    def finish_abort(self, record: XidRecord, token: int,
+                     rollback: BranchCallback) -> XidRecord:
+        """Roll back every branch of an ``Aborting`` xid and mark it ``Aborted``."""
+        branches = self.store.run(self.store.read_branches, record.epoch)
+        for branch in branches.values():
+            if branch.state is not BranchState.ABORTED:
+                self.policy.call(rollback, branch, "rollback", XidState.ABORTING)
+        self.step("abort.after_rollback")
+        final = self.store.run(self._write_aborted, record, token, branches)
+        log.info("xid %s aborted: %d branch(es) rolled back", record.xid, len(branches))
+        return final
+
+    def _write_aborted(self, record: XidRecord, token: int,
+                       branches: dict[str, BranchRecord]) -> XidRecord:
+        current = record
+        for _ in range(CONFLICT_RETRIES):
+            if current.state is XidState.ABORTED:
+                return current
+            final = current.moved_to(XidState.ABORTED, token)
+            updates = [b.moved_to(BranchState.ABORTED) for b in branches.values()
+                       if b.state is not BranchState.ABORTED]
+            try:
+                return self._apply(current, final, updates, token, extra=lambda m: m.delete(
+                    self.store.layout.open_marker(record.epoch), label="open"))
+            except MultiFailed as failed:
+                current = self._after_conflict(failed, current, token)
+                branches = self.store.read_branches(record.epoch)
+        raise CoordinatorError(f"xid {record.xid}: too much contention marking Aborted")
+
+    # -- shared ----------------------------------------------------------------------
+
+    def _apply(self, current: XidRecord, final: XidRecord, updates: list[BranchRecord],
+               token: int, extra: Callable[[Multi], object]) -> XidRecord:
+        """Write branch updates (in chunks if large) and then the xid's final state.
+
+        Every chunk re-checks the fence and the xid's version, so a chunk never lands
+        after someone else changed the xid; the xid's own write comes last, so a crash
+        between chunks leaves it in its decided state with some branches already marked.
+        """
+        layout = self.store.layout
+        multi = self.generation.guard(Multi(self.store.client), token)
+        for branch in updates:
+            data = branch.to_bytes()
+            if len(multi) > 1 and multi.size + len(data) > CHUNK_BYTES:
+                multi.check(layout.xid(current.epoch), current.version, label="xid").commit()
+                multi = self.generation.guard(Multi(self.store.client), token)
+            multi.set_data(layout.branch(branch.epoch, branch.branch_id), data,
+                           branch.version, label="branch")
+        multi.set_data(layout.xid(current.epoch), final.to_bytes(), current.version,
+                       label="xid")
+        extra(multi)
+        multi.commit()
+        return replace(final, version=current.version + 1)
+
+    def _after_conflict(self, failed: MultiFailed, current: XidRecord,
+                        token: int) -> XidRecord:
+        """Re-read the xid after a failed final write. Finished by someone else (even by
+        the writer that fenced us) is success; still undecided-by-us and fenced is not."""
+        fresh = self.store.read_xid(current.epoch)
+        if fresh is None:
+            raise CoordinatorError(f"xid {current.xid} vanished while being finished")
+        if fresh.state in (XidState.COMMITTED, XidState.ABORTED):
+            return fresh
+        if failed.label == "open":
+            # The open xid lost its index entry (only a manual edit does that): put it
+            # back so the next try deletes it together with the final write.
+            self._restore_marker(current.epoch)
+            return fresh
+        if failed.label == FENCE:
+            settle(failed, self.store, token, current.xid)  # raises Fenced when stale
+        elif not failed.conflict:
+            raise failed.error
+        return fresh
+
+    def _restore_marker(self, epoch: int) -> None:
+        try:
+            self.store.client.create(self.store.layout.open_marker(epoch))
+        except KazooException:
+            pass  # recreated concurrently: the next try deletes it

@@ -1,0 +1,84 @@
+"""Epoch allocation for batch jobs, and the sink's ``last_committed`` epoch.
+
+Streaming sinks take their epoch from Spark (the micro-batch id); batch jobs allocate one
+here. Allocation is a versioned increment of ``next_epoch`` (kazoo's Counter recipe, with
+JSON data): every epoch is handed out once, even after its xid was pruned, because the
+counter itself is never pruned. Do not mix allocated and caller-chosen epochs in one sink.
+
+``last_committed`` only moves forward: the commit that finishes an xid sets it to
+``max(last_committed, epoch)`` in the same multi-op that marks the xid ``Committed``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from kazoo.exceptions import BadVersionError
+
+from coordinator.multi import Multi
+from coordinator.records import encode
+from coordinator.store import SinkStore
+
+LAST_COMMITTED = "last_committed"  # label of the last_committed write in a multi-op
+
+
+class EpochCounter:
+    """Hand out monotonic epochs, never reused.
+
+    Usage::
+
+        counter = EpochCounter(store)
+        epoch = counter.allocate()     # 0, 1, 2, ... across processes and restarts
+    """
+
+    def __init__(self, store: SinkStore) -> None:
+        self.store = store
+        self.path = store.layout.next_epoch
+
+    def allocate(self) -> int:
+        return self.store.run(self._allocate)
+
+    def _allocate(self) -> int:
+        while True:
+            found = self.store.read_json(self.path)
+            if found is None:
+                self.store.layout.ensure(self.store.client)
+                continue
+            data, version = found
+            epoch = int(data.get("next", 0))
+            try:
+                self.store.client.set(self.path, encode({"next": epoch + 1}, "next_epoch"),
+                                      version=version)
+            except BadVersionError:
+                continue  # another job allocated concurrently; take the next one
+            return epoch
+
+
+class LastCommitted:
+    """Read the sink's highest committed epoch; add its forward-only update to a multi.
+
+    Usage::
+
+        last = LastCommitted(store)
+        epoch, version = last.read()           # (None, 0) before the first commit
+        last.advance(multi, 41, epoch, version)
+    """
+
+    def __init__(self, store: SinkStore) -> None:
+        self.store = store
+        self.path = store.layout.last_committed
+
+    def read(self) -> tuple[int | None, int]:
+        found = self.store.read_json(self.path)
+        if found is None:
+            return None, -1
+        data, version = found
+        epoch = data.get("epoch")
+        return (int(epoch) if epoch is not None else None), version
+
+    def advance(self, multi: Multi, epoch: int, current: int | None, version: int) -> None:
+        """Add ``last_committed := max(current, epoch)`` (nothing if it would not move)."""
+        if current is not None and current >= epoch:
+            return  # it only ever grows, so no check is needed to keep it >= epoch
+        multi.set_data(self.path, encode({"epoch": epoch, "at": time.time()}, LAST_COMMITTED),
+                       version, label=LAST_COMMITTED)

@@ -1,0 +1,158 @@
+"""The xid and branch records as stored in ZooKeeper (compact JSON, one znode each).
+
+Records are immutable values: a change is a new record written with a versioned
+compare-and-set against the ``version`` it was read at. ``version`` is the znode's data
+version, not part of the JSON.
+
+A znode holds at most ~1 MB (ZooKeeper's ``jute.maxbuffer``), and the final commit
+rewrites several records in one multi-op, so a single record is capped at
+:data:`MAX_RECORD_BYTES`; a larger manifest fails clearly with :class:`RecordTooLarge`
+when it is prepared, never later at commit time.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from coordinator.errors import RecordTooLarge
+from coordinator.states import BranchState, XidState
+
+MAX_RECORD_BYTES = 900_000
+HISTORY_LIMIT = 64  # newest entries kept; a record must not grow without bound
+
+
+def encode(payload: dict[str, Any], what: str) -> bytes:
+    """Compact, key-sorted UTF-8 JSON (stable bytes make diffs and audits readable)."""
+    data = json.dumps(payload, separators=(",", ":"), sort_keys=True,
+                      ensure_ascii=False).encode()
+    if len(data) > MAX_RECORD_BYTES:
+        raise RecordTooLarge(
+            f"{what} is {len(data)} bytes as JSON; a ZooKeeper record holds at most "
+            f"{MAX_RECORD_BYTES} bytes here (split the branch or shrink its manifest)"
+        )
+    return data
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    return json.loads(data.decode()) if data else {}
+
+
+@dataclass(frozen=True)
+class XidRecord:
+    """One xid = (sink id, epoch): its state, generation, attempt and decision.
+
+    ``generation`` is the generation that began (or last adopted) the current attempt;
+    ``winners`` is the decision written with ``Committing``; ``selected`` accumulates
+    branches chosen by :meth:`Coordinator.select` before the decision; ``history`` lists
+    every state entered, with time, generation and attempt.
+    """
+
+    sink_id: str
+    epoch: int
+    state: XidState
+    generation: int
+    attempt: int = 1
+    created: float = 0.0
+    updated: float = 0.0
+    decided_at: float | None = None
+    winners: tuple[str, ...] = ()
+    selected: tuple[str, ...] = ()
+    metrics: dict[str, Any] = field(default_factory=dict)
+    history: tuple[dict[str, Any], ...] = ()
+    version: int = field(default=-1, compare=False)
+
+    @property
+    def xid(self) -> str:
+        """Text form ``"<sink_id>/<epoch>"`` used in logs and errors."""
+        return f"{self.sink_id}/{self.epoch}"
+
+    def moved_to(self, state: XidState, by_generation: int, event: str | None = None,
+                 **changes: Any) -> XidRecord:
+        """A copy in ``state`` with a history entry naming the generation that moved it
+        (and ``event`` when the state alone does not say what happened); the caller
+        writes it with a compare-and-set."""
+        now = time.time()
+        entry: dict[str, Any] = {"state": state.value, "at": now, "generation": by_generation,
+                                 "attempt": changes.get("attempt", self.attempt)}
+        if event:
+            entry["event"] = event
+        history = (*self.history, entry)[-HISTORY_LIMIT:]
+        return replace(self, state=state, updated=now, history=history, **changes)
+
+    def to_bytes(self) -> bytes:
+        return encode({
+            "state": self.state.value, "generation": self.generation,
+            "attempt": self.attempt, "created": self.created, "updated": self.updated,
+            "decided_at": self.decided_at, "winners": list(self.winners),
+            "selected": list(self.selected), "metrics": self.metrics,
+            "history": list(self.history),
+        }, f"xid {self.xid}")
+
+    @classmethod
+    def from_bytes(cls, sink_id: str, epoch: int, data: bytes, version: int) -> XidRecord:
+        raw = decode(data)
+        return cls(
+            sink_id=sink_id, epoch=epoch, state=XidState(raw["state"]),
+            generation=int(raw["generation"]), attempt=int(raw.get("attempt", 1)),
+            created=float(raw.get("created", 0.0)), updated=float(raw.get("updated", 0.0)),
+            decided_at=raw.get("decided_at"), winners=tuple(raw.get("winners", ())),
+            selected=tuple(raw.get("selected", ())), metrics=dict(raw.get("metrics", {})),
+            history=tuple(raw.get("history", ())), version=version,
+        )
+
+
+@dataclass(frozen=True)
+class BranchRecord:
+    """One branch: a task attempt's share of an xid, with its owner and manifest.
+
+    This is what the publish and rollback callbacks receive. ``owner`` is whatever the
+    task recorded at registration (e.g. its staging table), so a branch that never got
+    to prepare can still be rolled back; ``manifest`` is set by ``prepare``.
+    """
+
+    sink_id: str
+    epoch: int
+    branch_id: str
+    state: BranchState
+    generation: int
+    attempt: int = 1
+    owner: dict[str, Any] = field(default_factory=dict)
+    manifest: dict[str, Any] | None = None
+    created: float = 0.0
+    updated: float = 0.0
+    version: int = field(default=-1, compare=False)
+
+    @property
+    def xid(self) -> str:
+        return f"{self.sink_id}/{self.epoch}"
+
+    @property
+    def rows(self) -> int | None:
+        """The manifest's top-level ``rows`` (the only manifest key the audit reads)."""
+        value = (self.manifest or {}).get("rows")
+        return int(value) if isinstance(value, int | float) else None
+
+    def moved_to(self, state: BranchState, **changes: Any) -> BranchRecord:
+        return replace(self, state=state, updated=time.time(), **changes)
+
+    def to_bytes(self) -> bytes:
+        return encode({
+            "state": self.state.value, "generation": self.generation,
+            "attempt": self.attempt, "owner": self.owner, "manifest": self.manifest,
+            "created": self.created, "updated": self.updated,
+        }, f"branch {self.branch_id} of xid {self.xid}")
+
+    @classmethod
+    def from_bytes(cls, sink_id: str, epoch: int, branch_id: str, data: bytes,
+                   version: int) -> BranchRecord:
+        raw = decode(data)
+        return cls(
+            sink_id=sink_id, epoch=epoch, branch_id=branch_id,
+            state=BranchState(raw["state"]), generation=int(raw["generation"]),
+            attempt=int(raw.get("attempt", 1)), owner=dict(raw.get("owner") or {}),
+            manifest=raw.get("manifest"), created=float(raw.get("created", 0.0)),
+            updated=float(raw.get("updated", 0.0)), version=version,
+        )

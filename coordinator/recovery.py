@@ -1,0 +1,125 @@
+"""Recovery of in-doubt xids: finish every decision a crashed writer left behind.
+
+Run by a new writer right after ``fence()`` (and by operators on demand). The rule is the
+one of every two-phase commit: a decided xid is finished in the direction it was
+decided — ``Committing`` is published (never rolled back), ``Aborting`` is rolled back —
+and an undecided one is aborted if its owner is gone, i.e. it belongs to a generation
+older than the recovering writer's. Undecided xids of the current generation are live
+work and are left alone.
+
+Only the open index (``<sink>/open``) is read, so recovery costs O(open xids), not
+O(history). Every xid is attempted even if an earlier one fails; failures are reported,
+never skipped silently.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from coordinator.callbacks import BranchCallback
+from coordinator.completion import Completion
+from coordinator.errors import CoordinatorError, Fenced, RecoveryIncomplete
+from coordinator.records import XidRecord
+from coordinator.states import XidState
+from coordinator.store import SinkStore
+
+log = logging.getLogger("coordinator")
+
+ROLLED_FORWARD = "rolled_forward"
+ROLLED_BACK = "rolled_back"
+FAILED = "failed"
+
+_ORDER = {XidState.COMMITTING: 0, XidState.ABORTING: 1, XidState.INITIALIZED: 2}
+
+AbortIfOlder = Callable[[int, int, int, BranchCallback], "XidRecord | None"]
+
+
+@dataclass(frozen=True)
+class RecoveryAction:
+    """What recovery did to one xid: ``(xid, from_state, action)`` plus details."""
+
+    xid: str
+    from_state: XidState
+    action: str  # rolled_forward | rolled_back | failed
+    epoch: int
+    detail: str = ""
+
+    def __str__(self) -> str:
+        text = f"{self.xid} {self.from_state.value} -> {self.action}"
+        return f"{text} ({self.detail})" if self.detail else text
+
+
+@dataclass
+class RecoveryReport:
+    """Every xid recovery touched; empty ``actions`` means there was nothing to do."""
+
+    sink_id: str
+    generation: int
+    actions: list[RecoveryAction] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[RecoveryAction]:
+        return [a for a in self.actions if a.action == FAILED]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def __str__(self) -> str:
+        body = "; ".join(str(a) for a in self.actions) or "nothing to recover"
+        return f"sink {self.sink_id} (generation {self.generation}): {body}"
+
+
+class Recovery:
+    """One recovery pass over a sink's open xids.
+
+    Usage (what :meth:`Coordinator.recover` does)::
+
+        report = Recovery(store, completion, abort_if_older).run(
+            token, publish, rollback, older_than=token, raise_on_failure=True)
+    """
+
+    def __init__(self, store: SinkStore, completion: Completion,
+                 abort_if_older: AbortIfOlder) -> None:
+        self.store = store
+        self.completion = completion
+        self.abort_if_older = abort_if_older
+
+    def run(self, token: int, publish: BranchCallback, rollback: BranchCallback,
+            older_than: int, raise_on_failure: bool) -> RecoveryReport:
+        report = RecoveryReport(self.store.sink_id, token)
+        epochs = self.store.run(self.store.epochs, True)
+        records = self.store.run(self.store.read_xids, epochs)
+        for record in sorted(records, key=lambda r: (_ORDER.get(r.state, 3), r.epoch)):
+            action = self._recover_one(record, token, publish, rollback, older_than)
+            if action is not None:
+                log.warning("recovery: %s", action)
+                report.actions.append(action)
+        if raise_on_failure and not report.ok:
+            raise RecoveryIncomplete(report)
+        return report
+
+    def _recover_one(self, record: XidRecord, token: int, publish: BranchCallback,
+                     rollback: BranchCallback, older_than: int) -> RecoveryAction | None:
+        try:
+            if record.state is XidState.COMMITTING:
+                self.completion.finish_commit(record, token, publish, rollback)
+                return self._action(record, ROLLED_FORWARD)
+            if record.state is XidState.ABORTING:
+                self.completion.finish_abort(record, token, rollback)
+                return self._action(record, ROLLED_BACK)
+            if record.state is XidState.INITIALIZED and record.generation < older_than:
+                done = self.abort_if_older(record.epoch, token, older_than, rollback)
+                return None if done is None else self._action(
+                    record, ROLLED_BACK, f"undecided, generation {record.generation}")
+        except Fenced:
+            raise  # a newer writer took over: it recovers, not us
+        except CoordinatorError as exc:
+            return self._action(record, FAILED, f"{type(exc).__name__}: {exc}")
+        return None
+
+    @staticmethod
+    def _action(record: XidRecord, action: str, detail: str = "") -> RecoveryAction:
+        return RecoveryAction(record.xid, record.state, action, record.epoch, detail)

@@ -1,0 +1,316 @@
+"""The compare-and-set steps that move an xid or a branch: one multi-op each.
+
+Every step has the same shape: read the record, decide from its state what to do (or
+which typed error to raise), then write the new record in one multi-op that checks the
+version it read — and, for anything a writer decides, the sink's generation. When the
+multi fails because someone else wrote first, the step reads again and decides again, so
+a step is safe to re-run after a lost reply: the re-run finds its own write and returns.
+
+To save a round trip, a step may start from the record this instance last wrote or read
+(the CAS proves it current or fails); a cached record is used only while it is
+``Initialized``, so a refusal is never based on a stale record.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from kazoo.exceptions import NodeExistsError
+from kazoo.retry import ForceRetryError
+
+from coordinator.errors import (
+    Fenced,
+    InvalidTransition,
+    UnknownBranch,
+    UnknownXid,
+    WinnerNotPrepared,
+    XidAborted,
+    XidDecided,
+)
+from coordinator.fencing import Generation, settle
+from coordinator.multi import CONFLICT_RETRIES, Multi, MultiFailed
+from coordinator.records import BranchRecord, XidRecord, decode, encode
+from coordinator.states import BranchState, XidState, require_branch_transition
+from coordinator.store import SinkStore
+
+T = TypeVar("T")
+NO_FENCE = -1  # token for steps that carry no generation (prepare, metrics)
+
+
+class Transitions:
+    """Begin, register, prepare, select, decide: the writes before and at the decision.
+
+    Usage (each call runs under the store's retry policy)::
+
+        steps = Transitions(store, Generation(store))
+        steps.begin(41, generation)                         # -> XidState
+        steps.register(41, "p0-a0-1f2e3d4c", generation, owner={"staging": "s"})
+        steps.prepare(41, "p0-a0-1f2e3d4c", manifest)
+        record, decided_now, winners = steps.decide_commit(41, generation, ["p0-a0-1f2e3d4c"])
+    """
+
+    def __init__(self, store: SinkStore, generation: Generation) -> None:
+        self.store = store
+        self.generation = generation
+        self.layout = store.layout
+        self._xids: dict[int, XidRecord] = {}
+        self._branches: dict[tuple[int, str], BranchRecord] = {}
+
+    # -- public steps ------------------------------------------------------------------
+
+    def begin(self, epoch: int, generation: int) -> XidState:
+        return self._run(epoch, generation,
+                         lambda _: self._begin_once(self._read(epoch, False), epoch, generation))
+
+    def register(self, epoch: int, branch_id: str, generation: int,
+                 owner: dict[str, Any]) -> None:
+        self._run(epoch, generation,
+                  lambda cached: self._register_once(epoch, branch_id, generation, owner, cached))
+
+    def prepare(self, epoch: int, branch_id: str, manifest: dict[str, Any]) -> None:
+        normalized = decode(encode(manifest, f"manifest of branch {branch_id}"))
+        self._run(epoch, NO_FENCE,
+                  lambda cached: self._prepare_once(epoch, branch_id, normalized, cached))
+
+    def select(self, epoch: int, generation: int, branch_ids: list[str]) -> None:
+        self._run(epoch, generation,
+                  lambda cached: self._select_once(epoch, generation, branch_ids, cached))
+
+    def decide_commit(self, epoch: int, generation: int, winners: list[str] | None
+                      ) -> tuple[XidRecord, bool, dict[str, BranchRecord]]:
+        """Write ``Committing`` with the winners. Returns (record, decided by this call,
+        winner records read while validating). A decided xid is returned as it is."""
+        return self._run(epoch, generation,
+                         lambda cached: self._commit_once(epoch, generation, winners, cached))
+
+    def decide_abort(self, epoch: int, generation: int, older_than: int | None = None
+                     ) -> tuple[XidRecord, bool]:
+        """Write ``Aborting``. With ``older_than`` (recovery), only while the xid still
+        belongs to an older generation; otherwise it is returned untouched."""
+        return self._run(epoch, generation,
+                         lambda cached: self._abort_once(epoch, generation, older_than, cached))
+
+    def record_metrics(self, epoch: int, metrics: dict[str, Any]) -> None:
+        normalized = json.loads(json.dumps(metrics))
+        self._run(epoch, NO_FENCE, lambda cached: self._metrics_once(epoch, normalized, cached))
+
+    # -- one try of each step (raise MultiFailed to be re-run from a fresh read) --------
+
+    def _begin_once(self, record: XidRecord | None, epoch: int, generation: int) -> XidState:
+        if record is None:
+            return self._create(epoch, generation)
+        if record.state is XidState.INITIALIZED:
+            if record.generation > generation:
+                raise Fenced(f"xid {record.xid} belongs to generation {record.generation}; "
+                             f"generation {generation} is stale")
+            if record.generation < generation:  # adopt: recovery by us must leave it alone
+                self._write(record, generation, record.moved_to(
+                    XidState.INITIALIZED, generation, event="adopted", generation=generation))
+            return XidState.INITIALIZED
+        if record.state is XidState.ABORTED:
+            if generation <= record.generation:
+                raise XidAborted(f"xid {record.xid} attempt {record.attempt} was aborted; "
+                                 "only a newer generation may start a new attempt")
+            self._write(record, generation, record.moved_to(
+                XidState.INITIALIZED, generation, event="new_attempt", generation=generation,
+                attempt=record.attempt + 1, winners=(), selected=(), decided_at=None),
+                reopen=True)
+            return XidState.INITIALIZED
+        return record.state  # Committing, Committed, Aborting: the caller writes nothing
+
+    def _register_once(self, epoch: int, branch_id: str, generation: int,
+                       owner: dict[str, Any], cached: bool) -> None:
+        record = self._require(epoch, cached)
+        if record.state is not XidState.INITIALIZED:
+            raise XidDecided(f"xid {record.xid} is {record.state.value}; branch "
+                             f"{branch_id} may not register after the decision")
+        now = time.time()
+        branch = BranchRecord(self.store.sink_id, epoch, branch_id, BranchState.INITIALIZED,
+                              generation, record.attempt, owner=dict(owner), created=now,
+                              updated=now)
+        multi = self._fenced(generation)
+        multi.check(self.layout.xid(epoch), record.version, label="xid")  # refuse zombies
+        multi.create(self.layout.branch(epoch, branch_id), branch.to_bytes(), label="branch")
+        try:
+            multi.commit()
+        except MultiFailed as failed:
+            if failed.label == "branch" and isinstance(failed.error, NodeExistsError):
+                return self._registered_already(record, branch_id)
+            raise
+        self._branches[(epoch, branch_id)] = replace(branch, version=0)
+
+    def _registered_already(self, record: XidRecord, branch_id: str) -> None:
+        existing = self.store.read_branch(record.epoch, branch_id)
+        if existing is None:
+            raise ForceRetryError()  # pruned in between; start over
+        if existing.attempt != record.attempt or existing.state is BranchState.ABORTED:
+            raise XidDecided(f"branch {branch_id} of xid {record.xid} belongs to aborted "
+                             f"attempt {existing.attempt}; register a new branch id")
+
+    def _prepare_once(self, epoch: int, branch_id: str, manifest: dict[str, Any],
+                      cached: bool) -> None:
+        record = self._require(epoch, cached)
+        branch = self._branches.get((epoch, branch_id)) if cached else None
+        branch = branch or self.store.read_branch(epoch, branch_id)
+        if branch is None:
+            raise UnknownBranch(f"branch {branch_id} of xid {record.xid} was never registered")
+        if _prepared_already(branch, manifest):
+            return
+        if (record.state is not XidState.INITIALIZED or branch.attempt != record.attempt
+                or branch.state is BranchState.ABORTED):
+            raise XidDecided(f"xid {record.xid} is {record.state.value} (attempt "
+                             f"{record.attempt}); branch {branch_id} cannot prepare")
+        require_branch_transition(branch.state, BranchState.PREPARED, branch_id)
+        prepared = branch.moved_to(BranchState.PREPARED, manifest=manifest)
+        multi = Multi(self.store.client)
+        multi.check(self.layout.xid(epoch), record.version, label="xid")
+        multi.set_data(self.layout.branch(epoch, branch_id), prepared.to_bytes(),
+                       branch.version, label="branch")
+        try:
+            multi.commit()
+        except MultiFailed:
+            self._branches.pop((epoch, branch_id), None)
+            raise
+        self._branches[(epoch, branch_id)] = replace(prepared, version=branch.version + 1)
+
+    def _select_once(self, epoch: int, generation: int, branch_ids: list[str],
+                     cached: bool) -> None:
+        record = self._require(epoch, cached)
+        _require_undecided(record)
+        new = [b for b in dict.fromkeys(branch_ids) if b not in record.selected]
+        if new:
+            self._require_prepared(record, new)
+            self._write(record, generation, replace(
+                record, selected=(*record.selected, *new), updated=time.time()))
+
+    def _commit_once(self, epoch: int, generation: int, winners: list[str] | None,
+                     cached: bool) -> tuple[XidRecord, bool, dict[str, BranchRecord]]:
+        record = self._require(epoch, cached)
+        if record.state in (XidState.COMMITTING, XidState.COMMITTED):
+            return record, False, {}  # decided already: finish that decision
+        _require_undecided(record)
+        chosen = list(dict.fromkeys(record.selected if winners is None else winners))
+        known = self._require_prepared(record, chosen)
+        decided = record.moved_to(XidState.COMMITTING, generation, winners=tuple(chosen),
+                                  decided_at=time.time())
+        return self._write(record, generation, decided), True, known
+
+    def _abort_once(self, epoch: int, generation: int, older_than: int | None,
+                    cached: bool) -> tuple[XidRecord, bool]:
+        record = self._require(epoch, cached)
+        if record.state in (XidState.COMMITTING, XidState.COMMITTED):
+            raise XidDecided(f"xid {record.xid} is {record.state.value}: it will be "
+                             "published, it cannot be aborted")
+        if record.state in (XidState.ABORTING, XidState.ABORTED):
+            return record, False
+        if older_than is not None and record.generation >= older_than:
+            return record, False  # adopted by a current writer meanwhile: leave it
+        return self._write(record, generation, record.moved_to(
+            XidState.ABORTING, generation, decided_at=time.time())), True
+
+    def _metrics_once(self, epoch: int, metrics: dict[str, Any], cached: bool) -> None:
+        record = self._require(epoch, cached)
+        merged = replace(record, metrics={**record.metrics, **metrics})
+        multi = Multi(self.store.client)
+        multi.set_data(self.layout.xid(epoch), merged.to_bytes(), record.version, label="xid")
+        multi.commit()
+        self._remember(replace(merged, version=record.version + 1))
+
+    # -- shared ------------------------------------------------------------------------
+
+    def _run(self, epoch: int, token: int, one_try: Callable[[bool], T]) -> T:
+        """Run ``one_try`` under the retry policy until its multi-op applies; after a
+        conflict, read again (no cache) and decide again."""
+        return self.store.run(self._until_applied, epoch, token, one_try)
+
+    def _until_applied(self, epoch: int, token: int, one_try: Callable[[bool], T]) -> T:
+        for attempt in range(CONFLICT_RETRIES):
+            try:
+                return one_try(attempt == 0)
+            except MultiFailed as failed:
+                self._xids.pop(epoch, None)
+                settle(failed, self.store, token, f"{self.store.sink_id}/{epoch}")
+        raise ForceRetryError()  # heavy contention: back off under the retry policy
+
+    def _read(self, epoch: int, cached: bool) -> XidRecord | None:
+        record = self._xids.get(epoch) if cached else None
+        if record is None or record.state is not XidState.INITIALIZED:
+            record = self.store.read_xid(epoch)
+        self._remember(record)
+        return record
+
+    def _require(self, epoch: int, cached: bool) -> XidRecord:
+        record = self._read(epoch, cached)
+        if record is None:
+            raise UnknownXid(f"xid {self.store.sink_id}/{epoch} has no record; "
+                             "begin it first")
+        return record
+
+    def _remember(self, record: XidRecord | None) -> None:
+        if record is not None:
+            self._xids[record.epoch] = record
+
+    def _fenced(self, token: int) -> Multi:
+        return self.generation.guard(Multi(self.store.client), token)
+
+    def _create(self, epoch: int, generation: int) -> XidState:
+        now = time.time()
+        record = XidRecord(self.store.sink_id, epoch, XidState.UNKNOWN, generation,
+                           created=now, updated=now).moved_to(XidState.INITIALIZED, generation)
+        multi = self._fenced(generation)
+        multi.create(self.layout.xid(epoch), record.to_bytes(), label="xid")
+        multi.create(self.layout.branches(epoch), label="branches")
+        multi.create(self.layout.open_marker(epoch), label="open")
+        multi.commit()
+        self._remember(replace(record, version=0))
+        return XidState.INITIALIZED
+
+    def _write(self, current: XidRecord, token: int, new: XidRecord,
+               reopen: bool = False) -> XidRecord:
+        """One fenced compare-and-set of the xid record (plus its open-index entry)."""
+        multi = self._fenced(token)
+        multi.set_data(self.layout.xid(current.epoch), new.to_bytes(), current.version,
+                       label="xid")
+        if reopen:
+            multi.create(self.layout.open_marker(current.epoch), label="open")
+        multi.commit()
+        written = replace(new, version=current.version + 1)
+        self._remember(written)
+        return written
+
+    def _require_prepared(self, record: XidRecord, branch_ids: list[str]
+                          ) -> dict[str, BranchRecord]:
+        """Read the would-be winners; each must be ``Prepared`` in the current attempt."""
+        found = self.store.read_branches(record.epoch, branch_ids)
+        for branch_id in branch_ids:
+            branch = found.get(branch_id)
+            if branch is None:
+                raise UnknownBranch(f"winner {branch_id} of xid {record.xid} was never "
+                                    "registered")
+            if branch.state is not BranchState.PREPARED or branch.attempt != record.attempt:
+                raise WinnerNotPrepared(
+                    f"winner {branch_id} of xid {record.xid} is {branch.state.value} in "
+                    f"attempt {branch.attempt} (xid attempt {record.attempt}); only a "
+                    "Prepared branch of the current attempt can win")
+        return found
+
+
+def _prepared_already(branch: BranchRecord, manifest: dict[str, Any]) -> bool:
+    """True for a repeated prepare with the same manifest; a different one is refused."""
+    if branch.state not in (BranchState.PREPARED, BranchState.COMMITTED):
+        return False
+    if branch.manifest != manifest:
+        raise InvalidTransition(f"branch {branch.branch_id} of xid {branch.xid} is already "
+                                f"{branch.state.value} with another manifest")
+    return True
+
+
+def _require_undecided(record: XidRecord) -> None:
+    if record.state in (XidState.ABORTING, XidState.ABORTED):
+        raise XidAborted(f"xid {record.xid} attempt {record.attempt} is {record.state.value}")
+    if record.state is not XidState.INITIALIZED:
+        raise XidDecided(f"xid {record.xid} is {record.state.value}")

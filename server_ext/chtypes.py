@@ -1,0 +1,161 @@
+"""ClickHouse type names parsed into a small tree, with the facts the writer needs.
+
+Why: the schema check, the per-batch value checks and the Native encoder all need to know,
+for a type such as ``Nullable(Decimal(38, 4))``, its wrappers, its storage width and its
+value range. Parsing the server's type text once, here, keeps those three in agreement.
+``Decimal32(S)``/``Decimal64(S)``/``Decimal128(S)`` are normalised to ``Decimal(P, S)``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+# name -> (numpy dtype of the Native layout, min, max)
+INTEGER_TYPES: dict[str, tuple[str, int, int]] = {
+    "UInt8": ("<u1", 0, 2**8 - 1),
+    "UInt16": ("<u2", 0, 2**16 - 1),
+    "UInt32": ("<u4", 0, 2**32 - 1),
+    "UInt64": ("<u8", 0, 2**64 - 1),
+    "Int8": ("<i1", -(2**7), 2**7 - 1),
+    "Int16": ("<i2", -(2**15), 2**15 - 1),
+    "Int32": ("<i4", -(2**31), 2**31 - 1),
+    "Int64": ("<i8", -(2**63), 2**63 - 1),
+}
+FLOAT_TYPES: dict[str, str] = {"Float32": "<f4", "Float64": "<f8"}
+WRAPPERS = ("Nullable", "Array", "LowCardinality")
+# Date is UInt16 days and DateTime UInt32 seconds since 1970-01-01 on every server version.
+DATE_MAX_DAYS = 2**16 - 1
+DATETIME_MAX_SECONDS = 2**32 - 1
+_DECIMAL_ALIASES = {"Decimal32": 9, "Decimal64": 18, "Decimal128": 38, "Decimal256": 76}
+
+
+@dataclass(frozen=True)
+class ChType:
+    """One ClickHouse type: ``base`` name, literal ``params`` and the wrapped ``inner`` type.
+
+    ``Nullable(String)`` is ``ChType("Nullable", inner=ChType("String"))``;
+    ``Decimal(10, 2)`` is ``ChType("Decimal", params=(10, 2))``;
+    ``DateTime('UTC')`` is ``ChType("DateTime", params=("UTC",))``.
+    """
+
+    base: str
+    params: tuple[int | str, ...] = ()
+    inner: ChType | None = None
+    text: str = field(default="", compare=False)
+
+    def __str__(self) -> str:
+        return self.text or self.base
+
+    @property
+    def is_nullable(self) -> bool:
+        return self.base == "Nullable"
+
+    def unwrap_low_cardinality(self) -> ChType:
+        """The type with a LowCardinality wrapper removed (it changes storage, not values)."""
+        return self.inner if self.base == "LowCardinality" and self.inner else self
+
+    def value_type(self) -> ChType:
+        """The type of the non-null values: LowCardinality and Nullable removed."""
+        t = self.unwrap_low_cardinality()
+        if t.is_nullable and t.inner is not None:
+            t = t.inner.unwrap_low_cardinality()
+        return t
+
+    @property
+    def precision(self) -> int:
+        return int(self.params[0])
+
+    @property
+    def scale(self) -> int:
+        return int(self.params[1])
+
+    @property
+    def decimal_width(self) -> int:
+        """Bytes per value of a Decimal: 4, 8, 16 (or 32) by precision."""
+        p = self.precision
+        return 4 if p <= 9 else 8 if p <= 18 else 16 if p <= 38 else 32
+
+
+def parse_type(text: str) -> ChType:
+    """Parse a ClickHouse type name as the server prints it in DESCRIBE / system.columns."""
+    parsed, rest = _parse(text.strip())
+    if rest.strip():
+        raise ValueError(f"cannot parse ClickHouse type {text!r}")
+    return parsed
+
+
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _parse(text: str) -> tuple[ChType, str]:
+    match = _NAME_RE.match(text)
+    if match is None:
+        raise ValueError(f"cannot parse ClickHouse type {text!r}")
+    name, rest = match.group(0), text[match.end():].lstrip()
+    if not rest.startswith("("):
+        return ChType(name, text=name), rest
+    if name in WRAPPERS:
+        inner, rest = _parse(rest[1:].lstrip())
+        rest = _expect(rest, ")")
+        return ChType(name, inner=inner, text=f"{name}({inner})"), rest
+    args_text, rest = _balanced(rest)
+    params = tuple(_literal(arg) for arg in _split_args(args_text))
+    if name in _DECIMAL_ALIASES:
+        name, params = "Decimal", (_DECIMAL_ALIASES[name], params[0])
+    return ChType(name, params=params, text=f"{match.group(0)}({args_text})"), rest
+
+
+def _expect(text: str, token: str) -> str:
+    text = text.lstrip()
+    if not text.startswith(token):
+        raise ValueError(f"expected {token!r} in ClickHouse type near {text!r}")
+    return text[len(token):]
+
+
+def _balanced(text: str) -> tuple[str, str]:
+    """Split ``(a, b)rest`` into ``a, b`` and ``rest``, honouring quotes and nesting."""
+    depth, quoted, i = 0, False, 0
+    while i < len(text):
+        ch = text[i]
+        if quoted:
+            if ch == "\\":
+                i += 1
+            elif ch == "'":
+                quoted = False
+        elif ch == "'":
+            quoted = True
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return text[1:i], text[i + 1:]
+        i += 1
+    raise ValueError(f"unbalanced parentheses in ClickHouse type {text!r}")
+
+
+def _split_args(text: str) -> list[str]:
+    args, depth, quoted, start = [], 0, False, 0
+    for i, ch in enumerate(text):
+        if quoted:
+            quoted = not (ch == "'" and text[i - 1] != "\\")
+        elif ch == "'":
+            quoted = True
+        elif ch in "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            args.append(text[start:i])
+            start = i + 1
+    args.append(text[start:])
+    return [a.strip() for a in args if a.strip()]
+
+
+def _literal(arg: str) -> int | str:
+    if arg.startswith("'") and arg.endswith("'"):
+        return re.sub(r"\\(.)", r"\1", arg[1:-1])
+    if re.fullmatch(r"-?\d+", arg):
+        return int(arg)
+    return arg

@@ -1,0 +1,403 @@
+"""HTTP client for ClickHouse: one place that knows how to talk to the server safely.
+
+Why a client of our own: the official Python clients either cannot talk to the 18.16
+servers this project supports (clickhouse-connect reads system columns 18.16 lacks) or use
+the native TCP protocol, whose retries we could not control. Everything here is plain
+HTTP on a reused ``requests.Session``.
+
+Contract (what a caller may assume):
+- Every call is one statement with its own ``query_id``; ``purpose`` names the step in any
+  error ("create staging table failed: UNKNOWN_DATABASE (code 81): ...").
+- A call either returns after the server finished the statement, or raises a
+  ``ClickHouseError``. Statements are sent with ``wait_end_of_query=1`` so the status code
+  is final, and an exception that the server appended to a 200 body is still detected.
+- Retries are automatic but only where repeating is safe: a request that never reached the
+  server (connection refused) is always retried; transient server conditions
+  (``RETRYABLE_CODES``: read-only replica, keeper session, too many parts, ...) and 503 are
+  retried when the caller says the statement may be repeated (``retry=True``, the default
+  for ``execute`` and ``insert``; reads always may). A request whose outcome is unknown (a
+  timeout or a connection lost after the body was sent) is retried only for reads and
+  ``execute(retry=True)``, never for an insert: the insert may have landed.
+- Credentials travel only in the ``X-ClickHouse-User`` / ``X-ClickHouse-Key`` headers.
+  They never appear in ``url``, ``repr``, logs or error messages.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+import requests
+import urllib3.exceptions
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from server_ext.errors import (
+    RETRYABLE_CODES,
+    ClickHouseError,
+    ServerUnreachable,
+    parse_exception,
+)
+
+log = logging.getLogger(__name__)
+
+# The exception a server appends to a 200 body when a query fails after streaming began.
+# 18.16 appends it straight after the last byte of data, without a newline.
+_TRAILING_EXCEPTION_RE = re.compile(
+    r"(Code: \d+[.,] (?:e\.displayText\(\) = )?DB::Exception[^\n]*)\n?\Z"
+)
+_REDACTED = "******"
+
+
+def quote_identifier(name: str) -> str:
+    """Backtick-quote an identifier, escaping backslashes and backticks inside it."""
+    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+
+
+def qualified_name(database: str, table: str) -> str:
+    """``\\`db\\`.\\`table\\``` with both parts quoted."""
+    return f"{quote_identifier(database)}.{quote_identifier(table)}"
+
+
+def split_table_name(name: str, default_database: str = "default") -> tuple[str, str]:
+    """Split ``db.table`` (parts optionally backtick-quoted) into ``(db, table)``.
+
+    A name without a database gets ``default_database``. Unquoted names split at the first
+    dot; quote a part to keep a dot inside it.
+    """
+    parts = _split_identifiers(name.strip())
+    if len(parts) == 1:
+        return default_database, parts[0]
+    if len(parts) == 2:
+        return parts[0], parts[1]
+    raise ValueError(f"not a table name: {name!r}")
+
+
+def _split_identifiers(text: str) -> list[str]:
+    parts: list[str] = []
+    i = 0
+    while i <= len(text):
+        if text.startswith("`", i):
+            part, i = _read_quoted(text, i + 1)
+        else:
+            end = text.find(".", i)
+            end = len(text) if end < 0 else end
+            part, i = text[i:end], end
+        if not part:
+            raise ValueError(f"not a table name: {text!r}")
+        parts.append(part)
+        if i >= len(text):
+            break
+        if text[i] != ".":
+            raise ValueError(f"not a table name: {text!r}")
+        if len(parts) == 1 and not text.startswith("`", i + 1):
+            parts.append(text[i + 1 :])  # unquoted table part keeps any further dots
+            if not parts[-1]:
+                raise ValueError(f"not a table name: {text!r}")
+            break
+        i += 1
+    return parts
+
+
+def _read_quoted(text: str, i: int) -> tuple[str, int]:
+    out: list[str] = []
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and i + 1 < len(text):
+            out.append(text[i + 1])
+            i += 2
+        elif ch == "`":
+            return "".join(out), i + 1
+        else:
+            out.append(ch)
+            i += 1
+    raise ValueError(f"unterminated quoted identifier in {text!r}")
+
+
+@dataclass
+class _Attempt:
+    """What one HTTP request is allowed to do when it fails."""
+
+    purpose: str
+    may_repeat: bool  # transient server errors may be retried
+    outcome_unknown_ok: bool  # a request that may have run may be repeated
+
+
+class _ReplayGuard:
+    """Wraps a streamed body to tell whether any of it has been handed to the socket."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = chunks
+        self.started = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self._chunks:
+            self.started = True
+            yield chunk
+
+
+class ClickHouseClient:
+    """Talks to one ClickHouse server over HTTP (see the module contract)."""
+
+    def __init__(
+        self,
+        url: str,
+        user: str | None = None,
+        password: str | None = None,
+        timeout: float = 30.0,
+        retries: int = 5,
+        session: requests.Session | None = None,
+    ) -> None:
+        self.url, url_user, url_password = _strip_credentials(url)
+        self.user = user if user is not None else url_user
+        self._password = password if password is not None else url_password
+        self.timeout = timeout
+        self.retries = retries
+        self._session = session or requests.Session()
+        parts = urlsplit(self.url)
+        default_port = 443 if parts.scheme == "https" else 8123
+        self.address = f"{parts.hostname}:{parts.port or default_port}"
+
+    def __repr__(self) -> str:
+        return f"ClickHouseClient(url={self.url!r}, user={self.user!r})"
+
+    # -- public statements -------------------------------------------------------------
+
+    def execute(
+        self, sql: str, *, purpose: str, settings: dict | None = None, retry: bool = True
+    ) -> None:
+        """Run a statement that returns nothing (DDL, ALTER, INSERT ... SELECT).
+
+        ``retry=True`` declares the statement idempotent: it may be repeated after a
+        transient failure or a lost answer. Pass ``retry=False`` for statements that must
+        not run twice (e.g. ``ATTACH PARTITION`` into a plain MergeTree).
+        """
+        attempt = _Attempt(purpose, may_repeat=retry, outcome_unknown_ok=retry)
+        self._send(self._params(settings), sql.encode("utf-8"), attempt)
+
+    def query_rows(self, sql: str, *, purpose: str, settings: dict | None = None) -> list[dict]:
+        """Rows of a SELECT as dicts, values typed as ClickHouse's JSON output gives them
+        (64-bit integers arrive as strings on servers that quote them)."""
+        body = self._query_text(f"{_strip_statement(sql)}\nFORMAT JSON", purpose, settings)
+        if not body.strip():
+            return []
+        return list(json.loads(body)["data"])
+
+    def query_value(self, sql: str, *, purpose: str) -> str:
+        """First column of the first row, as text. Raises when the result has no row."""
+        body = self._query_text(f"{_strip_statement(sql)}\nFORMAT TabSeparated", purpose, None)
+        if not body:
+            raise ClickHouseError("the query returned no row", name="EMPTY_RESULT", purpose=purpose)
+        return _unescape_tsv(body.split("\n", 1)[0].split("\t", 1)[0])
+
+    def insert(
+        self,
+        table: str,
+        body: bytes | Iterable[bytes],
+        *,
+        fmt: str,
+        purpose: str,
+        columns: list[str] | None = None,
+        settings: dict | None = None,
+        retry: bool = True,
+    ) -> None:
+        """INSERT ``body`` (already encoded in ``fmt``) into ``table`` (qualified, quoted).
+
+        A non-bytes body is streamed with chunked transfer encoding. An iterator (e.g. a
+        generator) is retried only if the failure came before its first chunk was
+        consumed; a re-iterable body (a list, or an object whose ``__iter__`` starts over)
+        is iterated afresh for each attempt, so it is retried like bytes. A failed insert
+        whose outcome is unknown (timeout after sending) is never retried: the caller
+        must check.
+        """
+        column_list = ""
+        if columns is not None:
+            column_list = " (" + ", ".join(quote_identifier(c) for c in columns) + ")"
+        params = self._params(settings, wait=False)
+        # No trailing newline: the server puts one between this text and the body, and
+        # skips only one before the data (a second would be read as data).
+        params["query"] = f"INSERT INTO {table}{column_list} FORMAT {fmt}"
+        attempt = _Attempt(purpose, may_repeat=retry, outcome_unknown_ok=False)
+        if isinstance(body, bytes | bytearray | memoryview):
+            self._send(params, bytes(body), attempt)
+        else:
+            self._send_stream(params, body, attempt)
+
+    # -- request plumbing ----------------------------------------------------------------
+
+    def _query_text(self, sql: str, purpose: str, settings: dict | None) -> str:
+        attempt = _Attempt(purpose, may_repeat=True, outcome_unknown_ok=True)
+        resp = self._send(self._params(settings), sql.encode("utf-8"), attempt)
+        return resp.content.decode("utf-8")
+
+    def _params(self, settings: dict | None, wait: bool = True) -> dict[str, str]:
+        params = {"wait_end_of_query": "1"} if wait else {}
+        for key, value in (settings or {}).items():
+            params[key] = _setting_text(value)
+        return params
+
+    def _headers(self) -> dict[str, str]:
+        headers = {}
+        if self.user is not None:
+            headers["X-ClickHouse-User"] = self.user
+        if self._password:
+            headers["X-ClickHouse-Key"] = self._password
+        return headers
+
+    def _send(self, params: dict[str, str], data: bytes, attempt: _Attempt) -> requests.Response:
+        return self._with_retries(attempt, lambda: self._post_once(params, data, attempt))
+
+    def _send_stream(
+        self, params: dict[str, str], chunks: Iterable[bytes], attempt: _Attempt
+    ) -> None:
+        replayable = not isinstance(chunks, Iterator)  # a list or a re-iterable object
+
+        def once() -> requests.Response:
+            guard = _ReplayGuard(chunks)
+            try:
+                return self._post_once(params, guard, attempt)
+            except ClickHouseError as exc:
+                if guard.started and not replayable:  # the consumed part cannot be resent
+                    exc.retryable = False
+                raise
+
+        self._with_retries(attempt, once)
+
+    def _with_retries(
+        self, attempt: _Attempt, call: Callable[[], requests.Response]
+    ) -> requests.Response:
+        def log_retry(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            log.warning("%s: attempt %d failed, retrying: %s", attempt.purpose,
+                        state.attempt_number, exc)
+
+        retrying = Retrying(
+            stop=stop_after_attempt(self.retries + 1),
+            wait=wait_exponential(multiplier=0.1, min=0.05, max=5.0),
+            retry=retry_if_exception(lambda e: isinstance(e, ClickHouseError) and e.retryable),
+            before_sleep=log_retry,
+            reraise=True,
+        )
+        try:
+            return retrying(call)
+        except ServerUnreachable as exc:
+            attempts = retrying.statistics.get("attempt_number", 1)
+            raise ServerUnreachable(
+                f"cannot connect to {self.address} (gave up after {attempts} attempts)",
+                name=exc.name, purpose=attempt.purpose, query_id=exc.query_id,
+            ) from None
+
+    def _post_once(
+        self, params: dict[str, str], data: bytes | _ReplayGuard, attempt: _Attempt
+    ) -> requests.Response:
+        query_id = f"txsink-{uuid.uuid4().hex}"
+        params = {**params, "query_id": query_id}
+        try:
+            resp = self._session.post(
+                self.url,
+                params=params,
+                data=data,
+                headers=self._headers(),
+                timeout=(min(self.timeout, 10.0), self.timeout),
+            )
+        except requests.RequestException as exc:
+            raise self._transport_error(exc, attempt, query_id) from None
+        self._raise_for_answer(resp, attempt, query_id)
+        return resp
+
+    def _transport_error(
+        self, exc: requests.RequestException, attempt: _Attempt, query_id: str
+    ) -> ClickHouseError:
+        if _never_sent(exc):
+            return ServerUnreachable(
+                f"cannot connect to {self.address}", name="SERVER_UNREACHABLE",
+                purpose=attempt.purpose, retryable=True, query_id=query_id,
+            )
+        kind = "TIMEOUT" if isinstance(exc, requests.Timeout) else "CONNECTION_LOST"
+        return ClickHouseError(
+            f"no answer from {self.address} ({type(exc).__name__}); the statement may or may "
+            "not have run",
+            name=kind, purpose=attempt.purpose, retryable=attempt.outcome_unknown_ok,
+            query_id=query_id,
+        )
+
+    def _raise_for_answer(self, resp: requests.Response, attempt: _Attempt, query_id: str) -> None:
+        if resp.status_code == 200:
+            tail = resp.content[-4096:].decode("utf-8", errors="replace")
+            match = _TRAILING_EXCEPTION_RE.search(tail)
+            if match is None:
+                return
+            text = match.group(1)
+        else:
+            text = resp.content.decode("utf-8", errors="replace")
+        raise self._server_error(text, resp, attempt, query_id)
+
+    def _server_error(
+        self, text: str, resp: requests.Response, attempt: _Attempt, query_id: str
+    ) -> ClickHouseError:
+        text = self._redact(text.strip())
+        parsed = parse_exception(text)
+        header_code = resp.headers.get("X-ClickHouse-Exception-Code")
+        code, message, name = parsed if parsed else (None, text or resp.reason or "", None)
+        if code is None and header_code and header_code.isdigit():
+            code = int(header_code)
+        transient = code in RETRYABLE_CODES or (code is None and resp.status_code == 503)
+        return ClickHouseError(
+            message[:2000], code=code, name=name, purpose=attempt.purpose,
+            retryable=transient and attempt.may_repeat, status=resp.status_code,
+            query_id=query_id,
+        )
+
+    def _redact(self, text: str) -> str:
+        if self._password:
+            text = text.replace(self._password, _REDACTED)
+        return text
+
+
+def _never_sent(exc: requests.RequestException) -> bool:
+    """True when the request provably never reached the server (no connection made)."""
+    if isinstance(exc, requests.ConnectTimeout):
+        return True
+    reason = getattr(exc.args[0], "reason", None) if exc.args else None
+    return isinstance(reason, urllib3.exceptions.NewConnectionError)
+
+
+def _strip_credentials(url: str) -> tuple[str, str | None, str | None]:
+    parts = urlsplit(url)
+    user = unquote(parts.username) if parts.username else None
+    password = unquote(parts.password) if parts.password else None
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, "")), user, password
+
+
+def _strip_statement(sql: str) -> str:
+    return sql.strip().rstrip(";").rstrip()
+
+
+def _setting_text(value: object) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+_TSV_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "0": "\0", "\\": "\\", "'": "'", "b": "\b",
+                "f": "\f"}
+
+
+def _unescape_tsv(field: str) -> str:
+    if "\\" not in field:
+        return field
+    return re.sub(r"\\(.)", lambda m: _TSV_ESCAPES.get(m.group(1), m.group(1)), field)

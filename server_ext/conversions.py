@@ -1,0 +1,43 @@
+"""Arrow date and time values turned into the numbers ClickHouse stores.
+
+Shared by the value checks (``schema``) and the encoder so that what is checked is exactly
+what is sent. ClickHouse stores Date as days and DateTime as whole seconds since
+1970-01-01 UTC; Arrow timestamps are instants in s/ms/us/ns (a time zone only changes how
+they are displayed), so the conversion is an integer floor division. Nulls become 0: the
+caller handles them through the validity bitmap.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+MILLIS_PER_DAY = 86_400_000
+SECONDS_PER_DAY = 86_400
+_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+
+
+def _int64(array: pa.Array) -> np.ndarray:
+    raw = array.cast(pa.int64()) if array.type != pa.int64() else array
+    if raw.null_count:
+        raw = pc.fill_null(raw, 0)
+    return raw.to_numpy(zero_copy_only=False)
+
+
+def to_days(array: pa.Array) -> np.ndarray:
+    """Days since the epoch (int64) of a date32, date64 or timestamp array."""
+    if pa.types.is_date32(array.type):
+        return _int64(array.cast(pa.int32()))
+    if pa.types.is_date64(array.type):
+        return _int64(array) // MILLIS_PER_DAY
+    return to_seconds(array) // SECONDS_PER_DAY
+
+
+def to_seconds(array: pa.Array) -> np.ndarray:
+    """Whole seconds since the epoch (int64, floor) of a timestamp or date array."""
+    if pa.types.is_date32(array.type) or pa.types.is_date64(array.type):
+        return to_days(array) * SECONDS_PER_DAY
+    per_second = _PER_SECOND[array.type.unit]
+    raw = _int64(array)
+    return raw if per_second == 1 else raw // per_second

@@ -1,0 +1,439 @@
+"""The target table as the server describes it, and whether Arrow data fits into it.
+
+Why checks on our side: ClickHouse accepts silently much that is wrong for an exactly-once
+pipeline (300 into UInt8 wraps to 44, an omitted column becomes 0), and what it does
+reject it rejects one problem at a time, after staging already exists. So:
+
+- ``check_arrow_schema`` compares the whole Arrow schema with the target before anything
+  is created, and raises one ``SchemaMismatch`` that names every bad column: a missing
+  column without a default, an unknown column, a column that cannot be written
+  (MATERIALIZED/ALIAS), a type that cannot be converted (string into UInt64), a type the
+  writer does not support.
+- ``check_batch`` checks the values of one batch before any of it is sent, and raises
+  ``InvalidValue`` naming the column, the first offending row and its value: a null into
+  a non-Nullable column, an integer out of the column's range, a string longer than
+  FixedString(N), a Date/DateTime outside what the server can store, a decimal that does
+  not fit Decimal(P, S) exactly.
+
+Conventions (stated once, relied on by the encoder): a missing Nullable column is filled
+with NULL by the server, so it needs no default; timestamps are instants (a timestamp
+without a time zone is taken as UTC) and lose their sub-second part in DateTime; a value
+that would need rounding to fit Decimal(P, S) is rejected, never rounded.
+All checks are vectorised (pyarrow compute), never a Python loop over rows.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from server_ext.chtypes import (
+    DATE_MAX_DAYS,
+    DATETIME_MAX_SECONDS,
+    FLOAT_TYPES,
+    INTEGER_TYPES,
+    ChType,
+    parse_type,
+)
+from server_ext.client import qualified_name, split_table_name
+from server_ext.conversions import to_days, to_seconds
+from server_ext.errors import ClickHouseError, InvalidValue, SchemaMismatch
+
+UNWRITABLE_DEFAULT_KINDS = ("MATERIALIZED", "ALIAS", "EPHEMERAL")
+RowOf = Callable[[int], int]  # index in the checked array -> row of the batch
+
+
+class SqlClient(Protocol):
+    def query_rows(self, sql: str, *, purpose: str, settings: dict | None = None
+                   ) -> list[dict]: ...
+
+
+@dataclass(frozen=True)
+class Column:
+    """One target column: ``default_kind`` is '', DEFAULT, MATERIALIZED, ALIAS, EPHEMERAL."""
+
+    name: str
+    type: str
+    default_kind: str = ""
+    default_expression: str = ""
+    chtype: ChType = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "chtype", parse_type(self.type))
+
+    @property
+    def writable(self) -> bool:
+        """Whether an INSERT may supply this column."""
+        return self.default_kind not in UNWRITABLE_DEFAULT_KINDS
+
+    @property
+    def may_be_omitted(self) -> bool:
+        """Whether the server fills it when the data lacks it (a DEFAULT, or NULL)."""
+        return bool(self.default_kind) or self.chtype.unwrap_low_cardinality().is_nullable
+
+
+@dataclass(frozen=True)
+class TargetTable:
+    """What txsink needs to know about a target table to stage and publish into it."""
+
+    database: str
+    name: str
+    columns: list[Column]
+    partition_key: str
+    sorting_key: str
+    primary_key: str
+    engine: str
+    engine_full: str
+    replicated: bool
+    index_granularity: int
+    create_table_query: str
+
+    @property
+    def qualified(self) -> str:
+        """``\\`db\\`.\\`table\\``` for SQL."""
+        return qualified_name(self.database, self.name)
+
+    def column(self, name: str) -> Column:
+        for column in self.columns:
+            if column.name == name:
+                return column
+        raise KeyError(name)
+
+
+def describe_table(client: SqlClient, table: str) -> TargetTable:
+    """Describe ``db.table`` (or ``table`` in ``default``) from the server.
+
+    Raises ``ClickHouseError`` named UNKNOWN_DATABASE or UNKNOWN_TABLE naming the table.
+    """
+    database, name = split_table_name(table)
+    purpose = f"describe table {database}.{name}"
+    _require_exists(client, database, name, purpose)
+    rows = client.query_rows(f"DESCRIBE TABLE {qualified_name(database, name)}", purpose=purpose)
+    columns = [
+        Column(row["name"], row["type"], row.get("default_type", ""),
+               row.get("default_expression", ""))
+        for row in rows
+    ]
+    meta = client.query_rows(
+        "SELECT engine, engine_full, partition_key, sorting_key, primary_key, "
+        f"create_table_query FROM system.tables WHERE database = {_string(database)} "
+        f"AND name = {_string(name)}",
+        purpose=purpose,
+    )[0]
+    return TargetTable(
+        database=database, name=name, columns=columns,
+        partition_key=meta["partition_key"], sorting_key=meta["sorting_key"],
+        primary_key=meta["primary_key"], engine=meta["engine"],
+        engine_full=meta["engine_full"], replicated=meta["engine"].startswith("Replicated"),
+        index_granularity=_index_granularity(meta["engine_full"]),
+        create_table_query=meta["create_table_query"],
+    )
+
+
+def _require_exists(client: SqlClient, database: str, name: str, purpose: str) -> None:
+    """Raise a clear UNKNOWN_DATABASE / UNKNOWN_TABLE error instead of a DESCRIBE failure."""
+    rows = client.query_rows(
+        f"SELECT (SELECT count() FROM system.databases WHERE name = {_string(database)}) AS db, "
+        f"(SELECT count() FROM system.tables WHERE database = {_string(database)} "
+        f"AND name = {_string(name)}) AS tbl",
+        purpose=purpose,
+    )[0]
+    if int(rows["db"]) == 0:
+        raise ClickHouseError(f"database `{database}` does not exist", code=81, purpose=purpose)
+    if int(rows["tbl"]) == 0:
+        raise ClickHouseError(f"table `{database}`.`{name}` does not exist", code=60,
+                              purpose=purpose)
+
+
+def _string(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _index_granularity(engine_full: str) -> int:
+    match = re.search(r"index_granularity\s*=\s*(\d+)", engine_full)
+    return int(match.group(1)) if match else 8192
+
+
+# -- schema check --------------------------------------------------------------------------
+
+
+def check_arrow_schema(target: TargetTable, schema: pa.Schema) -> list[Column]:
+    """The target columns to send, in the target's order; raises ``SchemaMismatch``.
+
+    Every problem is collected before raising, so the message names every bad column.
+    Nullability of the Arrow fields is not judged here (Spark marks most fields nullable):
+    nulls are checked per batch by ``check_batch``.
+    """
+    problems: list[str] = []
+    incoming = {f.name: f for f in schema}
+    known = {c.name for c in target.columns}
+    for arrow_field in schema:
+        if arrow_field.name not in known:
+            problems.append(_unknown_column(arrow_field.name, known))
+    send: list[Column] = []
+    for column in target.columns:
+        arrow_field = incoming.get(column.name)
+        if arrow_field is None:
+            if column.writable and not column.may_be_omitted:
+                problems.append(f"missing column `{column.name}` ({column.type}) has no default")
+            continue
+        if not column.writable:
+            problems.append(f"column `{column.name}` is {column.default_kind} and cannot be "
+                            "written")
+            continue
+        reason = type_problem(arrow_field.type, column.chtype)
+        if reason:
+            problems.append(f"column `{column.name}`: {reason}")
+            continue
+        send.append(column)
+    if problems:
+        raise SchemaMismatch(f"{target.database}.{target.name}", problems)
+    return send
+
+
+def _unknown_column(name: str, known: set[str]) -> str:
+    near = [k for k in known if k.lower() == name.lower()]
+    hint = f" (did you mean `{near[0]}`?)" if near else ""
+    return f"unknown column `{name}`: the target has no such column{hint}"
+
+
+def type_problem(arrow_type: pa.DataType, target: ChType) -> str | None:
+    """Why values of ``arrow_type`` cannot be written to ``target``, or None if they can."""
+    if pa.types.is_dictionary(arrow_type):
+        arrow_type = arrow_type.value_type
+    ch = target.unwrap_low_cardinality()
+    if ch.is_nullable and ch.inner is not None:
+        ch = ch.inner.unwrap_low_cardinality()
+    if pa.types.is_null(arrow_type):
+        if target.unwrap_low_cardinality().is_nullable:
+            return None
+        return f"a field of Arrow type null (always null) cannot go into non-Nullable {target}"
+    if ch.base == "Array":
+        if not (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)
+                or pa.types.is_fixed_size_list(arrow_type)):
+            return f"cannot convert {arrow_type} to {target}"
+        inner = type_problem(arrow_type.value_type, ch.inner) if ch.inner else "bad Array"
+        return f"element: {inner}" if inner else None
+    accepts = _ACCEPTS.get(_family(ch))
+    if accepts is None or (ch.base == "Decimal" and ch.precision > 38):
+        return f"type {target} is not supported by the writer"
+    if not any(test(arrow_type) for test in accepts):
+        return f"cannot convert {arrow_type} to {target}"
+    return None
+
+
+def _family(ch: ChType) -> str:
+    if ch.base in INTEGER_TYPES:
+        return "int"
+    if ch.base in FLOAT_TYPES:
+        return "float"
+    return ch.base
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t))
+
+
+def _is_whole(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_boolean(t)
+
+
+def _is_date(t: pa.DataType) -> bool:
+    return pa.types.is_date32(t) or pa.types.is_date64(t)
+
+
+_ACCEPTS = {
+    "int": (_is_whole,),
+    "float": (_is_whole, pa.types.is_floating, pa.types.is_decimal),
+    "Decimal": (_is_whole, pa.types.is_decimal),
+    "String": (_is_text,),
+    "FixedString": (_is_text,),
+    "Date": (_is_date,),
+    "DateTime": (_is_date, pa.types.is_timestamp),
+}
+
+
+# -- value checks --------------------------------------------------------------------------
+
+
+def check_batch(target_columns: list[Column], batch: pa.RecordBatch) -> None:
+    """Raise ``InvalidValue`` for the first value of ``batch`` that its column cannot hold.
+
+    ``target_columns`` is what ``check_arrow_schema`` returned; the batch's fields are
+    found by name. Nothing is sent by this function: call it before encoding.
+    """
+    for column in target_columns:
+        array = batch.column(column.name)
+        _check_array(column.name, array, column.chtype, _identity_rows)
+
+
+def _identity_rows(index: int) -> int:
+    return index
+
+
+def _check_array(name: str, array: pa.Array, target: ChType, row_of: RowOf) -> None:
+    if pa.types.is_dictionary(array.type):
+        array = array.dictionary_decode()
+    nullable = target.unwrap_low_cardinality().is_nullable
+    if array.null_count and not nullable:
+        _fail(name, array, pc.is_null(array), row_of, f"null value into non-Nullable {target}")
+    ch = target.value_type()
+    if ch.base == "Array":
+        _check_list(name, array, ch, row_of)
+    elif ch.base in INTEGER_TYPES:
+        _check_integer_range(name, array, ch, row_of)
+    elif ch.base == "Decimal":
+        _check_decimal(name, array, ch, row_of)
+    elif ch.base == "FixedString":
+        _check_fixed_string(name, array, ch, row_of)
+    elif ch.base == "Date":
+        if not _extremes_fit(array, to_days, DATE_MAX_DAYS):
+            _check_range(name, to_days(array), 0, DATE_MAX_DAYS, array, row_of,
+                         f"date outside the range of {ch} (1970-01-01 .. 2149-06-06)")
+    elif ch.base == "DateTime":
+        if not _extremes_fit(array, to_seconds, DATETIME_MAX_SECONDS):
+            _check_range(name, to_seconds(array), 0, DATETIME_MAX_SECONDS, array, row_of,
+                         f"timestamp outside the range of {ch} (1970-01-01 .. 2106-02-07 UTC)")
+
+
+def _extremes_fit(array: pa.Array, convert: Callable[[pa.Array], np.ndarray], high: int
+                   ) -> bool:
+    """Fast path: the converted smallest and largest values (nulls ignored) lie in 0..high.
+
+    The conversions are monotonic, so checking the two extremes checks every value.
+    """
+    if array.null_count == len(array):
+        return True
+    extremes = pc.min_max(array)
+    width = np.int32 if array.type.bit_width == 32 else np.int64  # date32 / the others
+    raw = np.array([extremes["min"].value, extremes["max"].value], width)
+    low_high = convert(pa.Array.from_buffers(array.type, 2, [None, pa.py_buffer(raw)]))
+    return bool(low_high[0] >= 0 and low_high[1] <= high)
+
+
+def _check_list(name: str, array: pa.Array, ch: ChType, row_of: RowOf) -> None:
+    if ch.inner is None or len(array) == 0:
+        return
+    offsets = _list_offsets(array)
+    values = array.values.slice(offsets[0].as_py(), offsets[-1].as_py() - offsets[0].as_py())
+    base = offsets[0].as_py()
+    ends = pc.subtract(offsets, base).to_numpy()
+
+    def element_row(index: int) -> int:
+        return row_of(int(np.searchsorted(ends, index, side="right")) - 1)
+
+    _check_array(name, values, ch.inner, element_row)
+
+
+def _list_offsets(array: pa.Array) -> pa.Array:
+    if pa.types.is_fixed_size_list(array.type):
+        size = array.type.list_size
+        return pa.array(range(array.offset * size, (array.offset + len(array) + 1) * size, size),
+                        pa.int64())
+    return array.offsets
+
+
+def _check_integer_range(name: str, array: pa.Array, ch: ChType, row_of: RowOf) -> None:
+    _, low, high = INTEGER_TYPES[ch.base]
+    if pa.types.is_boolean(array.type):
+        return
+    source_low, source_high = _INT_BOUNDS[str(array.type)]
+    if source_low >= low and source_high <= high:
+        return  # every value of the source type fits
+    extremes = pc.min_max(array)  # nulls ignored
+    if extremes["min"].as_py() is None or (
+            extremes["min"].as_py() >= low and extremes["max"].as_py() <= high):
+        return
+    values = (pc.fill_null(array, 0) if array.null_count else array).to_numpy(
+        zero_copy_only=False)
+    # bounds clipped to the source type, so numpy never compares across signedness limits
+    _check_range(name, values, max(low, source_low), min(high, source_high), array, row_of,
+                 f"value out of range for {ch} ({low} .. {high})")
+
+
+_INT_BOUNDS = {
+    f"{'u' if unsigned else ''}int{bits}": (
+        0 if unsigned else -(2 ** (bits - 1)),
+        2**bits - 1 if unsigned else 2 ** (bits - 1) - 1,
+    )
+    for bits in (8, 16, 32, 64)
+    for unsigned in (False, True)
+}
+
+
+def _check_range(name: str, values: np.ndarray, low: int, high: int, shown: pa.Array,
+                 row_of: RowOf, reason: str) -> None:
+    """Fail on the first of ``values`` outside ``low..high`` (nulls arrive as 0)."""
+    if len(values) == 0:
+        return
+    outside = (values < values.dtype.type(low)) | (values > values.dtype.type(high))
+    if outside.any():
+        index = int(np.argmax(outside))
+        raise InvalidValue(name, row_of(index), _shown(shown, index), reason)
+
+
+def _check_fixed_string(name: str, array: pa.Array, ch: ChType, row_of: RowOf) -> None:
+    size = int(ch.params[0])
+    if pa.types.is_fixed_size_binary(array.type):
+        if array.type.byte_width > size and len(array) > array.null_count:
+            _fail(name, array, pc.is_valid(array), row_of,
+                  f"value longer than {ch} ({array.type.byte_width} bytes)")
+        return
+    too_long = pc.greater(pc.binary_length(array), size)
+    if pc.any(too_long).as_py():
+        _fail(name, array, too_long, row_of, f"string longer than {size} bytes for {ch}")
+
+
+def _check_decimal(name: str, array: pa.Array, ch: ChType, row_of: RowOf) -> None:
+    target = decimal_arrow_type(ch)
+    if _cast_fits(array, target):
+        return
+    row = _first_failing_row(array, lambda part: _cast_fits(part, target))
+    reason = f"value does not fit {ch} without rounding or overflow"
+    raise InvalidValue(name, row_of(row), _shown(array, row), reason)
+
+
+def decimal_arrow_type(ch: ChType) -> pa.DataType:
+    """The Arrow decimal type that holds exactly the values of ClickHouse ``Decimal(P, S)``."""
+    if ch.precision <= 38:
+        return pa.decimal128(ch.precision, ch.scale)
+    return pa.decimal256(ch.precision, ch.scale)
+
+
+def _cast_fits(array: pa.Array, target: pa.DataType) -> bool:
+    try:
+        pc.cast(array, target, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return False
+    return True
+
+
+def _first_failing_row(array: pa.Array, fits: Callable[[pa.Array], bool]) -> int:
+    """Bisect to the first row for which ``fits`` fails: log2(n) vectorised calls."""
+    low, high = 0, len(array)  # the failure lies in array[low:high]
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(array.slice(low, middle - low)):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def _fail(name: str, shown: pa.Array, mask: pa.Array, row_of: RowOf, reason: str) -> None:
+    index = pc.index(pc.fill_null(mask, False), True).as_py()
+    raise InvalidValue(name, row_of(index), _shown(shown, index), reason)
+
+
+def _shown(array: pa.Array, index: int) -> object:
+    value = array[index].as_py()
+    if isinstance(value, str | bytes) and len(value) > 60:
+        return value[:60] + (b"..." if isinstance(value, bytes) else "...")
+    return value

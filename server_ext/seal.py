@@ -1,0 +1,118 @@
+"""Seal a branch: prove its rows landed in staging and describe them in a manifest.
+
+Sealing is the ClickHouse half of "prepare". After it, the branch's staging table must
+not change any more (nothing writes to it and its merges are off), so the manifest stays
+true until publish, which re-checks it before making anything visible.
+
+Contract: ``seal`` may be repeated and returns the same manifest as long as the staging
+table is untouched by others. It only reads, with one exception: for a Replicated target it
+merges a staged partition into one part when two of its parts could be byte-identical
+(same rows and bytes). Measured on 18.16: attaching a partition that holds two identical
+parts into a Replicated table fails ("Node exists" on the part's deduplication id), and
+the rows would never be publishable. It raises ``StagedRowsMismatch`` when the staging table
+does not hold exactly ``expected_rows`` rows: an insert whose outcome was unknown landed
+twice or not at all, and the branch must not be prepared (its task attempt fails and Spark
+retries it as a new branch). A branch that wrote nothing gives an empty manifest.
+"""
+
+from __future__ import annotations
+
+from server_ext.capabilities import SqlClient
+from server_ext.client import qualified_name, split_table_name
+from server_ext.manifest import Manifest, PartitionManifest, StagedPart
+from server_ext.schema import TargetTable
+from server_ext.staging import STAGING_DATABASE
+
+
+class StagedRowsMismatch(Exception):
+    """The staging table does not hold the rows the branch sent."""
+
+    def __init__(self, staging: str, expected: int, found: int) -> None:
+        self.staging = staging
+        self.expected = expected
+        self.found = found
+        super().__init__(
+            f"staging table {staging} holds {found} rows but the branch sent {expected}; "
+            "the branch cannot be prepared"
+        )
+
+
+def sql_string(value: str) -> str:
+    """A single-quoted SQL string literal."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def read_staged_partitions(
+    client: SqlClient, database: str, table: str, *, purpose: str
+) -> dict[str, PartitionManifest]:
+    """Active, non-empty parts of a table grouped by partition id.
+
+    Empty active parts are left out: newer servers leave 0-row covering parts behind in a
+    table after MOVE / DROP PARTITION.
+    """
+    rows = client.query_rows(
+        "SELECT partition_id, partition, name, rows, bytes_on_disk FROM system.parts "
+        f"WHERE database = {sql_string(database)} AND table = {sql_string(table)} "
+        "AND active AND rows > 0 ORDER BY partition_id, min_block_number, name",
+        purpose=purpose,
+    )
+    grouped: dict[str, list[dict]] = {}
+    for row in rows:
+        grouped.setdefault(row["partition_id"], []).append(row)
+    return {
+        pid: PartitionManifest(
+            partition_id=pid,
+            value=parts[0]["partition"],
+            parts=tuple(StagedPart(p["name"], int(p["rows"]), int(p["bytes_on_disk"]))
+                        for p in parts),
+        )
+        for pid, parts in grouped.items()
+    }
+
+
+def seal(client: SqlClient, target: TargetTable, staging: str, expected_rows: int) -> Manifest:
+    """Check that ``staging`` holds ``expected_rows`` rows and return its manifest."""
+    database, table = split_table_name(staging, default_database=STAGING_DATABASE)
+    partitions = read_staged_partitions(client, database, table, purpose="seal branch")
+    if target.replicated:
+        partitions = _merge_lookalike_parts(client, database, table, partitions)
+    found = sum(p.rows for p in partitions.values())
+    if found != expected_rows:
+        raise StagedRowsMismatch(f"{database}.{table}", expected_rows, found)
+    return Manifest(
+        target_database=target.database,
+        target_table=target.name,
+        staging_database=database,
+        staging_table=table,
+        partitions=tuple(partitions[pid] for pid in sorted(partitions)),
+    )
+
+
+def _merge_lookalike_parts(
+    client: SqlClient, database: str, table: str, partitions: dict[str, PartitionManifest]
+) -> dict[str, PartitionManifest]:
+    """Merge each partition holding two parts of equal rows and bytes into one part.
+
+    Staging merges are off (see ``staging``); OPTIMIZE still merges when they are started,
+    and the background merge selector cannot pick any part meanwhile.
+    """
+    lookalikes = [
+        pid for pid, partition in partitions.items()
+        if len({(p.rows, p.bytes) for p in partition.parts}) < len(partition.parts)
+    ]
+    if not lookalikes:
+        return partitions
+    staging = qualified_name(database, table)
+    client.execute(f"SYSTEM START MERGES {staging}", purpose="start merges in staging")
+    try:
+        for pid in lookalikes:
+            client.execute(f"OPTIMIZE TABLE {staging} PARTITION ID {sql_string(pid)} FINAL",
+                           purpose="merge look-alike staged parts")
+    finally:
+        client.execute(f"SYSTEM STOP MERGES {staging}", purpose="stop merges in staging")
+    merged = read_staged_partitions(client, database, table, purpose="seal branch")
+    unmerged = [pid for pid in lookalikes if len(merged[pid].parts) != 1]
+    if unmerged:
+        raise RuntimeError(f"staging {database}.{table}: OPTIMIZE left partitions {unmerged} "
+                           "with several parts")
+    return merged

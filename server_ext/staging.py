@@ -1,0 +1,211 @@
+"""Staging tables: the "temporary parts" of a branch, invisible until publish.
+
+A stock ClickHouse server cannot hold uncommitted parts inside the target table, so each
+branch writes into its own staging table in the database ``txsink_staging``. Publish later
+hands the staged parts to the target with one partition-level statement (MOVE, ATTACH or
+REPLACE PARTITION), which makes a partition visible all at once.
+
+Contract:
+- ``staging_table_name(sink_id, epoch, branch_id)`` is deterministic and unique per
+  (sink id, epoch, branch id) (up to a 2^-48 hash collision); ``parse_staging_table_name``
+  gives back the sink key, the epoch and the branch key, so the sweeper can attribute any
+  staging table to its xid. Sink ids and branch ids may hold any characters: the name keeps
+  a readable lowercase slug of each plus a hash of the full text. The sink id itself is not
+  recoverable from the name: a caller that wants to map a table to a sink compares
+  ``sink_key(sink_id)`` for the sink ids it knows.
+- ``create_staging`` is idempotent (IF NOT EXISTS). The table has the target's columns
+  (types, defaults, materialized and alias columns included), partition key, sorting key,
+  primary key and MergeTree settings (index_granularity first of all), so that ATTACH /
+  MOVE / REPLACE PARTITION accept its parts. Its engine is plain ``MergeTree`` even for a
+  Replicated target (a staging table must not register a replica in ZooKeeper). SAMPLE
+  BY and TTL are not copied: ATTACH / MOVE do not compare them, and a TTL could delete
+  staged rows. Targets in the deprecated ``MergeTree(date, key, granularity)`` syntax are
+  refused (``UnsupportedTarget``): their parts have another format version.
+- Merges in a staging table never run: publish relies on the part names recorded at seal
+  time, and a merge would also break the Replicated target's deduplication of a repeated
+  ATTACH. ``SYSTEM STOP MERGES`` alone is not enough, because the server forgets it on
+  restart (measured on 18.16: a stopped table merged its 6 parts within 1 s of a restart).
+  So the table is created with ``max_bytes_to_merge_at_{max,min}_space_in_pool = 1``: no
+  part is that small, so the merge selector never picks one, and the setting is stored in
+  the table's metadata (measured: 6 parts stayed unmerged across a restart).
+  Without merges every insert adds a part, so the part-count limits are raised as well.
+- ``rollback`` drops the staging table and is idempotent. It is for branches that will
+  never be published (losers, aborted xids) and for winners once publish has finished;
+  rolling back a winner before its publish finished would lose its rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from server_ext.capabilities import SqlClient
+from server_ext.client import qualified_name, quote_identifier, split_table_name
+from server_ext.schema import TargetTable
+
+STAGING_DATABASE = "txsink_staging"
+
+# Table settings that make a staging table hold its parts exactly as written.
+STAGING_SETTINGS: dict[str, str] = {
+    "max_bytes_to_merge_at_max_space_in_pool": "1",
+    "max_bytes_to_merge_at_min_space_in_pool": "1",
+    "parts_to_delay_insert": "100000",
+    "parts_to_throw_insert": "100000",
+}
+
+_PREFIX = "txs"
+_SINK_SLUG_LEN, _SINK_HASH_LEN = 24, 12
+_BRANCH_SLUG_LEN, _BRANCH_HASH_LEN = 16, 8
+_NAME_RE = re.compile(
+    rf"^{_PREFIX}_(?P<sink>[a-z0-9]{{0,{_SINK_SLUG_LEN}}}_[0-9a-f]{{{_SINK_HASH_LEN}}})"
+    r"_e(?P<epoch>\d+)"
+    rf"_(?P<branch>[a-z0-9]{{0,{_BRANCH_SLUG_LEN}}}_[0-9a-f]{{{_BRANCH_HASH_LEN}}})$"
+)
+
+
+class UnsupportedTarget(ValueError):
+    """The target table cannot get a staging table whose parts it would accept."""
+
+
+@dataclass(frozen=True)
+class StagingName:
+    """What a staging table's name says about its owner."""
+
+    sink_key: str  # sink_key(sink_id) of the owning sink
+    epoch: int
+    branch_key: str  # branch_key(branch_id) of the owning branch
+
+    @property
+    def table(self) -> str:
+        return f"{_PREFIX}_{self.sink_key}_e{self.epoch}_{self.branch_key}"
+
+
+def _key(text: str, slug_len: int, hash_len: int) -> str:
+    slug = re.sub(r"[^a-z0-9]", "", text.lower())[:slug_len]
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:hash_len]
+    return f"{slug}_{digest}"
+
+
+def sink_key(sink_id: str) -> str:
+    """The sink's part of a staging table name: readable slug + hash of the sink id."""
+    return _key(sink_id, _SINK_SLUG_LEN, _SINK_HASH_LEN)
+
+
+def branch_key(branch_id: str) -> str:
+    """The branch's part of a staging table name: readable slug + hash of the branch id."""
+    return _key(branch_id, _BRANCH_SLUG_LEN, _BRANCH_HASH_LEN)
+
+
+def staging_table_name(sink_id: str, epoch: int, branch_id: str) -> str:
+    """Unquoted name (in ``STAGING_DATABASE``) of the staging table of one branch."""
+    if epoch < 0:
+        raise ValueError(f"epoch must be >= 0, got {epoch}")
+    return StagingName(sink_key(sink_id), epoch, branch_key(branch_id)).table
+
+
+def parse_staging_table_name(name: str) -> StagingName | None:
+    """The owner encoded in a staging table name; None for any other table name."""
+    match = _NAME_RE.match(name)
+    if match is None:
+        return None
+    return StagingName(match["sink"], int(match["epoch"]), match["branch"])
+
+
+def staging_qualified(table: str) -> str:
+    """Quoted ``db.table`` for a staging table given bare (in STAGING_DATABASE) or qualified."""
+    return qualified_name(*split_table_name(table, default_database=STAGING_DATABASE))
+
+
+def create_staging(client: SqlClient, target: TargetTable, table_name: str) -> str:
+    """Create (if absent) the staging table ``table_name`` for ``target``; returns it quoted.
+
+    Idempotent: a repeat finds the table and only stops its merges again.
+    """
+    staging = staging_qualified(table_name)
+    client.execute(f"CREATE DATABASE IF NOT EXISTS {quote_identifier(STAGING_DATABASE)}",
+                   purpose="create staging database")
+    client.execute(staging_ddl(target, staging), purpose="create staging table")
+    client.execute(f"SYSTEM STOP MERGES {staging}", purpose="stop merges in staging table")
+    return staging
+
+
+def staging_ddl(target: TargetTable, staging: str) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` statement for a staging table of ``target``.
+
+    ``AS <target>`` copies the column definitions exactly as the server stores them (no
+    re-rendering of types or default expressions); the explicit ENGINE clause replaces
+    the target's engine. Without it, ``AS`` of a Replicated target fails on 18.16 ("Replica
+    already exists"), since the copy would register the same replica path.
+    """
+    if " ORDER BY " not in f" {target.engine_full} ":
+        raise UnsupportedTarget(
+            f"{target.qualified} uses the deprecated MergeTree(date, key, granularity) syntax; "
+            "its parts have format_version 0 and cannot be staged"
+        )
+    clauses = []
+    if target.partition_key:
+        clauses.append(f"PARTITION BY {_key_expression(target.partition_key)}")
+    clauses.append(f"ORDER BY {_key_expression(target.sorting_key or 'tuple()')}")
+    if target.primary_key and target.primary_key != target.sorting_key:
+        clauses.append(f"PRIMARY KEY {_key_expression(target.primary_key)}")
+    settings = {"index_granularity": str(target.index_granularity),
+                **table_settings(target.engine_full), **STAGING_SETTINGS}
+    settings_sql = ", ".join(f"{name} = {value}" for name, value in settings.items())
+    return (f"CREATE TABLE IF NOT EXISTS {staging} AS {target.qualified} "
+            f"ENGINE = MergeTree() {' '.join(clauses)} SETTINGS {settings_sql}")
+
+
+def _key_expression(key: str) -> str:
+    """A key as system.tables prints it ("k, d") back as one expression ("(k, d)").
+
+    A single expression is kept as it is: newer servers keep redundant parentheses in the
+    key's text, and ATTACH / MOVE compare the key texts of both tables.
+    """
+    return f"({key})" if len(_split_top_level(key)) > 1 else key
+
+
+def table_settings(engine_full: str) -> dict[str, str]:
+    """The ``SETTINGS name = value, ...`` of an ``engine_full`` text, values as SQL text."""
+    marker = engine_full.rfind(" SETTINGS ")
+    if marker < 0:
+        return {}
+    settings: dict[str, str] = {}
+    for item in _split_top_level(engine_full[marker + len(" SETTINGS "):]):
+        name, _, value = item.partition("=")
+        if name.strip() and value.strip():
+            settings[name.strip()] = value.strip()
+    return settings
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split at commas that are outside quotes and brackets."""
+    items, current, depth, quote = [], [], 0, ""
+    escaped = False
+    for ch in text:
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"`":
+            quote = ch
+        elif ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append("".join(current))
+            current = []
+            continue
+        current.append(ch)
+    items.append("".join(current))
+    return items
+
+
+def rollback(client: SqlClient, table_name: str) -> None:
+    """Drop a staging table (bare name or qualified). Idempotent."""
+    client.execute(f"DROP TABLE IF EXISTS {staging_qualified(table_name)}",
+                   purpose="drop staging table")

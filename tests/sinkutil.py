@@ -1,0 +1,52 @@
+"""Helpers for Spark sink tests: an independent row counter and table setup.
+
+Counting goes straight to ClickHouse over HTTP, never through the sink's own code.
+"""
+
+from __future__ import annotations
+
+from tests.conftest import run_sql
+
+EVENTS_DDL = (
+    "CREATE TABLE {table} (id UInt64, day Date, name String, value Float64) "
+    "ENGINE = {engine} PARTITION BY toYYYYMM(day) ORDER BY id"
+)
+
+
+def create_events(url: str, db: str, name: str = "events", engine: str = "MergeTree()") -> str:
+    table = f"`{db}`.`{name}`"
+    run_sql(url, EVENTS_DDL.format(table=table, engine=engine))
+    return f"{db}.{name}"
+
+
+def id_counts(url: str, table: str) -> dict[int, int]:
+    """How many times each id is visible in ``table``."""
+    db, name = table.split(".", 1)
+    body = run_sql(url, f"SELECT id, count() FROM `{db}`.`{name}` GROUP BY id FORMAT TSV")
+    return {int(a): int(b) for a, b in (line.split("\t") for line in body.splitlines())}
+
+
+def assert_exactly_once(url: str, table: str, expected_ids) -> None:
+    counts = id_counts(url, table)
+    expected = set(expected_ids)
+    duplicated = sorted(i for i, c in counts.items() if c > 1)
+    lost = sorted(expected - counts.keys())
+    unexpected = sorted(counts.keys() - expected)
+    assert not duplicated, f"{len(duplicated)} ids duplicated, e.g. {duplicated[:5]}"
+    assert not lost, f"{len(lost)} ids lost, e.g. {lost[:5]}"
+    assert not unexpected, f"{len(unexpected)} unexpected ids, e.g. {unexpected[:5]}"
+
+
+def staging_tables(url: str) -> list[str]:
+    body = run_sql(url, "SELECT name FROM system.tables WHERE database = 'txsink_staging'")
+    return body.split()
+
+
+def events_df(spark, start: int, count: int, partitions: int = 4):
+    """``count`` rows with unique ids from ``start``, spread over three months."""
+    return spark.range(start, start + count, numPartitions=partitions).selectExpr(
+        "id",
+        "date_add(DATE'2026-01-01', CAST(id % 90 AS INT)) AS day",
+        "concat('event-', CAST(id AS STRING)) AS name",
+        "CAST(id AS DOUBLE) * 0.5 AS value",
+    )

@@ -1,0 +1,486 @@
+"""Publishing sealed branches into real 18.16 targets, including re-runs after crashes.
+
+A crash is simulated by an ``on_step`` hook that raises at a named step; the re-run is a
+plain second ``publish`` with the same manifest and ledger, as recovery would do it.
+Every re-run must leave each staged row in the target exactly once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from server_ext.client import ClickHouseClient
+from server_ext.errors import ClickHouseError
+from server_ext.manifest import Manifest
+from server_ext.publish import (
+    STEP_AFTER_ATTACH,
+    STEP_AFTER_INTENT,
+    STEPS,
+    InDoubtPublish,
+    MemoryLedger,
+    PartsDeduplicated,
+    StagingChanged,
+    publish,
+    publish_overwrite,
+    resolve_partition,
+)
+from server_ext.schema import TargetTable, describe_table
+from server_ext.seal import seal
+from server_ext.staging import STAGING_DATABASE, create_staging, rollback, staging_table_name
+from tests.conftest import run_sql
+
+COLUMNS = "(d Date, k UInt64, s String DEFAULT 'x', n Nullable(Int32))"
+MONTHS = 3  # staged rows span three monthly partitions
+
+
+class Crash(Exception):
+    """Stands for the publishing process dying at a step."""
+
+
+def crash_at(step: str, occurrence: int = 1) -> Callable[[str], None]:
+    """A hook that raises the ``occurrence``-th time publish reaches ``step``."""
+    seen = {"count": 0}
+
+    def hook(name: str) -> None:
+        if name == step:
+            seen["count"] += 1
+            if seen["count"] == occurrence:
+                raise Crash(step)
+
+    return hook
+
+
+class RecordingLedger(MemoryLedger):
+    """A MemoryLedger that keeps every value written, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[dict] = []
+
+    def put(self, key: str, value: dict) -> None:
+        self.writes.append(value)
+        super().put(key, value)
+
+
+@pytest.fixture
+def client(clickhouse_url: str) -> ClickHouseClient:
+    return ClickHouseClient(clickhouse_url)
+
+
+@pytest.fixture
+def staging_names(clickhouse_url: str) -> Iterator[Callable[[], str]]:
+    """Factory of fresh staging table names; all of them are dropped after the test."""
+    sink = f"test-{uuid.uuid4().hex}"
+    names: list[str] = []
+
+    def new() -> str:
+        names.append(staging_table_name(sink, 1, f"p{len(names)}-a0-00000000"))
+        return names[-1]
+
+    yield new
+    for name in names + [staging_table_name(sink, 1, "combined")]:
+        run_sql(clickhouse_url, f"DROP TABLE IF EXISTS `{STAGING_DATABASE}`.`{name}`")
+
+
+def make_target(url: str, client: ClickHouseClient, database: str, kind: str) -> TargetTable:
+    engine = {
+        "plain": "MergeTree()",
+        "replicated": f"ReplicatedMergeTree('/clickhouse/tables/{database}/t', '{{replica}}')",
+    }[kind]
+    run_sql(url, f"CREATE TABLE `{database}`.t {COLUMNS} ENGINE = {engine} "
+                 "PARTITION BY toYYYYMM(d) ORDER BY k")
+    return describe_table(client, f"{database}.t")
+
+
+def stage(client: ClickHouseClient, url: str, target: TargetTable, name: str,
+          first_key: int, rows: int = 90) -> Manifest:
+    """Stage ``rows`` rows with keys from ``first_key`` over three months, and seal."""
+    staging = create_staging(client, target, name)
+    run_sql(url, f"INSERT INTO {staging} (d, k, n) SELECT toDate('2024-01-01') + number % 90, "
+                 f"{first_key} + number, number FROM system.numbers LIMIT {rows}")
+    return seal(client, target, staging, expected_rows=rows)
+
+
+def keys_in(url: str, database: str) -> tuple[int, int, int]:
+    """(rows, distinct keys, sum of keys) of the target."""
+    line = run_sql(url, f"SELECT count(), uniqExact(k), sum(k) FROM `{database}`.t")
+    rows, distinct, total = map(int, line.split())
+    return rows, distinct, total
+
+
+def expect(*ranges: range) -> tuple[int, int, int]:
+    keys = [k for r in ranges for k in r]
+    return len(keys), len(set(keys)), sum(keys)
+
+
+def staged_rows(url: str, name: str) -> int:
+    return int(run_sql(url, f"SELECT count() FROM `{STAGING_DATABASE}`.`{name}`"))
+
+
+def preexisting(url: str, database: str) -> range:
+    """Rows already in the target, in the same partitions as the staged ones."""
+    run_sql(url, f"INSERT INTO `{database}`.t (d, k) SELECT toDate('2024-01-15') + number * 30, "
+                 "1000000 + number FROM system.numbers LIMIT 3")
+    return range(1000000, 1000003)
+
+
+# -- every strategy on 18.16: a clean publish and a repeat ---------------------------------
+
+
+@pytest.mark.parametrize("kind,strategy", [("plain", "attach_marked"),
+                                           ("replicated", "attach_replicated")])
+def test_publish_makes_every_staged_row_visible_once_and_empties_staging(
+        client, clickhouse_url, ch_db, staging_names, kind, strategy) -> None:
+    target = make_target(clickhouse_url, client, ch_db, kind)
+    old = preexisting(clickhouse_url, ch_db)
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0)
+    report = publish(client, manifest, strategy, MemoryLedger())
+    assert report.published == ["202401", "202402", "202403"] and report.rows == 90
+    assert keys_in(clickhouse_url, ch_db) == expect(old, range(90))
+    assert staged_rows(clickhouse_url, manifest.staging_table) == 0
+
+
+@pytest.mark.parametrize("kind,strategy", [("plain", "attach_marked"),
+                                           ("replicated", "attach_replicated")])
+def test_repeated_publish_changes_nothing(
+        client, clickhouse_url, ch_db, staging_names, kind, strategy) -> None:
+    target = make_target(clickhouse_url, client, ch_db, kind)
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0)
+    ledger = MemoryLedger()
+    publish(client, manifest, strategy, ledger)
+    report = publish(client, manifest, strategy, ledger)
+    assert report.published == [] and report.already_published == list(manifest.partition_ids)
+    assert keys_in(clickhouse_url, ch_db) == expect(range(90))
+
+
+@pytest.mark.parametrize("strategy", ["attach_marked", "attach_replicated"])
+def test_publish_after_staging_was_dropped_by_the_caller_changes_nothing(
+        client, clickhouse_url, ch_db, staging_names, strategy) -> None:
+    kind = "replicated" if strategy == "attach_replicated" else "plain"
+    target = make_target(clickhouse_url, client, ch_db, kind)
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0)
+    ledger = MemoryLedger()
+    publish(client, manifest, strategy, ledger)
+    rollback(client, manifest.staging_table)
+    publish(client, manifest, strategy, ledger)
+    assert keys_in(clickhouse_url, ch_db) == expect(range(90))
+
+
+def test_publish_of_an_empty_manifest_does_nothing(
+        client, clickhouse_url, ch_db, staging_names) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0, rows=0)
+    ledger = MemoryLedger()
+    assert publish(client, manifest, "attach_marked", ledger).published == []
+    assert ledger.keys() == []
+
+
+def test_unknown_strategy_is_refused(client, clickhouse_url, ch_db, staging_names) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0, rows=3)
+    with pytest.raises(ValueError, match="unknown publish strategy"):
+        publish(client, manifest, "teleport", MemoryLedger())
+
+
+def test_publish_refuses_staging_that_changed_since_seal(
+        client, clickhouse_url, ch_db, staging_names) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0)
+    run_sql(clickhouse_url, f"INSERT INTO `{STAGING_DATABASE}`.`{manifest.staging_table}` "
+                            "(d, k) VALUES ('2024-01-20', 5000)")
+    with pytest.raises(StagingChanged, match="202401"):
+        publish(client, manifest, "attach_marked", MemoryLedger())
+    assert keys_in(clickhouse_url, ch_db) == (0, 0, 0)
+
+
+def test_publish_refuses_staging_that_vanished_before_publish(
+        client, clickhouse_url, ch_db, staging_names) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0)
+    rollback(client, manifest.staging_table)
+    with pytest.raises(StagingChanged, match="no longer holds"):
+        publish(client, manifest, "attach_marked", MemoryLedger())
+
+
+# -- crash at every step, then re-run ------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", STEPS["attach_marked"])
+def test_attach_marked_rerun_after_crash_at_step_publishes_each_row_once(
+        client, clickhouse_url, ch_db, staging_names, step) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    old = preexisting(clickhouse_url, ch_db)
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0)
+    ledger = MemoryLedger()
+    with pytest.raises(Crash):
+        publish(client, manifest, "attach_marked", ledger, on_step=crash_at(step))
+    publish(client, manifest, "attach_marked", ledger)
+    assert keys_in(clickhouse_url, ch_db) == expect(old, range(90))
+    assert staged_rows(clickhouse_url, manifest.staging_table) == 0
+
+
+@pytest.mark.parametrize("step", STEPS["attach_replicated"])
+def test_attach_replicated_rerun_after_crash_at_step_publishes_each_row_once(
+        client, clickhouse_url, ch_db, staging_names, step) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "replicated")
+    old = preexisting(clickhouse_url, ch_db)
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0)
+    ledger = MemoryLedger()
+    with pytest.raises(Crash):
+        publish(client, manifest, "attach_replicated", ledger, on_step=crash_at(step))
+    publish(client, manifest, "attach_replicated", ledger)
+    assert keys_in(clickhouse_url, ch_db) == expect(old, range(90))
+    assert staged_rows(clickhouse_url, manifest.staging_table) == 0
+
+
+def test_attach_marked_rerun_after_crashes_at_every_step_in_turn_publishes_once(
+        client, clickhouse_url, ch_db, staging_names) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0)
+    ledger = MemoryLedger()
+    for step in STEPS["attach_marked"]:
+        try:
+            publish(client, manifest, "attach_marked", ledger, on_step=crash_at(step))
+        except Crash:
+            pass
+    publish(client, manifest, "attach_marked", ledger)
+    assert keys_in(clickhouse_url, ch_db) == expect(range(90))
+
+
+@pytest.mark.parametrize("kind,strategy", [("plain", "attach_marked"),
+                                           ("replicated", "attach_replicated")])
+def test_rerun_after_a_crash_inside_the_multi_partition_alter_publishes_each_row_once(
+        client, clickhouse_url, ch_db, staging_names, kind, strategy) -> None:
+    """The ALTER's commands are not atomic together: one partition may be in, others not."""
+    target = make_target(clickhouse_url, client, ch_db, kind)
+    old = preexisting(clickhouse_url, ch_db)
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0)
+    ledger = MemoryLedger()
+    with pytest.raises(Crash):
+        publish(client, manifest, strategy, ledger, on_step=crash_at(STEP_AFTER_INTENT))
+    run_sql(clickhouse_url, f"ALTER TABLE `{ch_db}`.t ATTACH PARTITION ID '202402' FROM "
+                            f"`{STAGING_DATABASE}`.`{manifest.staging_table}`")
+    publish(client, manifest, strategy, ledger)
+    assert keys_in(clickhouse_url, ch_db) == expect(old, range(90))
+
+
+def test_attach_marked_rerun_waits_for_a_statement_of_the_interrupted_run_to_end(
+        client, clickhouse_url, ch_db, staging_names) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0)
+    ledger = MemoryLedger()
+    with pytest.raises(Crash):
+        publish(client, manifest, "attach_marked", ledger, on_step=crash_at(STEP_AFTER_INTENT))
+    staging = f"`{STAGING_DATABASE}`.`{manifest.staging_table}`"
+    slow = f"SELECT sleep(1.5), (SELECT count() FROM {staging})"
+    still_running = threading.Thread(target=run_sql, args=(clickhouse_url, slow))  # the ALTER
+    still_running.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    publish(client, manifest, "attach_marked", ledger)
+    assert time.monotonic() - started > 1.0
+    still_running.join()
+    assert keys_in(clickhouse_url, ch_db) == expect(range(90))
+
+
+@pytest.mark.parametrize("strategy", ["attach_marked", "attach_replicated"])
+def test_publish_writes_two_ledger_records_whatever_the_partition_count(
+        client, clickhouse_url, ch_db, staging_names, strategy) -> None:
+    kind = "replicated" if strategy == "attach_replicated" else "plain"
+    target = make_target(clickhouse_url, client, ch_db, kind)
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0)
+    ledger = RecordingLedger()
+    publish(client, manifest, strategy, ledger)
+    assert [w["state"] for w in ledger.writes] == ["attaching", "published"]
+    assert ledger.writes[0]["attaching"] == list(manifest.partition_ids)
+
+
+# -- attach_marked: how an interrupted attach is decided ---------------------------------
+
+
+def test_attach_partition_gives_attached_parts_block_numbers_above_the_watermark(
+        client, clickhouse_url, ch_db, staging_names) -> None:
+    """The server behaviour attach_marked's recovery rests on (measured on 18.16)."""
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    preexisting(clickhouse_url, ch_db)
+    before = int(run_sql(clickhouse_url, "SELECT max(max_block_number) FROM system.parts "
+                                         f"WHERE database = '{ch_db}'"))
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0)
+    publish(client, manifest, "attach_marked", MemoryLedger())
+    blocks = run_sql(clickhouse_url, "SELECT min_block_number, max_block_number FROM "
+                                     f"system.parts WHERE database = '{ch_db}' AND active "
+                                     f"AND max_block_number > {before} FORMAT CSV").split()
+    assert len(blocks) == len(manifest.partitions)
+    assert all(low == high for low, high in (b.split(",") for b in blocks))
+
+
+def test_attach_marked_keeps_target_merges_stopped_while_a_publish_is_interrupted(
+        client, clickhouse_url, ch_db, staging_names) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0)
+    ledger = MemoryLedger()
+    with pytest.raises(Crash):
+        publish(client, manifest, "attach_marked", ledger, on_step=crash_at(STEP_AFTER_ATTACH))
+    with pytest.raises(ClickHouseError, match="Cancelled merging parts"):
+        client.execute(f"OPTIMIZE TABLE `{ch_db}`.t FINAL", purpose="test", retry=False)
+    publish(client, manifest, "attach_marked", ledger)
+    client.execute(f"OPTIMIZE TABLE `{ch_db}`.t FINAL", purpose="test", retry=False)
+
+
+def test_attach_marked_rerun_is_in_doubt_when_a_merge_mixed_the_attached_part(
+        client, clickhouse_url, ch_db, staging_names) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    old = preexisting(clickhouse_url, ch_db)
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0)
+    ledger = MemoryLedger()
+    with pytest.raises(Crash):
+        publish(client, manifest, "attach_marked", ledger, on_step=crash_at(STEP_AFTER_ATTACH))
+    run_sql(clickhouse_url, f"SYSTEM START MERGES `{ch_db}`.t")  # as a server restart would
+    run_sql(clickhouse_url, f"OPTIMIZE TABLE `{ch_db}`.t PARTITION ID '202401' FINAL")
+    with pytest.raises(InDoubtPublish, match="202401") as err:
+        publish(client, manifest, "attach_marked", ledger)
+    assert err.value.partition_ids == ["202401"] and "merged" in err.value.found
+    assert keys_in(clickhouse_url, ch_db) == expect(old, range(90))  # nothing doubled
+
+
+def test_in_doubt_partition_resolved_as_attached_is_not_attached_again(
+        client, clickhouse_url, ch_db, staging_names) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0)
+    ledger = MemoryLedger()
+    with pytest.raises(Crash):
+        publish(client, manifest, "attach_marked", ledger, on_step=crash_at(STEP_AFTER_ATTACH))
+    run_sql(clickhouse_url, f"SYSTEM START MERGES `{ch_db}`.t")
+    run_sql(clickhouse_url, f"OPTIMIZE TABLE `{ch_db}`.t PARTITION ID '202401' FINAL")
+    with pytest.raises(InDoubtPublish):
+        publish(client, manifest, "attach_marked", ledger)
+    resolve_partition(manifest, "202401", ledger, attached=True)
+    publish(client, manifest, "attach_marked", ledger)
+    assert keys_in(clickhouse_url, ch_db) == expect(range(90))
+
+
+def test_attach_marked_rerun_attaches_when_only_foreign_parts_arrived_above_the_watermark(
+        client, clickhouse_url, ch_db, staging_names) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0)
+    ledger = MemoryLedger()
+    with pytest.raises(Crash):
+        publish(client, manifest, "attach_marked", ledger, on_step=crash_at(STEP_AFTER_INTENT))
+    foreign = preexisting(clickhouse_url, ch_db)  # other writers insert in the window
+    publish(client, manifest, "attach_marked", ledger)
+    assert keys_in(clickhouse_url, ch_db) == expect(foreign, range(90))
+
+
+def test_attach_marked_rerun_is_in_doubt_when_an_identical_part_arrived_besides_the_attach(
+        client, clickhouse_url, ch_db, staging_names) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0, rows=1)
+    ledger = MemoryLedger()
+    with pytest.raises(Crash):
+        publish(client, manifest, "attach_marked", ledger, on_step=crash_at(STEP_AFTER_ATTACH))
+    run_sql(clickhouse_url, f"INSERT INTO `{ch_db}`.t (d, k, n) VALUES ('2024-01-01', 0, 0)")
+    with pytest.raises(InDoubtPublish, match="more than once"):
+        publish(client, manifest, "attach_marked", ledger)
+    assert keys_in(clickhouse_url, ch_db)[0] == 2  # ours and the identical foreign row
+
+
+# -- attach_replicated: the server's content deduplication ---------------------------------
+
+
+def test_replicated_publish_of_content_identical_to_an_earlier_branch_is_reported(
+        client, clickhouse_url, ch_db, staging_names) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "replicated")
+    first = stage(client, clickhouse_url, target, staging_names(), 0)
+    second = stage(client, clickhouse_url, target, staging_names(), 0)  # same rows again
+    ledger = MemoryLedger()
+    publish(client, first, "attach_replicated", ledger)
+    with pytest.raises(PartsDeduplicated, match="byte-identical"):
+        publish(client, second, "attach_replicated", ledger)
+    with pytest.raises(PartsDeduplicated):  # a re-run does not pass over it either
+        publish(client, second, "attach_replicated", ledger)
+
+
+def test_deduplicated_partitions_accepted_by_an_operator_let_publish_finish(
+        client, clickhouse_url, ch_db, staging_names) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "replicated")
+    first = stage(client, clickhouse_url, target, staging_names(), 0)
+    second = stage(client, clickhouse_url, target, staging_names(), 0)
+    ledger = MemoryLedger()
+    publish(client, first, "attach_replicated", ledger)
+    with pytest.raises(PartsDeduplicated) as err:
+        publish(client, second, "attach_replicated", ledger)
+    for partition_id in err.value.partition_ids:
+        resolve_partition(second, partition_id, ledger, attached=True)
+    report = publish(client, second, "attach_replicated", ledger)
+    assert report.already_published == list(second.partition_ids)
+    assert staged_rows(clickhouse_url, second.staging_table) == 0
+
+
+def test_replicated_publish_of_identical_parts_within_one_branch_keeps_all_rows(
+        client, clickhouse_url, ch_db, staging_names) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "replicated")
+    staging = create_staging(client, target, staging_names())
+    for _ in range(3):
+        run_sql(clickhouse_url, f"INSERT INTO {staging} (d, k) VALUES ('2024-01-01', 7)")
+    manifest = seal(client, target, staging, expected_rows=3)
+    publish(client, manifest, "attach_replicated", MemoryLedger())
+    assert keys_in(clickhouse_url, ch_db) == (3, 1, 21)
+
+
+# -- dynamic partition overwrite ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["plain", "replicated"])
+def test_overwrite_replaces_partitions_in_the_data_and_leaves_the_others(
+        client, clickhouse_url, ch_db, staging_names, kind) -> None:
+    target = make_target(clickhouse_url, client, ch_db, kind)
+    run_sql(clickhouse_url, f"INSERT INTO `{ch_db}`.t (d, k) VALUES ('2024-01-09', 900), "
+                            "('2024-06-09', 901)")
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0)
+    report = publish(client, manifest, "attach_marked", MemoryLedger(), overwrite=True)
+    assert report.published == ["202401", "202402", "202403"]
+    assert keys_in(clickhouse_url, ch_db) == expect(range(90), [901])
+
+
+def test_overwrite_combines_all_branches_staging_the_same_partition(
+        client, clickhouse_url, ch_db, staging_names) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    run_sql(clickhouse_url, f"INSERT INTO `{ch_db}`.t (d, k) VALUES ('2024-01-09', 900)")
+    branches = [stage(client, clickhouse_url, target, staging_names(), start)
+                for start in (0, 100)]
+    publish_overwrite(client, branches, staging_names(), MemoryLedger())
+    assert keys_in(clickhouse_url, ch_db) == expect(range(90), range(100, 190))
+
+
+@pytest.mark.parametrize("kind", ["plain", "replicated"])
+@pytest.mark.parametrize("step", STEPS["replace"])
+def test_overwrite_rerun_after_crash_at_step_leaves_exactly_the_new_rows(
+        client, clickhouse_url, ch_db, staging_names, kind, step) -> None:
+    target = make_target(clickhouse_url, client, ch_db, kind)
+    preexisting(clickhouse_url, ch_db)
+    branches = [stage(client, clickhouse_url, target, staging_names(), start)
+                for start in (0, 100)]
+    combined = staging_names()
+    ledger = MemoryLedger()
+    with pytest.raises(Crash):
+        publish_overwrite(client, branches, combined, ledger, on_step=crash_at(step))
+    publish_overwrite(client, branches, combined, ledger)
+    assert keys_in(clickhouse_url, ch_db) == expect(range(90), range(100, 190))
+    assert run_sql(clickhouse_url, f"EXISTS TABLE `{STAGING_DATABASE}`.`{combined}`") == "0\n"
+
+
+def test_overwrite_repeated_after_success_changes_nothing(
+        client, clickhouse_url, ch_db, staging_names) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    branches = [stage(client, clickhouse_url, target, staging_names(), start)
+                for start in (0, 100)]
+    combined, ledger = staging_names(), MemoryLedger()
+    publish_overwrite(client, branches, combined, ledger)
+    report = publish_overwrite(client, branches, combined, ledger)
+    assert report.published == [] and len(report.already_published) == MONTHS
+    assert keys_in(clickhouse_url, ch_db) == expect(range(90), range(100, 190))

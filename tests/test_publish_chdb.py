@@ -1,0 +1,156 @@
+"""The ``move`` strategy on the ClickHouse 26.9 engine (chdb, in-process).
+
+chdb opens one data path per process for the life of the process, so every test shares
+``ChdbClient.for_process()`` and works in its own database. Nothing here forks.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from server_ext.capabilities import choose_strategy, detect_capabilities
+from server_ext.chdb_client import ChdbClient
+from server_ext.manifest import Manifest
+from server_ext.publish import STEPS, MemoryLedger, StagingChanged, publish
+from server_ext.schema import TargetTable, describe_table
+from server_ext.seal import seal
+from server_ext.staging import STAGING_DATABASE, create_staging, staging_table_name
+
+
+class Crash(Exception):
+    """Stands for the publishing process dying at a step."""
+
+
+def crash_at(step: str, occurrence: int = 1) -> Callable[[str], None]:
+    seen = {"count": 0}
+
+    def hook(name: str) -> None:
+        if name == step:
+            seen["count"] += 1
+            if seen["count"] == occurrence:
+                raise Crash(step)
+
+    return hook
+
+
+@pytest.fixture
+def chdb() -> ChdbClient:
+    return ChdbClient.for_process()
+
+
+@pytest.fixture
+def database(chdb: ChdbClient) -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    chdb.execute(f"CREATE DATABASE `{name}`", purpose="test setup")
+    yield name
+    chdb.execute(f"DROP DATABASE IF EXISTS `{name}`", purpose="test cleanup")
+
+
+@pytest.fixture
+def staging_name(chdb: ChdbClient) -> Iterator[str]:
+    name = staging_table_name(f"test-{uuid.uuid4().hex}", 1, "p0-a0-00000000")
+    yield name
+    chdb.execute(f"DROP TABLE IF EXISTS `{STAGING_DATABASE}`.`{name}`", purpose="test cleanup")
+
+
+def make_target(chdb: ChdbClient, database: str) -> TargetTable:
+    chdb.execute(f"CREATE TABLE `{database}`.t (d Date, k UInt64, s String DEFAULT 'x') "
+                 "ENGINE = MergeTree PARTITION BY toYYYYMM(d) ORDER BY k "
+                 "SETTINGS index_granularity = 1024", purpose="test setup")
+    return describe_table(chdb, f"{database}.t")
+
+
+def stage(chdb: ChdbClient, target: TargetTable, name: str, rows: int = 90) -> Manifest:
+    staging = create_staging(chdb, target, name)
+    chdb.execute(f"INSERT INTO {staging} (d, k) SELECT toDate('2024-01-01') + number % 90, "
+                 f"number FROM system.numbers LIMIT {rows}", purpose="test setup")
+    return seal(chdb, target, staging, expected_rows=rows)
+
+
+def keys_in(chdb: ChdbClient, database: str) -> tuple[int, int, int]:
+    row = chdb.query_rows(f"SELECT count() AS n, uniqExact(k) AS u, sum(k) AS s "
+                          f"FROM `{database}`.t", purpose="test check")[0]
+    return int(row["n"]), int(row["u"]), int(row["s"])
+
+
+ALL_ROWS = (90, 90, sum(range(90)))
+
+
+def test_modern_engine_gets_the_move_strategy_for_a_plain_target(chdb, database) -> None:
+    target = make_target(chdb, database)
+    assert choose_strategy(detect_capabilities(chdb), target) == "move"
+
+
+def test_staging_on_modern_engine_has_the_target_keys_and_granularity(
+        chdb, database, staging_name) -> None:
+    target = make_target(chdb, database)
+    create_staging(chdb, target, staging_name)
+    staged = describe_table(chdb, f"{STAGING_DATABASE}.{staging_name}")
+    assert (staged.partition_key, staged.sorting_key, staged.index_granularity) == (
+        target.partition_key, target.sorting_key, 1024)
+    assert [c.name for c in staged.columns] == [c.name for c in target.columns]
+
+
+def test_move_publishes_every_staged_row_once_and_empties_staging(
+        chdb, database, staging_name) -> None:
+    manifest = stage(chdb, make_target(chdb, database), staging_name)
+    report = publish(chdb, manifest, "move", MemoryLedger())
+    assert report.published == ["202401", "202402", "202403"]
+    assert keys_in(chdb, database) == ALL_ROWS
+    assert chdb.query_value(f"SELECT count() FROM `{STAGING_DATABASE}`.`{staging_name}`",
+                            purpose="test check") == "0"
+
+
+def test_repeated_move_publish_is_a_no_op(chdb, database, staging_name) -> None:
+    manifest = stage(chdb, make_target(chdb, database), staging_name)
+    ledger = MemoryLedger()
+    publish(chdb, manifest, "move", ledger)
+    report = publish(chdb, manifest, "move", ledger)
+    assert report.published == [] and len(report.already_published) == 3
+    assert keys_in(chdb, database) == ALL_ROWS
+
+
+@pytest.mark.parametrize("step", STEPS["move"])
+def test_move_rerun_after_crash_at_step_publishes_each_row_once(
+        chdb, database, staging_name, step) -> None:
+    manifest = stage(chdb, make_target(chdb, database), staging_name)
+    ledger = MemoryLedger()
+    with pytest.raises(Crash):
+        publish(chdb, manifest, "move", ledger, on_step=crash_at(step))
+    publish(chdb, manifest, "move", ledger)
+    assert keys_in(chdb, database) == ALL_ROWS
+
+
+def test_move_rerun_after_a_crash_inside_the_multi_partition_alter_moves_the_rest(
+        chdb, database, staging_name) -> None:
+    manifest = stage(chdb, make_target(chdb, database), staging_name)
+    ledger = MemoryLedger()
+    with pytest.raises(Crash):
+        publish(chdb, manifest, "move", ledger, on_step=crash_at("publish.after_intent"))
+    chdb.execute(f"ALTER TABLE `{STAGING_DATABASE}`.`{staging_name}` MOVE PARTITION ID "
+                 f"'202402' TO TABLE `{database}`.t", purpose="the part of the ALTER that ran")
+    publish(chdb, manifest, "move", ledger)
+    assert keys_in(chdb, database) == ALL_ROWS
+
+
+def test_move_refuses_a_partition_gone_from_staging_without_an_intent(
+        chdb, database, staging_name) -> None:
+    manifest = stage(chdb, make_target(chdb, database), staging_name)
+    chdb.execute(f"ALTER TABLE `{STAGING_DATABASE}`.`{staging_name}` DROP PARTITION ID "
+                 "'202402'", purpose="lose staged rows")
+    with pytest.raises(StagingChanged, match="202402"):
+        publish(chdb, manifest, "move", MemoryLedger())
+    assert keys_in(chdb, database) == (0, 0, 0)
+
+
+def test_overwrite_on_modern_engine_replaces_only_partitions_in_the_data(
+        chdb, database, staging_name) -> None:
+    target = make_target(chdb, database)
+    chdb.execute(f"INSERT INTO `{database}`.t (d, k) VALUES ('2024-01-09', 900), "
+                 "('2024-06-09', 901)", purpose="test setup")
+    manifest = stage(chdb, target, staging_name)
+    publish(chdb, manifest, "move", MemoryLedger(), overwrite=True)
+    assert keys_in(chdb, database) == (91, 91, sum(range(90)) + 901)

@@ -1,0 +1,138 @@
+"""Batch writes through ``clickhouse_tx``: exactly once, or nothing visible."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import functions as F
+
+import txsink
+from tests.conftest import run_sql
+from tests.sinkutil import (
+    assert_exactly_once,
+    create_events,
+    events_df,
+    id_counts,
+    staging_tables,
+)
+
+
+@pytest.fixture
+def sink_options(clickhouse_url: str, zk_hosts: str, zk_chroot: str) -> dict[str, str]:
+    return {"url": clickhouse_url, "zookeeper": zk_hosts + zk_chroot}
+
+
+@pytest.fixture(autouse=True)
+def _registered(spark) -> None:
+    txsink.register(spark)
+
+
+def save(df, options: dict[str, str], table: str, mode: str = "append", **extra: str) -> None:
+    (df.write.format("clickhouse_tx").options(**options).options(**extra)
+        .option("table", table).mode(mode).save())
+
+
+def fail_first_attempt_after(rows_before_failure: int):
+    """A mapInArrow function that fails each task's first attempt mid-stream."""
+
+    def fn(batches):
+        from pyspark import TaskContext
+
+        attempt = TaskContext.get().attemptNumber()
+        sent = 0
+        for batch in batches:
+            if attempt == 0 and sent >= rows_before_failure:
+                raise RuntimeError("injected task failure after staging")
+            sent += batch.num_rows
+            yield batch
+
+    return fn
+
+
+def test_append_makes_every_row_visible_exactly_once(spark, clickhouse_url, ch_db, sink_options):
+    table = create_events(clickhouse_url, ch_db)
+    save(events_df(spark, 0, 5000), sink_options, table)
+    assert_exactly_once(clickhouse_url, table, range(5000))
+
+
+def test_append_leaves_no_staging_behind(spark, clickhouse_url, ch_db, sink_options):
+    table = create_events(clickhouse_url, ch_db)
+    before = staging_tables(clickhouse_url)
+    save(events_df(spark, 0, 1000), sink_options, table)
+    assert staging_tables(clickhouse_url) == before
+
+
+def test_task_retried_after_staging_publishes_each_row_once(
+    spark, clickhouse_url, ch_db, sink_options
+):
+    table = create_events(clickhouse_url, ch_db)
+    df = events_df(spark, 0, 4000)
+    flaky = df.mapInArrow(fail_first_attempt_after(200), df.schema)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
+    try:
+        save(flaky, sink_options, table, insert_block_rows="100")
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert_exactly_once(clickhouse_url, table, range(4000))
+
+
+def test_failed_job_leaves_target_untouched(spark, clickhouse_url, ch_db, sink_options):
+    table = create_events(clickhouse_url, ch_db)
+    save(events_df(spark, 0, 100), sink_options, table)
+    doomed = events_df(spark, 1000, 2000).withColumn(
+        "value", F.when(F.col("id") == 2500, F.raise_error(F.lit("boom"))).otherwise(F.col("value"))
+    )
+    with pytest.raises(Exception, match="boom"):
+        save(doomed, sink_options, table, insert_block_rows="100")
+    assert_exactly_once(clickhouse_url, table, range(100))
+
+
+def test_overwrite_replaces_only_the_partitions_present(spark, clickhouse_url, ch_db, sink_options):
+    table = create_events(clickhouse_url, ch_db)
+    save(events_df(spark, 0, 900), sink_options, table)  # January..March
+    january = events_df(spark, 10_000, 3100).where("month(day) = 1")
+    save(january, sink_options, table, mode="overwrite")
+    counts = id_counts(clickhouse_url, table)
+    new_ids = {r.id for r in january.select("id").collect()}
+    old_kept = {i for i in range(900) if i % 90 >= 31}  # February and March rows stay
+    assert set(counts) == new_ids | old_kept
+    assert set(counts.values()) == {1}
+
+
+def test_unknown_option_is_rejected_naming_it(spark, clickhouse_url, ch_db, sink_options):
+    table = create_events(clickhouse_url, ch_db)
+    with pytest.raises(Exception, match="unknown option.*tabel"):
+        save(events_df(spark, 0, 10), sink_options, table, tabel="x")
+
+
+def test_unknown_table_fails_naming_it_before_anything_is_staged(
+    spark, clickhouse_url, ch_db, sink_options
+):
+    before = staging_tables(clickhouse_url)
+    with pytest.raises(Exception, match="no_such_table"):
+        save(events_df(spark, 0, 10), sink_options, f"{ch_db}.no_such_table")
+    assert staging_tables(clickhouse_url) == before
+
+
+def test_schema_mismatch_names_the_column_and_changes_nothing(
+    spark, clickhouse_url, ch_db, sink_options
+):
+    table = create_events(clickhouse_url, ch_db)
+    wrong = events_df(spark, 0, 10).withColumnRenamed("value", "valeu")
+    with pytest.raises(Exception, match="valeu"):
+        save(wrong, sink_options, table)
+    assert run_sql(clickhouse_url, f"SELECT count() FROM {table}").strip() == "0"
+
+
+def test_unreachable_server_fails_naming_it(spark, ch_db, sink_options):
+    options = {**sink_options, "url": "http://127.0.0.1:1", "retries": "1", "timeout": "1"}
+    with pytest.raises(Exception, match="127.0.0.1:1"):
+        save(events_df(spark, 0, 10), options, f"{ch_db}.events")
+
+
+def test_wrong_password_fails_without_showing_it(spark, clickhouse_url, ch_db, sink_options):
+    table = create_events(clickhouse_url, ch_db)
+    options = {**sink_options, "user": "txsink_secret", "password": "not-the-password"}
+    with pytest.raises(Exception) as info:
+        save(events_df(spark, 0, 10), options, table)
+    assert "not-the-password" not in str(info.value)
+    assert "txsink_secret" in str(info.value) or "password" in str(info.value).lower()

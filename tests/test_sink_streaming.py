@@ -1,0 +1,81 @@
+"""Streaming writes: each micro-batch is one xid whose epoch is the batch id."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient
+
+import txsink
+from coordinator import Coordinator
+from tests.sinkutil import assert_exactly_once, create_events
+
+SCHEMA = "id LONG, day DATE, name STRING, value DOUBLE"
+
+
+@pytest.fixture(autouse=True)
+def _registered(spark) -> None:
+    txsink.register(spark)
+
+
+def write_input_file(folder: Path, index: int, ids: range) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [
+        json.dumps({"id": i, "day": f"2026-0{1 + i % 3}-15", "name": f"e{i}", "value": i / 2})
+        for i in ids
+    ]
+    (folder / f"part-{index:04d}.json").write_text("\n".join(lines) + "\n")
+
+
+def run_stream(spark, source: Path, checkpoint: Path, options: dict[str, str], table: str):
+    """Process every file present now, one file per micro-batch, then stop."""
+    query = (
+        spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
+        .writeStream.format("clickhouse_tx").options(**options).option("table", table)
+        .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+    )
+    query.awaitTermination(180)
+    if query.exception():
+        raise query.exception()
+
+
+@pytest.fixture
+def stream_setup(tmp_path, clickhouse_url, ch_db, zk_hosts, zk_chroot):
+    table = create_events(clickhouse_url, ch_db)
+    options = {"url": clickhouse_url, "zookeeper": zk_hosts + zk_chroot, "sink_id": "events"}
+    return tmp_path / "in", tmp_path / "ckpt", options, table
+
+
+def test_each_micro_batch_commits_its_rows_exactly_once(spark, clickhouse_url, stream_setup, zk):
+    source, checkpoint, options, table = stream_setup
+    for n in range(3):
+        write_input_file(source, n, range(n * 100, n * 100 + 100))
+    run_stream(spark, source, checkpoint, options, table)
+    assert_exactly_once(clickhouse_url, table, range(300))
+    assert Coordinator(zk, "events").last_committed() == 2
+
+
+def test_restarted_query_continues_without_duplicates(spark, clickhouse_url, stream_setup):
+    source, checkpoint, options, table = stream_setup
+    write_input_file(source, 0, range(0, 100))
+    run_stream(spark, source, checkpoint, options, table)
+    write_input_file(source, 1, range(100, 250))
+    run_stream(spark, source, checkpoint, options, table)
+    assert_exactly_once(clickhouse_url, table, range(250))
+
+
+def test_replayed_committed_micro_batch_writes_nothing(
+    spark, clickhouse_url, stream_setup, zk: KazooClient
+):
+    source, checkpoint, options, table = stream_setup
+    for n in range(2):
+        write_input_file(source, n, range(n * 100, n * 100 + 100))
+    run_stream(spark, source, checkpoint, options, table)
+    # As if the driver died after the sink committed but before Spark wrote commits/1.
+    (checkpoint / "commits" / "1").unlink()
+    (checkpoint / "commits" / ".1.crc").unlink(missing_ok=True)
+    run_stream(spark, source, checkpoint, options, table)
+    assert_exactly_once(clickhouse_url, table, range(200))
+    assert Coordinator(zk, "events").last_committed() == 1
