@@ -28,7 +28,8 @@ import uuid
 from pathlib import Path
 
 from server_ext.client import ClickHouseClient
-from server_ext.publish import MemoryLedger, publish
+from server_ext.ledger import MemoryLedger
+from server_ext.publish import publish
 from server_ext.schema import describe_table
 from server_ext.seal import seal
 from server_ext.staging import create_staging, rollback, staging_table_name

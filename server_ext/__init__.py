@@ -23,24 +23,19 @@ from server_ext.encoder import (
 )
 from server_ext.errors import (
     ClickHouseError,
-    InvalidValue,
-    SchemaMismatch,
-    ServerUnreachable,
-)
-from server_ext.manifest import Manifest, PartitionManifest, StagedPart
-from server_ext.publish import (
-    STEPS,
     InDoubtPublish,
-    Ledger,
-    MemoryLedger,
+    InvalidValue,
     PartsDeduplicated,
     PublishError,
-    PublishReport,
+    SchemaMismatch,
+    ServerUnreachable,
     StagingChanged,
-    publish,
-    publish_overwrite,
-    resolve_partition,
 )
+from server_ext.ledger import Ledger, MemoryLedger, resolve_partition
+from server_ext.manifest import Manifest, PartitionManifest, StagedPart
+from server_ext.overwrite import publish_overwrite
+from server_ext.publish import publish
+from server_ext.publish_steps import STEPS, PublishReport
 from server_ext.schema import (
     Column,
     TargetTable,

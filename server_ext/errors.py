@@ -174,3 +174,40 @@ class InvalidValue(ClickHouseError):
 
 class ServerUnreachable(ClickHouseError):
     """No connection to the server could be made, even after the retries."""
+
+
+class PublishError(Exception):
+    """Publish cannot go on without someone looking; the xid stays Committing."""
+
+    def __init__(self, message: str, *, target: str, staging: str,
+                 partition_ids: list[str]) -> None:
+        self.target = target
+        self.staging = staging
+        self.partition_ids = list(partition_ids)
+        super().__init__(message)
+
+    @property
+    def partition_id(self) -> str:
+        return self.partition_ids[0]
+
+
+class StagingChanged(PublishError):
+    """The staging table no longer holds the parts sealed in the manifest."""
+
+
+class InDoubtPublish(PublishError):
+    """Whether partitions were attached cannot be decided; ``found`` says what was seen."""
+
+    def __init__(self, *, target: str, staging: str, partition_ids: list[str],
+                 found: str) -> None:
+        self.found = found
+        super().__init__(
+            f"publish of partitions {partition_ids} from {staging} into {target} is in "
+            f"doubt: {found}. Nothing was attached; decide with resolve_partition after "
+            "looking at the target",
+            target=target, staging=staging, partition_ids=partition_ids,
+        )
+
+
+class PartsDeduplicated(PublishError):
+    """A Replicated target dropped staged parts as duplicates of identical earlier parts."""

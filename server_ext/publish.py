@@ -78,133 +78,34 @@ per xid. Partitions absent from the data are left untouched.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Iterable
 
+from server_ext.attach_decision import AttachDecider, max_block_number
 from server_ext.capabilities import STRATEGIES, SqlClient
-from server_ext.client import qualified_name, quote_identifier
-from server_ext.errors import ClickHouseError
-from server_ext.manifest import Manifest, PartitionManifest, StagedPart
-from server_ext.schema import describe_table
+from server_ext.client import qualified_name
+from server_ext.errors import ClickHouseError, InDoubtPublish, PartsDeduplicated, StagingChanged
+from server_ext.ledger import ATTACHING, PUBLISHED, Ledger, ledger_key
+from server_ext.manifest import Manifest, PartitionManifest
+from server_ext.overwrite import publish_overwrite
+from server_ext.publish_steps import (
+    STEP_AFTER_ATTACH,
+    STEP_AFTER_DROP,
+    STEP_AFTER_INTENT,
+    STEP_AFTER_MARK,
+    STEP_BEFORE_PARTITION,
+    PublishReport,
+    StepHook,
+    alter_in_chunks,
+    drop_partitions,
+    no_step,
+)
 from server_ext.seal import read_staged_partitions, sql_string
-from server_ext.staging import create_staging, staging_qualified
 
 log = logging.getLogger(__name__)
 
-STEP_BEFORE_PARTITION = "publish.before_partition"  # checks done, nothing written yet
-STEP_AFTER_INTENT = "publish.after_intent"
-STEP_AFTER_ATTACH = "publish.after_attach"  # after the statement that makes rows visible
-STEP_AFTER_MARK = "publish.after_mark"
-STEP_AFTER_DROP = "publish.after_drop_staging_partition"
-
-# The crash points each way of publishing passes, in order.
-STEPS: dict[str, tuple[str, ...]] = {
-    "move": (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH, STEP_AFTER_MARK),
-    "attach_replicated": (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH,
-                          STEP_AFTER_MARK, STEP_AFTER_DROP),
-    "attach_marked": (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH,
-                      STEP_AFTER_MARK, STEP_AFTER_DROP),
-    "replace": (STEP_BEFORE_PARTITION, STEP_AFTER_ATTACH, STEP_AFTER_MARK, STEP_AFTER_DROP),
-}
-
 STATEMENT_WAIT_SECONDS = 60.0  # how long a repeat waits for an interrupted ALTER to end
-MAX_COMMANDS_PER_ALTER = 200  # keeps a statement far below the server's max_query_size
-UNKNOWN_TABLE, UNKNOWN_DATABASE = 60, 81
-PUBLISHED = "published"
-ATTACHING = "attaching"
-
-StepHook = Callable[[str], None]
-
-
-class Ledger(Protocol):
-    """Durable publish records, backed by the caller (e.g. ZooKeeper).
-
-    ``put`` must be durable when it returns; values are small JSON-safe dicts.
-    """
-
-    def get(self, key: str) -> dict | None: ...
-
-    def put(self, key: str, value: dict) -> None: ...
-
-
-class MemoryLedger:
-    """A ``Ledger`` in a dict, for tests and benchmarks (values stored as JSON text)."""
-
-    def __init__(self) -> None:
-        self._records: dict[str, str] = {}
-
-    def get(self, key: str) -> dict | None:
-        text = self._records.get(key)
-        return None if text is None else json.loads(text)
-
-    def put(self, key: str, value: dict) -> None:
-        self._records[key] = json.dumps(value, sort_keys=True)
-
-    def keys(self) -> list[str]:
-        return sorted(self._records)
-
-
-class PublishError(Exception):
-    """Publish cannot go on without someone looking; the xid stays Committing."""
-
-    def __init__(self, message: str, *, target: str, staging: str,
-                 partition_ids: list[str]) -> None:
-        self.target = target
-        self.staging = staging
-        self.partition_ids = list(partition_ids)
-        super().__init__(message)
-
-    @property
-    def partition_id(self) -> str:
-        return self.partition_ids[0]
-
-
-class StagingChanged(PublishError):
-    """The staging table no longer holds the parts sealed in the manifest."""
-
-
-class InDoubtPublish(PublishError):
-    """Whether partitions were attached cannot be decided; ``found`` says what was seen."""
-
-    def __init__(self, *, target: str, staging: str, partition_ids: list[str],
-                 found: str) -> None:
-        self.found = found
-        super().__init__(
-            f"publish of partitions {partition_ids} from {staging} into {target} is in "
-            f"doubt: {found}. Nothing was attached; decide with resolve_partition after "
-            "looking at the target",
-            target=target, staging=staging, partition_ids=partition_ids,
-        )
-
-
-class PartsDeduplicated(PublishError):
-    """A Replicated target dropped staged parts as duplicates of identical earlier parts."""
-
-
-@dataclass
-class PublishReport:
-    """What one ``publish`` call did."""
-
-    strategy: str
-    target: str
-    published: list[str] = field(default_factory=list)  # partition ids made visible now
-    already_published: list[str] = field(default_factory=list)
-    rows: int = 0  # rows made visible by this call
-    seconds: float = 0.0
-
-
-def ledger_key(staging_table: str) -> str:
-    """Ledger key of the publish record of one staging (or combined) table."""
-    return staging_table
-
-
-def _no_step(_: str) -> None:
-    pass
 
 
 def publish(
@@ -227,29 +128,7 @@ def publish(
         raise ValueError(f"unknown publish strategy {strategy!r}; expected one of {STRATEGIES}")
     publisher_class = {"move": _MovePublisher, "attach_replicated": _ReplicatedPublisher,
                        "attach_marked": _MarkedPublisher}[strategy]
-    return publisher_class(client, manifest, ledger, on_step or _no_step).run()
-
-
-def alter_in_chunks(client: SqlClient, table: str, commands: list[str], *, purpose: str,
-                    retry: bool) -> None:
-    """``ALTER TABLE table cmd, cmd, ...``, at most MAX_COMMANDS_PER_ALTER per statement."""
-    for start in range(0, len(commands), MAX_COMMANDS_PER_ALTER):
-        chunk = commands[start:start + MAX_COMMANDS_PER_ALTER]
-        client.execute(f"ALTER TABLE {table} {', '.join(chunk)}", purpose=purpose, retry=retry)
-
-
-def drop_partitions(client: SqlClient, table: str, partition_ids: Iterable[str]) -> None:
-    """Drop partitions from a staging table; nothing to do if the table is gone.
-
-    The caller drops a staging table after publish, and may then repeat publish.
-    """
-    commands = [f"DROP PARTITION ID {sql_string(pid)}" for pid in partition_ids]
-    try:
-        alter_in_chunks(client, table, commands, purpose="drop published partitions from "
-                        "staging", retry=True)
-    except ClickHouseError as exc:
-        if exc.code not in (UNKNOWN_TABLE, UNKNOWN_DATABASE):
-            raise
+    return publisher_class(client, manifest, ledger, on_step or no_step).run()
 
 
 class _Publisher:
@@ -465,7 +344,7 @@ class _MarkedPublisher(_Publisher):
         if intended:
             self.wait_for_interrupted_statement()
         self.set_target_merges("STOP")
-        decider = _AttachDecider(self.client, self.manifest, record.get("watermark", 0))
+        decider = AttachDecider(self.client, self.manifest, record.get("watermark", 0))
         attached = {p.partition_id for p in pending
                     if p.partition_id in intended and decider.attached(p, sealed)}
         if decider.in_doubt:
@@ -508,296 +387,3 @@ class _MarkedPublisher(_Publisher):
     def set_target_merges(self, verb: str) -> None:
         self.client.execute(f"SYSTEM {verb} MERGES {self.target}",
                             purpose=f"{verb.lower()} merges of target around publish")
-
-
-@dataclass(frozen=True)
-class _TargetPart:
-    name: str
-    rows: int
-    bytes: int
-    level: int
-    min_block: int
-    max_block: int
-    data_version: int
-
-    @property
-    def single_block(self) -> bool:
-        """One block number, never mutated: how ATTACH and INSERT create a part."""
-        return self.min_block == self.max_block == self.data_version
-
-    @property
-    def fresh_insert(self) -> bool:
-        """A part as an INSERT creates it (a rewrite of a lone part raises its level)."""
-        return self.single_block and self.level == 0
-
-
-Signature = tuple[int, int, int, str]  # rows, bytes, level, content fingerprint
-
-
-class _AttachDecider:
-    """Decides, per partition, whether an interrupted ``attach_marked`` run attached it.
-
-    Attached: every staged part has exactly one counterpart above the watermark with the
-    same rows, bytes, level and content. Not attached: every part above the watermark is a
-    fresh insert unlike any staged part. Anything else is recorded in ``in_doubt``.
-    """
-
-    def __init__(self, client: SqlClient, manifest: Manifest, watermark: int) -> None:
-        self.client = client
-        self.manifest = manifest
-        self.watermark = watermark
-        self.in_doubt: list[tuple[str, str]] = []
-        self.target = qualified_name(manifest.target_database, manifest.target_table)
-        self.staging = qualified_name(manifest.staging_database, manifest.staging_table)
-        self._columns: list[str] | None = None
-
-    def attached(self, partition: PartitionManifest, sealed: dict[str, bool]) -> bool:
-        above = self.parts_above(partition.partition_id)
-        if not sealed[partition.partition_id]:
-            return self.doubt(partition, "the staging partition is gone before the mark", above)
-        wanted = {(p.rows, p.bytes, p.level) for p in partition.parts}
-        candidates = [p for p in above
-                      if p.single_block and (p.rows, p.bytes, p.level) in wanted]
-        found: Counter[Signature] = Counter()
-        staged: Counter[Signature] = Counter()
-        if candidates:
-            found = Counter(self.signatures(self.target, partition, candidates))
-            staged = Counter(self.signatures(self.staging, partition, partition.parts))
-            if found == staged:
-                return True
-        if all(p.fresh_insert for p in above) and not found & staged:
-            return False
-        reason = ("parts above the watermark match the staged parts only partly or more than "
-                  "once" if found & staged else "merged or mutated parts above the watermark")
-        return self.doubt(partition, reason, above)
-
-    def doubt(self, partition: PartitionManifest, reason: str,
-              above: list[_TargetPart]) -> bool:
-        listing = ", ".join(f"{p.name} ({p.rows} rows)" for p in above) or "none"
-        sealed = ", ".join(f"{p.name} ({p.rows} rows)" for p in partition.parts)
-        self.in_doubt.append((partition.partition_id,
-                              f"partition {partition.partition_id!r}: {reason}; target parts "
-                              f"above block {self.watermark}: {listing}; sealed: {sealed}"))
-        return False
-
-    def parts_above(self, partition_id: str) -> list[_TargetPart]:
-        rows = self.client.query_rows(
-            "SELECT name, rows, bytes_on_disk, level, min_block_number, max_block_number, "
-            "data_version FROM system.parts WHERE database = "
-            f"{sql_string(self.manifest.target_database)} AND table = "
-            f"{sql_string(self.manifest.target_table)} AND active AND partition_id = "
-            f"{sql_string(partition_id)} AND max_block_number > {int(self.watermark)} "
-            "ORDER BY name",
-            purpose="read target parts above the watermark",
-        )
-        return [_TargetPart(r["name"], int(r["rows"]), int(r["bytes_on_disk"]),
-                            int(r["level"]), int(r["min_block_number"]),
-                            int(r["max_block_number"]), int(r["data_version"])) for r in rows]
-
-    def signatures(self, table: str, partition: PartitionManifest,
-                   parts: Iterable[StagedPart | _TargetPart]) -> list[Signature]:
-        by_name = {p.name: p for p in parts}
-        prints = self.fingerprints(table, partition.partition_id, list(by_name))
-        return [(p.rows, p.bytes, p.level, prints.get(name, "")) for name, p in by_name.items()]
-
-    def fingerprints(self, table: str, partition_id: str,
-                     part_names: list[str]) -> dict[str, str]:
-        """Order-independent hash of every stored column of each named part of ``table``.
-
-        Text forms are hashed, because cityHash64 on 18.16 refuses Decimal and Nullable
-        inside Array, and returns NULL for NULL.
-        """
-        hashed = ", ".join(f"ifNull(toString({quote_identifier(c)}), '\\\\N')"
-                           for c in self.stored_columns())
-        names = ", ".join(sql_string(n) for n in part_names)
-        rows = self.client.query_rows(
-            f"SELECT _part AS part, toString(sum(cityHash64({hashed}))) AS fingerprint "
-            f"FROM {table} WHERE _partition_id = {sql_string(partition_id)} "
-            f"AND _part IN ({names}) GROUP BY _part",
-            purpose="fingerprint parts to decide an interrupted publish",
-        )
-        return {row["part"]: row["fingerprint"] for row in rows}
-
-    def stored_columns(self) -> list[str]:
-        if self._columns is None:
-            target = describe_table(
-                self.client, f"{self.manifest.target_database}.{self.manifest.target_table}")
-            self._columns = [c.name for c in target.columns if c.default_kind != "ALIAS"]
-        return self._columns
-
-
-def max_block_number(client: SqlClient, database: str, table: str) -> int:
-    """Highest block number of any part (active or not) of a table; 0 for none."""
-    return int(client.query_value(
-        "SELECT max(max_block_number) FROM system.parts WHERE database = "
-        f"{sql_string(database)} AND table = {sql_string(table)}",
-        purpose="read block number watermark of target",
-    ))
-
-
-def resolve_partition(manifest: Manifest, partition_id: str, ledger: Ledger, *,
-                      attached: bool) -> None:
-    """Record an operator's decision on an in-doubt or deduplicated partition.
-
-    ``attached=True``: the rows are in the target (or their loss is accepted); publish
-    will not attach the partition again. ``attached=False``: they are not; the next
-    ``publish`` attaches it afresh (for a deduplicated partition the server will drop it
-    again: its rows must be copied some other way).
-    """
-    manifest.partition(partition_id)  # KeyError for a partition the manifest lacks
-    key = ledger_key(manifest.staging_table)
-    record = ledger.get(key) or {"state": ATTACHING}
-    if record.get("state") == PUBLISHED:
-        return
-    published = set(record.get("published", []))
-    if attached:
-        published.add(partition_id)
-    record.update(
-        published=sorted(published),
-        attaching=[pid for pid in record.get("attaching", []) if pid != partition_id],
-        deduplicated=[pid for pid in record.get("deduplicated", []) if pid != partition_id],
-    )
-    ledger.put(key, record)
-
-
-def publish_overwrite(
-    client: SqlClient,
-    manifests: list[Manifest],
-    combined_staging_table: str | None,
-    ledger: Ledger,
-    *,
-    on_step: StepHook | None = None,
-) -> PublishReport:
-    """Replace every partition present in the winning branches' data (dynamic overwrite).
-
-    ``manifests`` are all winning branches of one xid, for one target.
-    ``combined_staging_table`` (required with more than one manifest) names the xid's
-    publish record in the ledger and, when a partition was staged by several branches, the
-    table in the staging database where it is assembled first: ``REPLACE PARTITION`` from
-    the first branch, ``ATTACH PARTITION`` from the others, so that a repeat rebuilds it
-    from scratch. Then one ``REPLACE PARTITION`` per partition into the target, which a
-    repeat may do again with the same result. Partitions absent from every manifest are
-    left untouched. Re-runnable after any crash.
-    """
-    if len(manifests) > 1 and not combined_staging_table:
-        raise ValueError("publish_overwrite of several manifests needs combined_staging_table")
-    if not manifests:
-        return PublishReport("replace", "")
-    return _OverwritePublisher(client, manifests, combined_staging_table, ledger,
-                               on_step or _no_step).run()
-
-
-Sources = dict[str, list[tuple[Manifest, PartitionManifest]]]
-
-
-class _OverwritePublisher:
-    def __init__(self, client: SqlClient, manifests: list[Manifest], combined: str | None,
-                 ledger: Ledger, on_step: StepHook) -> None:
-        targets = {(m.target_database, m.target_table) for m in manifests}
-        if len(targets) > 1:
-            raise ValueError(f"manifests of one overwrite must share a target, got {targets}")
-        self.client = client
-        self.manifests = manifests
-        self.combined = combined
-        self.ledger = ledger
-        self.on_step = on_step
-        self.key = ledger_key(combined or manifests[0].staging_table)
-        self.database, self.table = next(iter(targets))
-        self.target = qualified_name(self.database, self.table)
-
-    def sources(self) -> Sources:
-        by_partition: Sources = {}
-        for manifest in self.manifests:
-            for partition in manifest.partitions:
-                by_partition.setdefault(partition.partition_id, []).append((manifest, partition))
-        return dict(sorted(by_partition.items()))
-
-    def run(self) -> PublishReport:
-        started = time.perf_counter()
-        report = PublishReport("replace", self.target)
-        sources = self.sources()
-        if not sources:
-            return report
-        record = self.ledger.get(self.key) or {}
-        if record.get("state") == PUBLISHED:
-            report.already_published = list(sources)
-        else:
-            self.check_sealed(sources)
-            self.on_step(STEP_BEFORE_PARTITION)
-            commands = [f"REPLACE PARTITION ID {sql_string(pid)} FROM {origin}"
-                        for pid, origin in self.assemble(sources).items()]
-            alter_in_chunks(self.client, self.target, commands,
-                            purpose="replace partitions of target", retry=True)
-            self.on_step(STEP_AFTER_ATTACH)
-            self.ledger.put(self.key, {"state": PUBLISHED})
-            self.on_step(STEP_AFTER_MARK)
-            report.published = list(sources)
-            report.rows = sum(p.rows for parts in sources.values() for _, p in parts)
-        self.drop_sources()
-        self.on_step(STEP_AFTER_DROP)
-        report.seconds = time.perf_counter() - started
-        return report
-
-    def check_sealed(self, sources: Sources) -> None:
-        """Never REPLACE from a source that lost its rows: that would empty the target."""
-        for manifest in self.manifests:
-            staged = read_staged_partitions(self.client, manifest.staging_database,
-                                            manifest.staging_table,
-                                            purpose="read staged parts before overwrite")
-            changed = [p.partition_id for p in manifest.partitions
-                       if p.partition_id not in staged
-                       or staged[p.partition_id].part_names != p.part_names]
-            if changed:
-                raise StagingChanged(
-                    f"staging {manifest.staging_database}.{manifest.staging_table} no longer "
-                    f"holds the sealed parts of partitions {changed}",
-                    target=self.target, staging=manifest.staging_table, partition_ids=changed,
-                )
-
-    def assemble(self, sources: Sources) -> dict[str, str]:
-        """Per partition, the quoted table holding exactly its staged rows of all branches."""
-        origin = {pid: qualified_name(parts[0][0].staging_database, parts[0][0].staging_table)
-                  for pid, parts in sources.items()}
-        shared = {pid: parts for pid, parts in sources.items() if len(parts) > 1}
-        if not shared:
-            return origin
-        assert self.combined is not None
-        combined = create_staging(self.client, describe_table(
-            self.client, f"{self.database}.{self.table}"), self.combined)
-        first, others = [], []
-        for pid, parts in shared.items():
-            for index, (manifest, _) in enumerate(parts):
-                command = (f"{'REPLACE' if index == 0 else 'ATTACH'} PARTITION ID "
-                           f"{sql_string(pid)} FROM "
-                           f"{qualified_name(manifest.staging_database, manifest.staging_table)}")
-                (first if index == 0 else others).append(command)
-            origin[pid] = combined
-        alter_in_chunks(self.client, combined, first, purpose="reset combined partitions",
-                        retry=True)
-        alter_in_chunks(self.client, combined, others, purpose="combine branches' partitions",
-                        retry=False)
-        self.check_combined(combined, shared)
-        return origin
-
-    def check_combined(self, combined: str, shared: Sources) -> None:
-        rows = self.client.query_rows(
-            f"SELECT _partition_id AS pid, count() AS n FROM {combined} GROUP BY _partition_id",
-            purpose="count combined partitions",
-        )
-        found = {row["pid"]: int(row["n"]) for row in rows}
-        wrong = [pid for pid, parts in shared.items()
-                 if found.get(pid, 0) != sum(p.rows for _, p in parts)]
-        if wrong:
-            raise StagingChanged(
-                f"combined staging {combined} does not hold the staged rows of {wrong}",
-                target=self.target, staging=combined, partition_ids=wrong,
-            )
-
-    def drop_sources(self) -> None:
-        for manifest in self.manifests:
-            drop_partitions(self.client,
-                            qualified_name(manifest.staging_database, manifest.staging_table),
-                            manifest.partition_ids)
-        if self.combined:
-            self.client.execute(f"DROP TABLE IF EXISTS {staging_qualified(self.combined)}",
-                                purpose="drop combined staging table")

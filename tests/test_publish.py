@@ -15,20 +15,12 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from server_ext.client import ClickHouseClient
-from server_ext.errors import ClickHouseError
+from server_ext.errors import ClickHouseError, InDoubtPublish, PartsDeduplicated, StagingChanged
+from server_ext.ledger import MemoryLedger, resolve_partition
 from server_ext.manifest import Manifest
-from server_ext.publish import (
-    STEP_AFTER_ATTACH,
-    STEP_AFTER_INTENT,
-    STEPS,
-    InDoubtPublish,
-    MemoryLedger,
-    PartsDeduplicated,
-    StagingChanged,
-    publish,
-    publish_overwrite,
-    resolve_partition,
-)
+from server_ext.overwrite import publish_overwrite
+from server_ext.publish import publish
+from server_ext.publish_steps import STEP_AFTER_ATTACH, STEP_AFTER_INTENT, STEPS
 from server_ext.schema import TargetTable, describe_table
 from server_ext.seal import seal
 from server_ext.staging import STAGING_DATABASE, create_staging, rollback, staging_table_name

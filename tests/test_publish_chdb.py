@@ -13,8 +13,11 @@ import pytest
 
 from server_ext.capabilities import choose_strategy, detect_capabilities
 from server_ext.chdb_client import ChdbClient
+from server_ext.errors import StagingChanged
+from server_ext.ledger import MemoryLedger
 from server_ext.manifest import Manifest
-from server_ext.publish import STEPS, MemoryLedger, StagingChanged, publish
+from server_ext.publish import publish
+from server_ext.publish_steps import STEPS
 from server_ext.schema import TargetTable, describe_table
 from server_ext.seal import seal
 from server_ext.staging import STAGING_DATABASE, create_staging, staging_table_name

@@ -1,0 +1,74 @@
+"""Crash points and partition-level statements shared by every way of publishing.
+
+Each strategy (``publish.py``) and the dynamic overwrite (``overwrite.py``) passes the
+same named crash points, sends its partition commands in as few ``ALTER`` statements as
+the server accepts, and reports what it did in a ``PublishReport``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from server_ext.capabilities import SqlClient
+from server_ext.errors import ClickHouseError
+from server_ext.seal import sql_string
+
+STEP_BEFORE_PARTITION = "publish.before_partition"  # checks done, nothing written yet
+STEP_AFTER_INTENT = "publish.after_intent"
+STEP_AFTER_ATTACH = "publish.after_attach"  # after the statement that makes rows visible
+STEP_AFTER_MARK = "publish.after_mark"
+STEP_AFTER_DROP = "publish.after_drop_staging_partition"
+
+# The crash points each way of publishing passes, in order.
+STEPS: dict[str, tuple[str, ...]] = {
+    "move": (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH, STEP_AFTER_MARK),
+    "attach_replicated": (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH,
+                          STEP_AFTER_MARK, STEP_AFTER_DROP),
+    "attach_marked": (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH,
+                      STEP_AFTER_MARK, STEP_AFTER_DROP),
+    "replace": (STEP_BEFORE_PARTITION, STEP_AFTER_ATTACH, STEP_AFTER_MARK, STEP_AFTER_DROP),
+}
+
+MAX_COMMANDS_PER_ALTER = 200  # keeps a statement far below the server's max_query_size
+UNKNOWN_TABLE, UNKNOWN_DATABASE = 60, 81
+
+StepHook = Callable[[str], None]
+
+
+@dataclass
+class PublishReport:
+    """What one ``publish`` call did."""
+
+    strategy: str
+    target: str
+    published: list[str] = field(default_factory=list)  # partition ids made visible now
+    already_published: list[str] = field(default_factory=list)
+    rows: int = 0  # rows made visible by this call
+    seconds: float = 0.0
+
+
+def no_step(_: str) -> None:
+    pass
+
+
+def alter_in_chunks(client: SqlClient, table: str, commands: list[str], *, purpose: str,
+                    retry: bool) -> None:
+    """``ALTER TABLE table cmd, cmd, ...``, at most MAX_COMMANDS_PER_ALTER per statement."""
+    for start in range(0, len(commands), MAX_COMMANDS_PER_ALTER):
+        chunk = commands[start:start + MAX_COMMANDS_PER_ALTER]
+        client.execute(f"ALTER TABLE {table} {', '.join(chunk)}", purpose=purpose, retry=retry)
+
+
+def drop_partitions(client: SqlClient, table: str, partition_ids: Iterable[str]) -> None:
+    """Drop partitions from a staging table; nothing to do if the table is gone.
+
+    The caller drops a staging table after publish, and may then repeat publish.
+    """
+    commands = [f"DROP PARTITION ID {sql_string(pid)}" for pid in partition_ids]
+    try:
+        alter_in_chunks(client, table, commands, purpose="drop published partitions from "
+                        "staging", retry=True)
+    except ClickHouseError as exc:
+        if exc.code not in (UNKNOWN_TABLE, UNKNOWN_DATABASE):
+            raise
