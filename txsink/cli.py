@@ -3,6 +3,7 @@
     txsink services up|down|status      real ClickHouse + ZooKeeper on 127.0.0.1
     txsink status  --zookeeper H        sinks, last committed epoch, open xids, metrics
     txsink recover --zookeeper H --url U   roll committing xids forward, undecided back
+    txsink resolve ...                  an operator's decision on an in-doubt partition
     txsink gc      --zookeeper H --url U   drop staging tables of finished xids
     txsink verify  --zookeeper H        audit every sink's history for anomalies
     txsink demo                         the exactly-once demo under injected faults
@@ -51,6 +52,9 @@ def _operations(args: argparse.Namespace) -> int:
             result = ops.status(args.sink)
         elif args.command == "recover":
             result = ops.recover(args.sink)
+        elif args.command == "resolve":
+            result = ops.resolve(args.sink, args.epoch, args.branch, args.partition,
+                                 attached=args.attached == "yes")
         elif args.command == "gc":
             result = ops.gc(args.grace, args.prune_older_than)
         else:
@@ -64,6 +68,8 @@ def _operations(args: argparse.Namespace) -> int:
     if args.command == "verify" and any(s["anomalies"] for s in result["sinks"]):
         return 1
     if args.command == "status" and any(s["in_doubt"] for s in result["sinks"]):
+        return 3
+    if args.command in ("recover", "resolve") and any(s["failed"] for s in result["sinks"]):
         return 3
     return 0
 
@@ -97,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--sink", help="only this sink id")
     recover = ops_parser("recover", "finish or roll back unfinished xids", url=True)
     recover.add_argument("--sink", help="only this sink id")
+    resolve = ops_parser("resolve", "record a decision on an in-doubt partition", url=True)
+    resolve.add_argument("--sink", required=True)
+    resolve.add_argument("--epoch", type=int, required=True)
+    resolve.add_argument("--branch", required=True)
+    resolve.add_argument("--partition", required=True, help="partition id")
+    resolve.add_argument("--attached", choices=["yes", "no"], required=True,
+                         help="are the partition's rows in the target? (look first)")
     gc = ops_parser("gc", "drop staging of finished xids; prune old xids", url=True)
     gc.add_argument("--grace", type=float, default=3600.0,
                     help="seconds a staging table of an unknown xid is kept (default 3600)")

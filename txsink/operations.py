@@ -77,9 +77,28 @@ class Operations:
         for sink_id in self._sinks(sink):
             coord = self._coordinator(sink_id)
             publisher = BranchPublisher(self.client, coord)
-            report = coord.recover(publish=publisher.publish, rollback=publisher.rollback)
-            reports.append({"sink_id": sink_id, "actions": [str(a) for a in report.actions]})
+            report = coord.recover(publish=publisher.publish, rollback=publisher.rollback,
+                                   raise_on_failure=False)
+            reports.append({"sink_id": sink_id, "actions": [str(a) for a in report.actions],
+                            "failed": [str(a) for a in report.failed]})
         return {"sinks": reports}
+
+    def resolve(self, sink_id: str, epoch: int, branch_id: str, partition_id: str,
+                attached: bool) -> dict[str, Any]:
+        """Record an operator's decision on an in-doubt partition, then recover the sink.
+
+        Only for what ``recover`` reported as in doubt: look at the target first.
+        ``attached=True`` means the partition's rows are in the target; ``False`` that
+        they are not and must be attached again.
+        """
+        coord = self._coordinator(sink_id)
+        record = next((b for b in coord.branches(epoch) if b.branch_id == branch_id), None)
+        if record is None or not record.manifest:
+            raise ValueError(f"no prepared branch {branch_id} in xid {sink_id}/{epoch}")
+        manifest = server_ext.Manifest.from_dict(record.manifest["manifest"])
+        server_ext.resolve_partition(manifest, partition_id, coord.ledger(epoch, branch_id),
+                                     attached=attached)
+        return self.recover(sink_id)
 
     def _is_live(self, name: server_ext.StagingName) -> bool:
         """A staging table is live while its xid may still publish or roll it back."""
@@ -134,8 +153,9 @@ def render(command: str, result: dict[str, Any]) -> str:
                     f"{m.get('branches', '?')} branches, commit {m.get('commit_ms', '?')} ms, "
                     f"latency {m.get('latency_ms', '?')} ms"
                 )
-        elif command == "recover":
-            lines.append(f"{sink['sink_id']}: " + (", ".join(sink["actions"]) or "nothing to do"))
+        elif command in ("recover", "resolve"):
+            lines.append(f"{sink['sink_id']}: " + ("; ".join(sink["actions"]) or "nothing to do"))
+            lines += [f"  NOT FINISHED: {a}" for a in sink["failed"]]
         else:
             found = sink["anomalies"]
             verdict = f"{len(found)} anomalies" if found else "ok"

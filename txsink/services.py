@@ -134,7 +134,20 @@ class ManagedProcess:
         return proc.pid
 
     def exited(self) -> bool:
-        return self.pid() is None
+        """True once the recorded process is gone (or a zombie).
+
+        Unlike :meth:`pid` this ignores the command line: right after ``spawn`` the child
+        may still show the parent's command line until it has exec'd the server.
+        """
+        try:
+            pid = int(self.pid_file.read_text().strip())
+            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        except (FileNotFoundError, ValueError, IndexError):
+            return True
+        if state == "Z":
+            _reap(pid)
+            return True
+        return False
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> bool:
         """Stop the recorded process; returns True if one was running."""

@@ -1,0 +1,82 @@
+"""The ZooKeeper tree: escaped names, one tree per sink, the branch ledger."""
+
+from __future__ import annotations
+
+import pytest
+from kazoo.client import KazooClient
+
+from coordinator import Coordinator, UnknownBranch
+from coordinator.layout import SinkLayout, escape, unescape
+from tests.test_coordinator_support import new_coordinator
+
+
+@pytest.mark.parametrize("sink_id", ["orders", "a/b", ".", "..", "stream-äöü", "x%2Fy",
+                                     "zookeeper", " spaced "])
+def test_any_sink_id_is_one_reversible_znode_name(sink_id: str) -> None:
+    name = escape(sink_id)
+    assert "/" not in name and name not in (".", "..")
+    assert unescape(name) == sink_id
+
+
+def test_an_empty_sink_id_is_refused(zk: KazooClient) -> None:
+    with pytest.raises(ValueError):
+        Coordinator(zk, "")
+
+
+def test_a_relative_root_is_refused(zk: KazooClient) -> None:
+    with pytest.raises(ValueError, match="absolute"):
+        Coordinator(zk, "orders", root="txsink")
+
+
+def test_epochs_are_zero_padded_so_children_sort_in_epoch_order() -> None:
+    layout = SinkLayout("/txsink", "s")
+    assert layout.xid(9) < layout.xid(10)
+    assert layout.xid(41).endswith("/xids/00000000000000000041")
+
+
+def test_sinks_lists_every_sink_by_its_original_id(zk: KazooClient) -> None:
+    for sink_id in ("checkpoint:/tmp/ckpt/a", "nightly", ".."):
+        Coordinator(zk, sink_id).fence()
+    assert Coordinator.sinks(zk) == sorted(["checkpoint:/tmp/ckpt/a", "nightly", ".."])
+
+
+def test_sinks_under_another_root_are_separate(zk: KazooClient) -> None:
+    Coordinator(zk, "orders", root="/other").fence()
+    assert Coordinator.sinks(zk, "/other") == ["orders"]
+    assert Coordinator.sinks(zk) == []
+
+
+def test_ledger_returns_what_was_put_and_none_for_a_missing_key(zk: KazooClient) -> None:
+    coord, generation = new_coordinator(zk)
+    coord.begin(0, generation)
+    coord.register_branch(0, "p0-a0-aaaa0000", generation, owner={})
+    ledger = coord.ledger(0, "p0-a0-aaaa0000")
+    assert ledger.get("202401") is None
+    ledger.put("202401", {"intent": "attach", "watermark": 118})
+    assert ledger.get("202401") == {"intent": "attach", "watermark": 118}
+
+
+def test_ledger_put_overwrites_the_previous_value(zk: KazooClient) -> None:
+    coord, generation = new_coordinator(zk)
+    coord.begin(0, generation)
+    coord.register_branch(0, "p0-a0-aaaa0000", generation, owner={})
+    ledger = coord.ledger(0, "p0-a0-aaaa0000")
+    ledger.put("all", {"state": "intent"})
+    ledger.put("all", {"state": "done"})
+    assert ledger.get("all") == {"state": "done"}
+    assert ledger.items() == {"all": {"state": "done"}}
+
+
+def test_ledger_keys_may_hold_any_character(zk: KazooClient) -> None:
+    coord, generation = new_coordinator(zk)
+    coord.begin(0, generation)
+    coord.register_branch(0, "p0-a0-aaaa0000", generation, owner={})
+    coord.ledger(0, "p0-a0-aaaa0000").put("(2024, 'a/b')", {"ok": 1})
+    assert coord.ledger(0, "p0-a0-aaaa0000").get("(2024, 'a/b')") == {"ok": 1}
+
+
+def test_ledger_of_an_unregistered_branch_is_refused(zk: KazooClient) -> None:
+    coord, generation = new_coordinator(zk)
+    coord.begin(0, generation)
+    with pytest.raises(UnknownBranch):
+        coord.ledger(0, "p0-a0-nobody00").put("all", {"ok": 1})
