@@ -15,6 +15,8 @@ import pytest
 import requests
 from kazoo.client import KazooClient
 
+from server_ext.client import ClickHouseClient
+from server_ext.staging import STAGING_DATABASE, staging_table_name
 from txsink.services import Services
 
 
@@ -51,6 +53,20 @@ def ch_db(clickhouse_url: str) -> Iterator[str]:
     run_sql(clickhouse_url, f"CREATE DATABASE `{name}`")
     yield name
     run_sql(clickhouse_url, f"DROP DATABASE IF EXISTS `{name}`")
+
+
+@pytest.fixture
+def client(clickhouse_url: str) -> ClickHouseClient:
+    """A server_ext client of the test server (default user)."""
+    return ClickHouseClient(clickhouse_url)
+
+
+@pytest.fixture
+def staging_name(clickhouse_url: str) -> Iterator[str]:
+    """A fresh staging table name (real naming scheme), dropped after the test."""
+    name = staging_table_name(f"test-{uuid.uuid4().hex}", 1, "p0-a0-00000000")
+    yield name
+    run_sql(clickhouse_url, f"DROP TABLE IF EXISTS `{STAGING_DATABASE}`.`{name}`")
 
 
 @pytest.fixture

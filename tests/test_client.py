@@ -20,11 +20,6 @@ from tests.conftest import run_sql
 from txsink.services import SECRET_PASSWORD, SECRET_USER
 
 
-@pytest.fixture
-def client(clickhouse_url: str) -> ClickHouseClient:
-    return ClickHouseClient(clickhouse_url)
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

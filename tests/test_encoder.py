@@ -81,11 +81,6 @@ def test_block_header_counts_columns_and_rows() -> None:
 
 
 @pytest.fixture
-def client(clickhouse_url: str) -> ClickHouseClient:
-    return ClickHouseClient(clickhouse_url)
-
-
-@pytest.fixture
 def table(client: ClickHouseClient, ch_db: str) -> str:
     return roundtrip.create_table(client, ch_db)
 

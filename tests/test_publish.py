@@ -60,11 +60,6 @@ class RecordingLedger(MemoryLedger):
 
 
 @pytest.fixture
-def client(clickhouse_url: str) -> ClickHouseClient:
-    return ClickHouseClient(clickhouse_url)
-
-
-@pytest.fixture
 def staging_names(clickhouse_url: str) -> Iterator[Callable[[], str]]:
     """Factory of fresh staging table names; all of them are dropped after the test."""
     sink = f"test-{uuid.uuid4().hex}"

@@ -22,11 +22,6 @@ TARGET_COLUMNS = """
 
 
 @pytest.fixture
-def client(clickhouse_url: str) -> ClickHouseClient:
-    return ClickHouseClient(clickhouse_url)
-
-
-@pytest.fixture
 def target(client: ClickHouseClient, ch_db: str) -> TargetTable:
     client.execute(
         f"CREATE TABLE {qualified_name(ch_db, 'events')} ({TARGET_COLUMNS}) "

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -12,23 +10,11 @@ from server_ext.client import ClickHouseClient
 from server_ext.manifest import Manifest
 from server_ext.schema import describe_table
 from server_ext.seal import StagedRowsMismatch, seal
-from server_ext.staging import STAGING_DATABASE, create_staging, staging_table_name
+from server_ext.staging import STAGING_DATABASE, create_staging
 from tests.conftest import run_sql
 
 TARGET = ("(d Date, k UInt64, s String DEFAULT 'x') ENGINE = {engine} "
           "PARTITION BY toYYYYMM(d) ORDER BY k")
-
-
-@pytest.fixture
-def client(clickhouse_url: str) -> ClickHouseClient:
-    return ClickHouseClient(clickhouse_url)
-
-
-@pytest.fixture
-def staging_name(clickhouse_url: str) -> Iterator[str]:
-    name = staging_table_name(f"test-{uuid.uuid4().hex}", 1, "p0-a0-00000000")
-    yield name
-    run_sql(clickhouse_url, f"DROP TABLE IF EXISTS `{STAGING_DATABASE}`.`{name}`")
 
 
 def make_staging(client: ClickHouseClient, url: str, ch_db: str, staging_name: str,

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -27,19 +25,6 @@ from tests.conftest import run_sql
 MONTHLY = ("(d Date, k UInt64, s String DEFAULT 'x', n Nullable(Int32), a Array(UInt8)) "
            "ENGINE = {engine} PARTITION BY toYYYYMM(d) ORDER BY (k, d) "
            "SETTINGS index_granularity = 1024")
-
-
-@pytest.fixture
-def client(clickhouse_url: str) -> ClickHouseClient:
-    return ClickHouseClient(clickhouse_url)
-
-
-@pytest.fixture
-def staging_name(clickhouse_url: str) -> Iterator[str]:
-    """A fresh staging table name (real naming scheme), dropped after the test."""
-    name = staging_table_name(f"test-{uuid.uuid4().hex}", 1, "p0-a0-00000000")
-    yield name
-    run_sql(clickhouse_url, f"DROP TABLE IF EXISTS `{STAGING_DATABASE}`.`{name}`")
 
 
 def table_meta(url: str, database: str, table: str) -> dict[str, str]:

@@ -28,11 +28,6 @@ HOUR = 3600.0
 
 
 @pytest.fixture
-def client(clickhouse_url: str) -> ClickHouseClient:
-    return ClickHouseClient(clickhouse_url)
-
-
-@pytest.fixture
 def sink() -> str:
     return f"sweeper-test-{uuid.uuid4().hex}"
 

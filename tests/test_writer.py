@@ -23,11 +23,6 @@ COLUMNS = ("id UInt64, name String, code FixedString(2), amount Decimal(9, 2), "
 
 
 @pytest.fixture
-def client(clickhouse_url: str) -> ClickHouseClient:
-    return ClickHouseClient(clickhouse_url)
-
-
-@pytest.fixture
 def caps(client: ClickHouseClient) -> Capabilities:
     return detect_capabilities(client)
 
