@@ -1,0 +1,293 @@
+"""PNG plots of a benchmark run, drawn from its JSON files alone.
+
+Reads ``sink.json`` (``bench_sink.py``) and, when present, ``writer.json``,
+``publish.json`` and ``coordinator.json`` (the component benchmarks) from one results
+directory and writes one small PNG per figure next to them. Plots never measure
+anything: re-drawing a recorded run gives the same pictures.
+
+    python benchmarks/plots.py [--results benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DPI = 90
+SIZE = (6.4, 3.6)
+COLORS = {"noop": "#9e9e9e", "arrow_noop": "#616161", "plain": "#1f77b4",
+          "client_driver": "#ff7f0e", "client_executor": "#d62728", "tx": "#2ca02c"}
+LABELS = {"noop": 'format("noop")', "arrow_noop": "no-op Arrow writer",
+          "plain": "clickhouse_plain", "client_driver": "foreachBatch+client (driver)",
+          "client_executor": "foreachBatch+client (tasks)", "tx": "clickhouse_tx"}
+STEP_COLORS = {"begin": "#8c564b", "stage": "#1f77b4", "seal": "#17becf",
+               "decision": "#d62728", "publish": "#2ca02c", "drop": "#bcbd22",
+               "finish": "#9467bd", "other": "#c7c7c7"}
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def _rows(experiment: list[dict], variant: str, key: str) -> tuple[list, list]:
+    found = sorted((r[key], r["rows_per_s"] / 1e6) for r in experiment
+                   if r["variant"] == variant and r.get("rows_per_s"))
+    return [k for k, _ in found], [v for _, v in found]
+
+
+def baselines(sink: dict, out: Path) -> Path | None:
+    rows = sink["experiments"].get("baselines")
+    if not rows:
+        return None
+    rows = [r for r in rows if r.get("rows_per_s")]
+    fig, ax = plt.subplots(figsize=SIZE)
+    names = [r["variant"] for r in rows]
+    values = [r["rows_per_s"] / 1e6 for r in rows]
+    bars = ax.barh([LABELS[n] for n in names], values, color=[COLORS[n] for n in names])
+    for bar, row in zip(bars, rows, strict=True):
+        ratio = row["paired_ratio"].get("plain")
+        note = f"{bar.get_width():.2f}" + (f"  ({ratio:.2f}× plain, paired)" if ratio else "")
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + note,
+                va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(values) * 1.45)
+    ax.set_xlabel("million rows/s (median)")
+    ax.set_title(f"{rows[0]['rows']:,} rows, {rows[0]['partitions']} partitions, local[2]",
+                 fontsize=10)
+    return _save(fig, out / "baselines.png")
+
+
+def _round_ratios(rows: list[dict], key: str, x: object, base: str) -> list[float]:
+    """tx ÷ ``base`` rows/s in each round (the same round's two measurements)."""
+    pick = {r["variant"]: r for r in rows if r[key] == x}
+    if "tx" not in pick or base not in pick:
+        return []
+    return [b["seconds"] / t["seconds"] for t, b in zip(pick["tx"]["runs"], pick[base]["runs"],
+                                                        strict=True)
+            if t["seconds"] and b["seconds"]]
+
+
+def _throughput_lines(sink: dict, experiment: str, key: str, variants: tuple[str, ...],
+                      xlabel: str, title: str, out: Path, log_x: bool = False) -> Path | None:
+    """Left: median rows/s per variant. Right: tx ÷ plain in every round, and the median."""
+    rows = sink["experiments"].get(experiment)
+    if not rows:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(7.6, 3.4),
+                                      gridspec_kw={"width_ratios": [3, 2]})
+    for variant in variants:
+        xs, ys = _rows(rows, variant, key)
+        if xs:
+            left.plot(xs, ys, marker="o", label=LABELS[variant], color=COLORS[variant])
+    xs = sorted({r[key] for r in rows})
+    for x in xs:
+        ratios = _round_ratios(rows, key, x, "plain")
+        right.scatter([x] * len(ratios), ratios, color=COLORS["tx"], alpha=0.45, s=14)
+    medians = [(x, r["paired_ratio"]["plain"]) for x in xs for r in rows
+               if r[key] == x and r["variant"] == "tx" and "plain" in r["paired_ratio"]]
+    if medians:
+        right.plot(*zip(*medians, strict=True), color=COLORS["tx"], marker="_",
+                   markersize=14, label="median")
+    right.axhline(1.0, color="black", linewidth=0.6)
+    right.axhline(0.9, color="black", linewidth=0.6, linestyle="--")
+    right.set_title("tx ÷ plain per round (dashed: 0.9)", fontsize=9)
+    right.set_ylim(bottom=0)
+    for ax in (left, right):
+        if log_x:
+            ax.set_xscale("log")
+        else:
+            ax.set_xticks(xs)
+        ax.set_xlabel(xlabel, fontsize=8)
+    left.set_ylim(bottom=0)
+    left.set_ylabel("million rows/s (median)")
+    left.set_title(title, fontsize=10)
+    left.legend(fontsize=7)
+    return _save(fig, out / f"{experiment}.png")
+
+
+def streaming(sink: dict, out: Path) -> Path | None:
+    rows = [r for r in sink["experiments"].get("streaming", []) if r.get("total_s")]
+    if not rows:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(7.6, 3.4))
+    for name in dict.fromkeys(r["sink"] for r in rows):
+        mine = sorted((r for r in rows if r["sink"] == name), key=lambda r: r["trigger_s"])
+        triggers = [r["trigger_s"] for r in mine]
+        style = {"marker": "o", "color": COLORS[name], "label": LABELS[name]}
+        left.plot(triggers, [r["total_s"] for r in mine], **style)
+        right.plot(triggers, [r["latency_mean_s"] for r in mine], **style)
+        right.plot(triggers, [r["latency_max_s"] for r in mine], linestyle=":",
+                   marker=".", color=COLORS[name])
+    first = rows[0]
+    left.set_title(f"total time, {first['rows']:,} rows at {first['rate']:,}/s", fontsize=10)
+    left.set_ylabel("seconds")
+    right.set_title("visibility latency (solid mean, dotted max)", fontsize=10)
+    for ax in (left, right):
+        ax.set_xlabel("trigger interval (s)")
+        ax.set_ylim(bottom=0)
+    left.legend(fontsize=7)
+    return _save(fig, out / "streaming.png")
+
+
+def breakdown(sink: dict, out: Path) -> Path | None:
+    rows = sink["experiments"].get("breakdown")
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=SIZE)
+    labels = [f"{r['branches']}b×{r['target_partitions']}p" for r in rows]
+    bottom = [0.0] * len(rows)
+    for step, color in STEP_COLORS.items():
+        values = [r["steps_ms"][step] for r in rows]
+        ax.bar(labels, values, bottom=bottom, color=color, label=step)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.bar(labels, [r["steps_ms"]["insert"] for r in rows], bottom=bottom, color="white",
+           edgecolor="#555555", hatch="//", label="insert (data)")
+    ax.axhline(100, color="black", linestyle="--", linewidth=0.8)
+    ax.text(len(rows) - 0.5, 102, "100 ms goal", ha="right", va="bottom", fontsize=8)
+    ax.set_ylabel("ms per epoch (median)")
+    ax.set_xlabel("branches (Spark partitions) × target partitions")
+    ax.set_title(f"one epoch of {rows[0]['rows']:,} rows, steps run one after another",
+                 fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
+    return _save(fig, out / "breakdown.png")
+
+
+def scaling(sink: dict, out: Path) -> Path | None:
+    rows = sink["experiments"].get("scaling")
+    if not rows:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(7.6, 3.4))
+    fits = {f["variant"]: f for f in sink["experiments"].get("scaling_fit", []) if f}
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        mine = sorted((r for r in rows if r["variant"] == variant and r.get("median_s")),
+                      key=lambda r: r["rows"])
+        if not mine:
+            continue
+        millions = [r["rows"] / 1e6 for r in mine]
+        left.plot(millions, [r["median_s"] for r in mine], marker="o",
+                  color=COLORS[variant], label=LABELS[variant])
+        if variant in fits:
+            fit = fits[variant]
+            left.plot([0, max(millions)], [fit["fixed_s"], fit["fixed_s"]
+                      + fit["seconds_per_million_rows"] * max(millions)],
+                      linestyle=":", color=COLORS[variant], linewidth=0.8)
+        right.plot(millions, [r["memory_peak"]["worker_max_mb"] for r in mine], marker="o",
+                   color=COLORS[variant], label=LABELS[variant])
+    tx = sorted((r for r in rows if r["variant"] == "tx"), key=lambda r: r["rows"])
+    if tx:
+        right.plot([r["rows"] / 1e6 for r in tx], [r["memory_peak"]["jvm_mb"] for r in tx],
+                   marker="s", color="black", linestyle="--", label="driver JVM (run peak)")
+    left.set_title("time vs rows (dotted: linear fit)", fontsize=10)
+    left.set_ylabel("seconds (median)")
+    right.set_title("peak RSS", fontsize=10)
+    right.set_ylabel("MB (largest Python worker)")
+    for ax in (left, right):
+        ax.set_xlabel("million rows")
+        ax.set_ylim(bottom=0)
+    left.legend(fontsize=7)
+    right.legend(fontsize=7)
+    return _save(fig, out / "scaling.png")
+
+
+def components(results: Path, out: Path) -> Path | None:
+    """The three component benchmarks side by side, if their JSON is there."""
+    loaded = {name: json.loads((results / f"{name}.json").read_text())
+              for name in ("writer", "publish", "coordinator")
+              if (results / f"{name}.json").exists()}
+    if not loaded:
+        return None
+    fig, axes = plt.subplots(1, len(loaded), figsize=(3.3 * len(loaded), 3.3))
+    axes = [axes] if len(loaded) == 1 else list(axes)
+    for ax, (name, data) in zip(axes, loaded.items(), strict=True):
+        DRAW[name](ax, data)
+    return _save(fig, out / "components.png")
+
+
+def _writer(ax, data: dict) -> None:
+    rows = data["results"]
+    labels = [f"{r['rows'] / 1e6:g}M" for r in rows]
+    width = 0.38
+    xs = range(len(rows))
+    ax.bar([x - width / 2 for x in xs], [r["raw_rows_per_s"] / 1e6 for r in rows], width,
+           label="raw Native POST", color="#9e9e9e")
+    ax.bar([x + width / 2 for x in xs], [r["writer_rows_per_s"] / 1e6 for r in rows], width,
+           label="BranchWriter", color=COLORS["tx"])
+    ax.set_xticks(list(xs), labels)
+    ax.set_ylabel("million rows/s")
+    ax.set_title("writer vs raw insert", fontsize=9)
+    ax.legend(fontsize=7)
+
+
+def _publish(ax, data: dict) -> None:
+    for strategy, report in data.items():
+        rows = report["results"]
+        ax.plot([r["partitions"] for r in rows], [r["total_ms"] for r in rows], marker="o",
+                label=strategy)
+    ax.set_xscale("log")
+    ax.set_xlabel("partitions per epoch")
+    ax.set_ylabel("ms (seal+publish+drop)")
+    ax.set_title("publish per epoch", fontsize=9)
+    ax.legend(fontsize=7)
+
+
+def _coordinator(ax, data: dict) -> None:
+    for mode in dict.fromkeys(r["mode"] for r in data["results"]):
+        rows = [r for r in data["results"] if r["mode"] == mode]
+        ax.plot([r["branches"] for r in rows], [r["total_ms"] for r in rows], marker="o",
+                label=mode)
+    ax.set_xscale("log")
+    ax.set_xlabel("branches per epoch")
+    ax.set_ylabel("ms (ZooKeeper only)")
+    ax.set_title("coordinator per epoch", fontsize=9)
+    ax.legend(fontsize=7)
+
+
+DRAW: dict[str, Callable] = {"writer": _writer, "publish": _publish,
+                             "coordinator": _coordinator}
+
+
+def draw_all(results: Path) -> list[Path]:
+    """Every plot whose data is in ``results``; returns the files written."""
+    written: list[Path | None] = [components(results, results)]
+    sink_file = results / "sink.json"
+    if sink_file.exists():
+        sink = json.loads(sink_file.read_text())
+        written += [
+            baselines(sink, results),
+            _throughput_lines(sink, "writers", "partitions", ("arrow_noop", "plain", "tx"),
+                              "Spark partitions (2 cores)",
+                              "throughput vs writers", results),
+            _throughput_lines(sink, "epoch_size", "rows", ("plain", "tx"),
+                              "rows per epoch (= per job)",
+                              "throughput vs rows per transaction", results, log_x=True),
+            _throughput_lines(sink, "block_rows", "insert_block_rows", ("plain", "tx"),
+                              "insert_block_rows", "throughput vs insert block", results,
+                              log_x=True),
+            streaming(sink, results),
+            breakdown(sink, results),
+            scaling(sink, results),
+        ]
+    return [p for p in written if p is not None]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    for path in draw_all(args.results):
+        print(f"written {path} ({path.stat().st_size // 1024} KB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Every way of writing a DataFrame that the benchmarks compare, behind one signature.
+
+A variant is ``write(df, sink)``: it writes all rows of ``df`` and returns when they are
+where that variant puts them (for ``clickhouse_tx``: committed and visible). The names
+are used in tables, JSON and plots:
+
+- ``noop`` — Spark's ``format("noop")``: the JVM computes the rows and drops them;
+- ``arrow_noop`` — the rows reach a Python Arrow writer that only counts them (the
+  ceiling for any Python sink);
+- ``plain`` — ``clickhouse_plain``: the same writer as ``clickhouse_tx`` inserting straight
+  into the target (at-least-once; no staging, no ZooKeeper);
+- ``client_driver`` / ``client_executor`` — ``foreachBatch`` + clickhouse-driver, the user
+  function applied to the DataFrame (see :mod:`sinkbench.client_baseline`);
+- ``tx`` — ``clickhouse_tx``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from sinkbench.client_baseline import ClientTarget, foreach_batch_function
+from sinkbench.noop_source import NAME as NOOP_ARROW
+
+
+@dataclass(frozen=True)
+class Sink:
+    """Where the ClickHouse variants write, and as which sink id."""
+
+    url: str
+    zookeeper: str
+    table: str
+    zk_root: str
+    sink_id: str
+    insert_block_rows: int = 1_048_576
+
+    def options(self) -> dict[str, str]:
+        """Options shared by ``clickhouse_plain`` and ``clickhouse_tx``."""
+        return {"url": self.url, "table": self.table,
+                "insert_block_rows": str(self.insert_block_rows)}
+
+    def tx_options(self) -> dict[str, str]:
+        return {**self.options(), "zookeeper": self.zookeeper, "zk_root": self.zk_root,
+                "sink_id": self.sink_id}
+
+    def client_target(self) -> ClientTarget:
+        return ClientTarget(urlsplit(self.url).hostname or "127.0.0.1", self.table)
+
+
+Write = Callable[[object, Sink], None]
+
+
+def write_noop(df, sink: Sink) -> None:
+    df.write.format("noop").mode("overwrite").save()
+
+
+def write_arrow_noop(df, sink: Sink) -> None:
+    df.write.format(NOOP_ARROW).mode("append").save()
+
+
+def write_plain(df, sink: Sink) -> None:
+    df.write.format("clickhouse_plain").options(**sink.options()).mode("append").save()
+
+
+def write_tx(df, sink: Sink) -> None:
+    df.write.format("clickhouse_tx").options(**sink.tx_options()).mode("append").save()
+
+
+def write_client_driver(df, sink: Sink) -> None:
+    foreach_batch_function("driver", sink.client_target())(df, 0)
+
+
+def write_client_executor(df, sink: Sink) -> None:
+    foreach_batch_function("executor", sink.client_target())(df, 0)
+
+
+VARIANTS: dict[str, Write] = {
+    "noop": write_noop,
+    "arrow_noop": write_arrow_noop,
+    "plain": write_plain,
+    "client_driver": write_client_driver,
+    "client_executor": write_client_executor,
+    "tx": write_tx,
+}
+
+#: Variants whose rows land in ClickHouse (the target is recreated and counted).
+WRITES_TABLE = frozenset({"plain", "client_driver", "client_executor", "tx"})
+
+LABELS = {
+    "noop": 'Spark format("noop")',
+    "arrow_noop": "no-op Python Arrow writer",
+    "plain": "clickhouse_plain (at-least-once)",
+    "client_driver": "foreachBatch + clickhouse-driver (driver)",
+    "client_executor": "foreachBatch + clickhouse-driver (tasks)",
+    "tx": "clickhouse_tx (exactly-once)",
+}

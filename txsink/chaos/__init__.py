@@ -1,0 +1,12 @@
+"""Fault injection and an independent checker: the proof that ``clickhouse_tx`` is exactly-once.
+
+- :mod:`txsink.chaos.proxy` — a TCP proxy that delays, cuts or black-holes connections.
+- :mod:`txsink.chaos.faults` — process faults: kill -9 the Spark driver, a Python worker,
+  the ClickHouse server or ZooKeeper; restart them; a private server pair to kill freely.
+- :mod:`txsink.chaos.pipeline` — the streaming job under test, run as its own process,
+  and the uniquely keyed input files it reads.
+- :mod:`txsink.chaos.checker` — counts every id in the target over plain HTTP.
+- :mod:`txsink.chaos.schedule` — seeded random fault schedules and the soak command.
+
+Nothing here is imported by the sink itself.
+"""

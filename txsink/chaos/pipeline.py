@@ -1,0 +1,505 @@
+"""The job under test, run as its own driver process so that a fault can kill all of it.
+
+Run directly::
+
+    python -m txsink.chaos.pipeline --source DIR --checkpoint DIR --table db.events \\
+        --sink clickhouse_tx --url http://127.0.0.1:8123 --zookeeper 127.0.0.1:2181 \\
+        [--trigger available-now|processing-time] [--interval "1 second"] \\
+        [--option timeout=10 ...] [--fail-flag FILE] [--mode stream|batch]
+
+``stream`` (default) reads uniquely keyed JSON event files, one file per micro-batch
+(``maxFilesPerTrigger=1``), and writes them with ``writeStream`` from the checkpoint;
+restarted from the same checkpoint it continues where Spark's commit log says.
+``batch`` writes each input file as one batch job with a fixed ``sink_id``; on start it
+recovers the sink as an operator would (``txsink recover``), then skips every file whose
+ids are all visible, re-runs every file with none visible, and fails loudly on a file
+that is partly visible (a job that was not atomic).
+
+:class:`DriverProcess` starts the job with ``start_new_session=True``: the driver, its
+JVM and its Python workers form one process group, which a crash point in ``group`` mode
+or :func:`txsink.chaos.faults.kill_driver` kills at once, like a lost machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+
+from txsink.chaos.faults import fired_markers, kill_session
+
+#: The events every chaos run writes: a unique id per row, three monthly partitions.
+SCHEMA = "id LONG, day DATE, name STRING, value DOUBLE"
+EVENTS_DDL = (
+    "CREATE TABLE {table} (id UInt64, day Date, name String, value Float64) "
+    "ENGINE = {engine} PARTITION BY toYYYYMM(day) ORDER BY id"
+)
+SINKS = ("clickhouse_tx", "clickhouse_plain")
+EXIT_FAILED = 1          # the query or a job raised
+EXIT_NOT_ATOMIC = 3      # batch mode found an input file partly visible
+RUNNING_LINE = "query started"    # progress lines the driver prints (see _say)
+RECOVERED_LINE = "sink recovered"
+
+
+def _quoted(table: str) -> str:
+    return ".".join("`" + p.replace("\\", "\\\\").replace("`", "\\`") + "`"
+                    for p in table.split(".", 1))
+
+
+def create_events_table(url: str, table: str, engine: str = "MergeTree()") -> None:
+    """Create the target (``db.name``) and its database over plain HTTP."""
+    db = table.split(".", 1)[0]
+    for sql in (f"CREATE DATABASE IF NOT EXISTS {_quoted(db)}",
+                EVENTS_DDL.format(table=_quoted(table), engine=engine)):
+        resp = requests.post(url, data=sql.encode(), timeout=30)
+        if resp.status_code != 200:
+            raise RuntimeError(f"cannot create {table}: {resp.content.decode('utf-8')[:300]}")
+
+
+def event_lines(ids: Iterable[int]) -> Iterator[str]:
+    for i in ids:
+        yield json.dumps({"id": i, "day": f"2026-0{1 + i % 3}-15", "name": f"event-{i}",
+                          "value": i / 2})
+
+
+def write_epoch_file(source: Path, index: int, ids: Iterable[int]) -> Path:
+    """Write one input file atomically (Spark ignores names starting with a dot)."""
+    source.mkdir(parents=True, exist_ok=True)
+    final = source / f"events-{index:06d}.json"
+    tmp = source / f".{final.name}.tmp"
+    tmp.write_text("\n".join(event_lines(ids)) + "\n")
+    os.replace(tmp, final)
+    return final
+
+
+def input_files(source: Path) -> list[Path]:
+    return sorted(source.glob("events-*.json"))
+
+
+def committed_batches(checkpoint: Path) -> int:
+    """Epochs recorded as done: Spark's ``commits/`` files (batch mode writes the same)."""
+    commits = checkpoint / "commits"
+    if not commits.is_dir():
+        return 0
+    return sum(1 for p in commits.iterdir() if p.name.isdigit())
+
+
+@dataclass
+class PipelineSpec:
+    """Everything the driver process is started with."""
+
+    source: Path
+    checkpoint: Path
+    table: str
+    url: str
+    zookeeper: str
+    sink: str = "clickhouse_tx"
+    mode: str = "stream"
+    trigger: str = "processing-time"
+    interval: str = "1 second"
+    sink_id: str | None = None
+    zk_root: str = "/txsink"
+    master: str = "local[2,3]"
+    fail_flag: Path | None = None
+    options: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def stop_file(self) -> Path:
+        return self.checkpoint.with_name(self.checkpoint.name + ".stop")
+
+    def argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "txsink.chaos.pipeline", "--source", str(self.source),
+                "--checkpoint", str(self.checkpoint), "--table", self.table,
+                "--url", self.url, "--zookeeper", self.zookeeper, "--sink", self.sink,
+                "--mode", self.mode, "--trigger", self.trigger, "--interval", self.interval,
+                "--zk-root", self.zk_root, "--master", self.master]
+        if self.sink_id:
+            argv += ["--sink-id", self.sink_id]
+        if self.fail_flag:
+            argv += ["--fail-flag", str(self.fail_flag)]
+        for key, value in self.options.items():
+            argv += ["--option", f"{key}={value}"]
+        return argv
+
+
+class DriverProcess:
+    """The pipeline as a child process in its own session (its own process group).
+
+    With ``standby=True`` a second driver is kept warm: started, JVM and Python workers
+    up, but waiting before it reads the checkpoint or reaches the sink. :meth:`start`
+    promotes it, which saves most of the ~10 s a Spark driver needs to start. The
+    standby lives in its own session, so killing the current driver spares it.
+    """
+
+    def __init__(self, spec: PipelineSpec, log_dir: Path,
+                 extra_env: dict[str, str] | None = None, standby: bool = False) -> None:
+        self.spec = spec
+        self.log_dir = log_dir
+        self.extra_env = extra_env or {}
+        self.use_standby = standby
+        self.proc: subprocess.Popen | None = None
+        self.log_file: Path | None = None
+        self._standby: tuple[subprocess.Popen, Path, Path] | None = None
+        self._spawned = 0
+        self.starts = 0
+
+    def _spawn(self, go_file: Path | None) -> tuple[subprocess.Popen, Path]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TXSINK_CRASH_")}
+        env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+                   **self.extra_env)
+        self._spawned += 1
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_file = self.log_dir / f"driver-{self._spawned:03d}.log"
+        argv = self.spec.argv() + (["--go-file", str(go_file)] if go_file else [])
+        with open(log_file, "ab") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env,
+                                    start_new_session=True)
+        return proc, log_file
+
+    def prestart(self) -> None:
+        """Boot a standby now (it waits for :meth:`start`), so that start is quick."""
+        if self._standby is None or self._standby[0].poll() is not None:
+            go_file = self.log_dir / f"go-{self._spawned + 1:03d}"
+            proc, log_file = self._spawn(go_file)
+            self._standby = (proc, go_file, log_file)
+
+    def start(self) -> int:
+        """Start a driver (promoting the warm standby if there is one); returns its pid."""
+        self.spec.stop_file.unlink(missing_ok=True)
+        standby, self._standby = self._standby, None
+        if standby is not None and standby[0].poll() is None:
+            self.proc, go_file, self.log_file = standby
+            go_file.touch()
+        else:
+            self.proc, self.log_file = self._spawn(None)
+        self.starts += 1
+        if self.use_standby:
+            self.prestart()
+        return self.proc.pid
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def poll(self) -> int | None:
+        """The exit code if the driver has ended (negative: killed by that signal)."""
+        return self.proc.poll() if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> bool:
+        """SIGKILL the current driver's whole process group; True if it was running."""
+        if self.proc is None or not self.alive():
+            return False
+        _kill_group(self.proc)
+        return True
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """Ask the query to stop after its current epoch; kill it after ``timeout``.
+
+        The standby, if any, sees the same stop file and exits too.
+        """
+        self.spec.stop_file.touch()
+        code = self.poll()
+        if self.alive():
+            code = self.wait(timeout)
+        self.close()
+        return code if code is not None else self.poll()
+
+    def close(self) -> None:
+        """Kill whatever is left: the current driver's group and the standby."""
+        if self.proc is not None:
+            _kill_group(self.proc)
+        if self._standby is not None:
+            _kill_group(self._standby[0])
+            self._standby = None
+
+    def running(self) -> bool:
+        """True once the current driver has started its query (or its batch loop)."""
+        if not self.alive():
+            return False
+        try:
+            text = self.log_file.read_text(errors="replace")
+        except (AttributeError, FileNotFoundError):
+            return False
+        return RUNNING_LINE in text or RECOVERED_LINE in text
+
+    def last_error(self) -> str:
+        """The current driver's one-line failure, if it printed one."""
+        try:
+            lines = self.log_file.read_text(errors="replace").splitlines()
+        except (AttributeError, FileNotFoundError):
+            return ""
+        failures = [line for line in lines if line.startswith("pipeline failed:")]
+        return failures[-1] if failures else ""
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    kill_session(proc.pid)
+    proc.wait()
+
+
+# -- the driver program ------------------------------------------------------------------
+
+def _session(master: str):
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master(master).appName("txsink-chaos")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "1g")
+        .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    import txsink
+
+    txsink.register(spark)
+    return spark
+
+
+def _fail_while(flag: str):
+    """A mapInArrow function that fails every task while ``flag`` exists (a bad epoch)."""
+
+    def fn(batches):
+        for batch in batches:
+            if os.path.exists(flag):
+                raise RuntimeError(f"injected task failure: {flag} exists")
+            yield batch
+
+    return fn
+
+
+class WarmUpDataSource(DataSource):
+    """Writes nothing; a standby runs one job through it to start Python workers.
+
+    It imports the sink's modules where the real sink will need them (planner, tasks),
+    so a promoted standby pays neither process start-up nor imports, and it never
+    touches ClickHouse or ZooKeeper (a standby must not fence the sink).
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "txsink_chaos_warmup"
+
+    def writer(self, schema, overwrite: bool) -> DataSourceArrowWriter:
+        import txsink.datasource  # noqa: F401 - the import is the warm-up
+
+        return _NullWriter()
+
+
+class _NullWriter(DataSourceArrowWriter):
+    def write(self, iterator) -> WriterCommitMessage:
+        import txsink.datasource  # noqa: F401 - the import is the warm-up
+
+        for _ in iterator:
+            pass
+        return WriterCommitMessage()
+
+
+def _say(message: str) -> None:
+    """One timestamped progress line in the driver's log."""
+    print(f"{time.strftime('%H:%M:%S')}.{int(time.time() * 1000) % 1000:03d} {message}",
+          flush=True)
+
+
+def _stand_by(spark, go_file: Path, stop_file: Path) -> bool:
+    """Warm up (JVM, Python workers), then wait for ``go_file``; False if told to stop.
+
+    A standby driver has not read the checkpoint nor reached the sink yet, so promoting
+    it is the same as starting a fresh driver, minus the JVM's start-up time.
+    """
+    spark.dataSource.register(WarmUpDataSource)
+    spark.range(4, numPartitions=2).write.format(WarmUpDataSource.name()).mode("append").save()
+    _say("standing by")
+    while not go_file.exists():
+        if stop_file.exists():
+            return False
+        time.sleep(0.05)
+    _say("promoted")
+    return True
+
+
+def _die_with_crash_points(once_dir: Path) -> None:
+    """Kill this driver's whole session as soon as a crash point fires in any process.
+
+    A crash point in ``group`` mode kills its own process group. In a task that is the
+    group of PySpark's daemon and its workers, not the driver's (the daemon calls
+    ``os.setpgid(0, 0)``), so the driver and its JVM would live on and retry the task.
+    This thread makes "crashed at a point" mean what a fault test wants: the worker
+    dies at the point, the rest of the driver milliseconds later.
+    """
+    already = fired_markers(once_dir)
+
+    def watch() -> None:
+        nonlocal already
+        while True:
+            now = fired_markers(once_dir)
+            if now - already:
+                kill_session(os.getsid(0))
+            already = now
+            time.sleep(0.01)
+
+    threading.Thread(target=watch, name="crash-point-watch", daemon=True).start()
+
+
+def _sink_options(args: argparse.Namespace) -> dict[str, str]:
+    options = {"url": args.url, "zookeeper": args.zookeeper, "table": args.table}
+    if args.sink == "clickhouse_tx":
+        options["zk_root"] = args.zk_root
+    if args.sink_id:
+        options["sink_id"] = args.sink_id
+    for item in args.option:
+        key, _, value = item.partition("=")
+        options[key] = value
+    return options
+
+
+def _run_stream(spark, args: argparse.Namespace) -> None:
+    Path(args.source).mkdir(parents=True, exist_ok=True)
+    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(args.source)
+    if args.fail_flag:
+        df = df.mapInArrow(_fail_while(args.fail_flag), df.schema)
+    writer = (df.writeStream.format(args.sink).options(**_sink_options(args))
+              .option("checkpointLocation", args.checkpoint))
+    if args.trigger == "available-now":
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=args.interval)
+    query = writer.start()
+    _say(RUNNING_LINE)
+    stop_file = Path(args.checkpoint + ".stop")
+    while query.isActive:
+        if stop_file.exists():
+            query.stop()
+            break
+        query.awaitTermination(0.5)
+    if query.exception():
+        raise query.exception()
+
+
+def _visible(args: argparse.Namespace, ids: list[int]) -> int:
+    from txsink.chaos.checker import count_in_range
+
+    return count_in_range(args.url, args.table, min(ids), max(ids) + 1)
+
+
+def _recover_sink(args: argparse.Namespace) -> None:
+    """What an operator runs before re-running a failed job: ``txsink recover --sink``.
+
+    A job whose decision was written is rolled forward (its rows become visible); an
+    undecided one stays invisible and is rolled back by the next job's writer.
+    """
+    from txsink.operations import Operations
+
+    ops = Operations(zookeeper=args.zookeeper, zk_root=args.zk_root, url=args.url)
+    try:
+        ops.recover(args.sink_id)
+    finally:
+        ops.close()
+    _say(RECOVERED_LINE)
+
+
+def _run_batch(spark, args: argparse.Namespace) -> int:
+    if not args.sink_id:
+        raise SystemExit("--mode batch needs --sink-id (the restarted job must be the same sink)")
+    options = _sink_options(args)
+    _recover_sink(args)
+    stop_file = Path(args.checkpoint + ".stop")
+    commits = Path(args.checkpoint) / "commits"
+    commits.mkdir(parents=True, exist_ok=True)
+    done: set[Path] = set()
+    while not stop_file.exists():
+        pending = [p for p in input_files(Path(args.source)) if p not in done]
+        if not pending and args.trigger == "available-now":
+            return 0
+        for path in pending:
+            ids = [json.loads(line)["id"] for line in path.read_text().splitlines() if line]
+            visible = _visible(args, ids)
+            if 0 < visible != len(ids) or visible > len(ids):
+                print(f"pipeline failed: {path.name} is partly visible ({visible} of "
+                      f"{len(ids)} rows): the job was not atomic", flush=True)
+                return EXIT_NOT_ATOMIC
+            if visible == 0:
+                df = spark.read.schema(SCHEMA).json(str(path))
+                if args.fail_flag:
+                    df = df.mapInArrow(_fail_while(args.fail_flag), df.schema)
+                df.write.format(args.sink).options(**options).mode("append").save()
+                _say(f"{path.name} written")
+            done.add(path)
+            (commits / str(len(done) - 1)).touch()
+        time.sleep(0.2)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m txsink.chaos.pipeline",
+                                description="the streaming (or batch) job under test")
+    p.add_argument("--source", required=True, help="folder of events-*.json input files")
+    p.add_argument("--checkpoint", required=True, help="streaming checkpoint folder")
+    p.add_argument("--table", required=True, help="target db.table")
+    p.add_argument("--sink", choices=SINKS, default="clickhouse_tx")
+    p.add_argument("--url", required=True)
+    p.add_argument("--zookeeper", required=True)
+    p.add_argument("--zk-root", default="/txsink")
+    p.add_argument("--sink-id", default=None)
+    p.add_argument("--mode", choices=("stream", "batch"), default="stream")
+    p.add_argument("--trigger", choices=("available-now", "processing-time"),
+                   default="processing-time")
+    p.add_argument("--interval", default="1 second")
+    p.add_argument("--master", default="local[2,3]")
+    p.add_argument("--fail-flag", default=None, help="tasks fail while this file exists")
+    p.add_argument("--option", action="append", default=[], help="extra sink option k=v")
+    p.add_argument("--go-file", default=None,
+                   help="start Spark, then wait for this file before touching the sink")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = _session(args.master)
+    try:
+        stop_file = Path(args.checkpoint + ".stop")
+        if args.go_file and not _stand_by(spark, Path(args.go_file), stop_file):
+            return 0
+        once_dir = os.environ.get("TXSINK_CRASH_ONCE_DIR")
+        if once_dir and os.environ.get("TXSINK_CRASH_MODE", "group") == "group":
+            _die_with_crash_points(Path(once_dir))
+        if args.mode == "batch":
+            return _run_batch(spark, args)
+        _run_stream(spark, args)
+        return 0
+    except Exception as exc:  # noqa: BLE001 - the harness reads this one line
+        text = " ".join(str(exc).split())
+        print(f"pipeline failed: {type(exc).__name__}: {text[:1500]}", flush=True)
+        return EXIT_FAILED
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

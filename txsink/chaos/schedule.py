@@ -1,0 +1,605 @@
+"""Randomised fault schedules over a streaming run of many epochs, and the soak command.
+
+    python -m txsink.chaos.schedule --minutes 30 --seed 7      # the soak
+    python -m txsink.chaos.schedule --faults 8 --seed 7        # a short run
+
+A run starts a private ClickHouse + ZooKeeper pair (its own ports and data, so killing it
+disturbs nobody), puts a :class:`~txsink.chaos.proxy.TcpProxy` in front of each, and runs
+the streaming pipeline of :mod:`txsink.chaos.pipeline` as its own process while a feeder
+keeps adding one uniquely keyed input file per epoch. Faults are drawn from the seed:
+
+- ``driver_kill``      kill -9 of the driver's process group at a random moment
+- ``worker_kill``      kill -9 of one PySpark Python worker
+- ``crash_point``      arm a random named crash point (fires the next time it is reached)
+- ``clickhouse_kill``  kill -9 of ClickHouse, restarted after a random downtime
+- ``zookeeper_kill``   kill -9 of ZooKeeper, restarted after a random downtime
+- ``proxy_cut``        close every connection to ClickHouse or ZooKeeper
+- ``proxy_delay``      add latency to every chunk for a few seconds
+- ``proxy_blackhole``  accept connections, forward nothing, for a few seconds
+- ``task_failure``     every task fails for a few seconds (the micro-batch is aborted)
+
+A driver that dies (killed, crashed at a point, or failed) is restarted from its
+checkpoint at once, as an operator's supervisor would. At the end every fault is
+repaired, the pipeline drains every input file, and the independent checker counts each
+id in the target. The seed fixes the sequence of faults, their targets, sizes and the
+gaps between them; where in an epoch each one lands depends on the machine's speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from txsink.chaos import checker
+from txsink.chaos.faults import (
+    CrashArming,
+    kill_python_worker,
+    kill_server,
+    private_services,
+    restart_server,
+)
+from txsink.chaos.pipeline import (
+    DriverProcess,
+    PipelineSpec,
+    committed_batches,
+    create_events_table,
+    write_epoch_file,
+)
+from txsink.chaos.proxy import TcpProxy
+from txsink.crashpoints import CRASH_POINTS
+from txsink.services import Services
+
+FAULT_KINDS = (
+    "driver_kill", "worker_kill", "crash_point", "clickhouse_kill", "zookeeper_kill",
+    "proxy_cut", "proxy_delay", "proxy_blackhole", "task_failure",
+)
+FAULT_LABELS = {
+    "driver_kill": "driver kill -9",
+    "worker_kill": "python worker kill -9",
+    "crash_point": "crash point armed",
+    "clickhouse_kill": "clickhouse kill -9 + restart",
+    "zookeeper_kill": "zookeeper kill -9 + restart",
+    "proxy_cut": "proxy cut",
+    "proxy_delay": "proxy delay",
+    "proxy_blackhole": "proxy black-hole",
+    "task_failure": "task failure (epoch aborted)",
+}
+SERVER_FAULTS = ("clickhouse_kill", "zookeeper_kill")
+DEFAULT_OPTIONS = {"timeout": "10", "insert_block_rows": "2000"}
+#: Engines for the target; ``{table}`` is filled in (it names the replica path).
+MERGE_TREE = "MergeTree()"
+REPLICATED = "ReplicatedMergeTree('/clickhouse/tables/{table}', '{{replica}}')"
+ENGINES = {"merge_tree": MERGE_TREE, "replicated": REPLICATED}
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One planned fault; every random choice is made when the plan is drawn."""
+
+    kind: str
+    gap: float              # seconds after the previous fault
+    target: str = ""        # proxy: clickhouse|zookeeper; crash_point: its name
+    size: float = 0.0       # proxy_delay: seconds per chunk
+    duration: float = 0.0   # downtime / how long the fault lasts
+    pick: int = 0           # worker_kill: which worker
+
+    def describe(self) -> str:
+        parts = [FAULT_LABELS[self.kind]]
+        if self.target:
+            parts.append(self.target)
+        if self.size:
+            parts.append(f"{self.size * 1000:.0f} ms/chunk")
+        if self.duration:
+            parts.append(f"for {self.duration:.1f}s")
+        return " ".join(parts)
+
+
+def draw_fault(rng: random.Random, kind: str, gap: tuple[float, float]) -> Fault:
+    """Draw every random choice of one fault of ``kind``."""
+    wait = rng.uniform(*gap)
+    target, size, duration = "", 0.0, 0.0
+    if kind == "crash_point":
+        target = rng.choice(CRASH_POINTS)
+    elif kind.startswith("proxy_"):
+        target = rng.choice(("clickhouse", "zookeeper"))
+        if kind == "proxy_delay":
+            size, duration = rng.uniform(0.05, 0.5), rng.uniform(2.0, 6.0)
+        elif kind == "proxy_blackhole":
+            duration = rng.uniform(1.0, 5.0)
+    elif kind in SERVER_FAULTS:
+        duration = rng.uniform(0.5, 4.0)
+    elif kind == "task_failure":
+        duration = rng.uniform(1.0, 4.0)
+    return Fault(kind, wait, target, size, duration, rng.randrange(1 << 30))
+
+
+def plan_faults(seed: int, count: int, kinds: tuple[str, ...] = FAULT_KINDS,
+                gap: tuple[float, float] = (3.0, 12.0)) -> list[Fault]:
+    """The fault sequence of ``seed``: same seed, same faults in the same order."""
+    rng = random.Random(seed)
+    return [draw_fault(rng, rng.choice(kinds), gap) for _ in range(count)]
+
+
+def plan_every_kind(seed: int, kinds: tuple[str, ...] = FAULT_KINDS,
+                    gap: tuple[float, float] = (3.0, 12.0)) -> list[Fault]:
+    """Each kind once, in the seed's order: the shortest schedule that covers them all."""
+    rng = random.Random(seed)
+    order = list(kinds)
+    rng.shuffle(order)
+    return [draw_fault(rng, kind, gap) for kind in order]
+
+
+@dataclass
+class RunReport:
+    """What one chaos run did and what the checker found."""
+
+    sink: str
+    seed: int | None
+    elapsed: float
+    injected: Counter
+    crash_points_fired: list[str]
+    crash_points_unfired: list[str]
+    driver_starts: int
+    driver_exits: Counter
+    watchdog_kills: int
+    epochs_committed: int
+    epochs_written: int
+    drained: bool
+    result: checker.CheckResult | None
+    verifier: str
+    staging_left: int
+    last_error: str = ""
+    blocked: bool = False
+    engine: str = MERGE_TREE
+
+    @property
+    def exactly_once(self) -> bool:
+        return bool(self.drained and self.result and self.result.exactly_once)
+
+
+@dataclass
+class ChaosRun:
+    """One pipeline under faults: its services, proxies, driver process and feeder.
+
+    Call :meth:`setup`, then :meth:`tick` often (it restarts a dead driver, feeds input
+    and ends faults whose time is up) and :meth:`inject` when a fault is due; finally
+    :meth:`drain` and :meth:`finish`. Everything runs in the caller's thread.
+    """
+
+    workdir: Path
+    services: Services
+    sink: str = "clickhouse_tx"
+    table: str = "chaos.events"
+    rows_per_epoch: int = 2000
+    epochs: int | None = None           # stop feeding after this many input files
+    max_pending: int = 2                # input files written ahead of the pipeline
+    stall_timeout: float = 120.0        # a driver without progress this long is killed
+    options: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_OPTIONS))
+    log: Callable[[str], None] = print
+    seed: int | None = None
+    standby: bool = True                # keep a warm driver ready for each restart
+    engine: str = MERGE_TREE            # the target's engine: MERGE_TREE or REPLICATED
+    max_failures: int = 5               # failed restarts in a row without progress: blocked
+
+    def __post_init__(self) -> None:
+        self.injected: Counter = Counter()
+        self.driver_exits: Counter = Counter()
+        self.armed: set[str] = set()
+        self.fired: list[str] = []
+        self.watchdog_kills = 0
+        self.files = 0
+        self.committed = 0
+        self.feeding = True
+        self.started = time.monotonic()
+        self.last_progress = self.started
+        self.restart_at = 0.0
+        self._running_seen = False
+        self.failures_in_a_row = 0
+        self.last_error = ""
+        self._repairs: list[tuple[float, str, Callable[[], None]]] = []
+
+    # -- set-up --------------------------------------------------------------------------
+    @property
+    def sink_id(self) -> str:
+        return f"chaos-{self.sink}"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.workdir / "checkpoint"
+
+    def setup(self) -> None:
+        """Prepare (if not yet done) and start the driver."""
+        if not hasattr(self, "driver"):
+            self.prepare()
+        self._feed()
+        self.driver.start()
+        self.started = self.last_progress = time.monotonic()
+
+    def prepare(self) -> None:
+        """Proxies, target and a booting standby driver; nothing runs yet.
+
+        The servers must be up (``services.up()``): a run never starts them itself, so
+        it cannot race a restart that a fault has scheduled.
+        """
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.ch_proxy = TcpProxy("127.0.0.1", self.services.clickhouse.http_port).start()
+        self.zk_proxy = TcpProxy("127.0.0.1", self.services.zookeeper.port).start()
+        create_events_table(self.services.clickhouse.url, self.table,
+                            self.engine.format(table=self.table))
+        self.arming = CrashArming(self.workdir / "crash-markers")
+        self.arming.disarm_all()
+        spec = PipelineSpec(
+            source=self.workdir / "input", checkpoint=self.checkpoint, table=self.table,
+            url=f"http://{self.ch_proxy.address}", zookeeper=self.zk_proxy.address,
+            sink=self.sink, sink_id=self.sink_id, fail_flag=self.workdir / "fail.flag",
+            options=self.options,
+        )
+        env = self.arming.env() if self.sink == "clickhouse_tx" else None
+        self.driver = DriverProcess(spec, self.workdir / "logs", env, standby=self.standby)
+        if self.standby:
+            self.driver.prestart()
+
+    @property
+    def blocked(self) -> bool:
+        """The driver keeps failing without committing anything: an operator must look.
+
+        This is how an in-doubt publish shows: recovery refuses to guess and every
+        restart fails on it, by design, until ``txsink recover`` resolves it.
+        """
+        return self.failures_in_a_row >= self.max_failures
+
+    def expected_ids(self) -> range:
+        return range(0, self.files * self.rows_per_epoch)
+
+    def epoch_ids(self, epoch: int) -> range:
+        return range(epoch * self.rows_per_epoch, (epoch + 1) * self.rows_per_epoch)
+
+    # -- the loop ------------------------------------------------------------------------
+    def tick(self) -> None:
+        now = time.monotonic()
+        self._repair_due(now)
+        self._supervise(now)
+        self._feed()
+        self._note_fired()
+
+    def _repair_due(self, now: float) -> None:
+        due = [r for r in self._repairs if r[0] <= now]
+        self._repairs = [r for r in self._repairs if r[0] > now]
+        for _, what, repair in due:
+            try:
+                repair()
+            except Exception as exc:  # noqa: BLE001 - a repair that fails is retried
+                self.log(f"  repair failed ({what}): {exc}; retrying in 1 s")
+                self._repairs.append((now + 1.0, what, repair))
+                continue
+            self.log(f"  repaired: {what}")
+
+    def _supervise(self, now: float) -> None:
+        done = committed_batches(self.checkpoint)
+        if done > self.committed:
+            self.committed, self.last_progress = done, now
+            self.failures_in_a_row = 0
+        code = self.driver.poll()
+        if code is not None:
+            self._driver_ended(code, now)
+            return
+        if not self._running_seen and self.driver.running():
+            self._running_seen, self.last_progress = True, now  # boot time is not a stall
+        if (self._running_seen and self.files > self.committed
+                and now - self.last_progress > self.stall_timeout):
+            self.log(f"  watchdog: no epoch committed for {self.stall_timeout:.0f}s; "
+                     "killing the driver")
+            self.watchdog_kills += 1
+            self.driver.kill()
+            self._driver_ended(self.driver.poll() or -9, now)
+
+    def _driver_ended(self, code: int, now: float) -> None:
+        if self.restart_at == 0.0:
+            self.driver_exits["killed (SIGKILL)" if code < 0 else f"exit {code}"] += 1
+            if code > 0:
+                self.failures_in_a_row += 1
+                self.last_error = self.driver.last_error()
+                self.log(f"  driver exited {code}: {self.last_error[:200]}")
+            # A failed query is restarted after a pause; a killed one at once.
+            self.restart_at = now + (2.0 if code > 0 else 0.0)
+        if now >= self.restart_at:
+            self.restart_at = 0.0
+            self.driver.start()
+            self._running_seen = False
+
+    def _feed(self) -> None:
+        if not self.feeding or (self.epochs is not None and self.files >= self.epochs):
+            return
+        while self.files - self.committed < self.max_pending and (
+                self.epochs is None or self.files < self.epochs):
+            write_epoch_file(self.workdir / "input", self.files, self.epoch_ids(self.files))
+            self.files += 1
+
+    def _note_fired(self) -> None:
+        for name in sorted(self.armed):
+            if self.arming.fired(name):
+                self.armed.discard(name)
+                self.fired.append(name)
+                self.log(f"  crash point fired: {name}")
+
+    def warm_up(self, timeout: float = 300.0) -> None:
+        """Wait for the first committed epoch: faults before it would only hit a JVM start."""
+        deadline = time.monotonic() + timeout
+        while self.committed == 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the pipeline committed nothing in {timeout:.0f}s: "
+                                   f"{self.driver.last_error() or 'no error printed'}")
+            self.tick()
+            time.sleep(0.2)
+        self.log(f"[{time.monotonic() - self.started:7.1f}s] pipeline running; "
+                 "injecting faults")
+
+    # -- faults --------------------------------------------------------------------------
+    def server_down(self) -> bool:
+        return any(what.endswith("restart") for _, what, _ in self._repairs)
+
+    def inject(self, fault: Fault) -> bool:
+        """Apply ``fault`` now; False if it cannot apply yet (the caller retries)."""
+        now = time.monotonic()
+        kind = fault.kind
+        if kind == "driver_kill":
+            if not self.driver.running() or not self.driver.kill():
+                return False
+        elif kind == "worker_kill":
+            if not self.driver.running() or kill_python_worker(
+                    self.driver.pid, random.Random(fault.pick)) is None:
+                return False
+        elif kind == "crash_point":
+            if self.sink != "clickhouse_tx":
+                return False
+            self.arming.arm(fault.target)
+            self.armed.add(fault.target)
+        elif kind in SERVER_FAULTS:
+            if self.server_down():
+                return False
+            server = kind.split("_")[0]
+            kill_server(self.services, server)
+            self._repairs.append((now + fault.duration, f"{server} restart",
+                                  lambda: restart_server(self.services, server)))
+        elif kind.startswith("proxy_"):
+            proxy = self.ch_proxy if fault.target == "clickhouse" else self.zk_proxy
+            if kind == "proxy_cut":
+                proxy.cut()
+            elif kind == "proxy_delay":
+                proxy.delay(fault.size)
+                self._repairs.append((now + fault.duration, f"{fault.target} proxy delay off",
+                                      lambda: proxy.delay(0.0)))
+            else:
+                proxy.blackhole()
+                self._repairs.append((now + fault.duration, f"{fault.target} proxy restored",
+                                      proxy.restore))
+        elif kind == "task_failure":
+            flag = self.driver.spec.fail_flag
+            flag.touch()
+            self._repairs.append((now + fault.duration, "tasks succeed again",
+                                  lambda: flag.unlink(missing_ok=True)))
+        else:
+            raise ValueError(f"unknown fault kind {kind!r}")
+        self.injected[kind] += 1
+        return True
+
+    # -- the end -------------------------------------------------------------------------
+    def drain(self, timeout: float = 300.0) -> bool:
+        """Repair everything, stop feeding, wait until every input file is committed."""
+        self.feeding = False
+        # ZooKeeper before ClickHouse: ClickHouse needs it to start.
+        for _, what, repair in sorted(self._repairs, key=lambda r: "zookeeper" not in r[1]):
+            for attempt in range(10):
+                try:
+                    repair()
+                    break
+                except Exception as exc:  # noqa: BLE001 - retried, then reported
+                    self.log(f"  repair failed ({what}, attempt {attempt + 1}): {exc}")
+                    time.sleep(1.0)
+        self._repairs.clear()
+        self._note_fired()
+        self.arming.disarm_all()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self.blocked:
+            self.tick()
+            if self.committed >= self.files and self.driver.alive():
+                self.driver.stop()
+                return True
+            time.sleep(0.2)
+        why = "blocked" if self.blocked else "timed out"
+        self.log(f"  drain {why}: {self.committed} of {self.files} epochs committed")
+        self.driver.stop(timeout=5)
+        return False
+
+    def close(self) -> None:
+        """Kill the drivers and stop the proxies; safe at any stage, and to repeat."""
+        if hasattr(self, "driver"):
+            self.driver.close()
+        for proxy in ("ch_proxy", "zk_proxy"):
+            if hasattr(self, proxy):
+                getattr(self, proxy).stop()
+
+    def finish(self, drained: bool) -> RunReport:
+        """Close the proxies, count every id, ask the audit verifier."""
+        self.ch_proxy.stop()
+        self.zk_proxy.stop()
+        url = self.services.clickhouse.url
+        result = None
+        try:
+            result = checker.check(url, self.table, self.expected_ids())
+        except checker.CheckerError as exc:
+            self.log(f"  checker: {exc}")
+        verifier = "not applicable (no transaction log)"
+        if self.sink == "clickhouse_tx":
+            verifier = self._verify()
+        return RunReport(
+            sink=self.sink, seed=self.seed, elapsed=time.monotonic() - self.started,
+            injected=self.injected, crash_points_fired=self.fired,
+            crash_points_unfired=sorted(self.armed), driver_starts=self.driver.starts,
+            driver_exits=self.driver_exits, watchdog_kills=self.watchdog_kills,
+            epochs_committed=committed_batches(self.checkpoint), epochs_written=self.files,
+            drained=drained, result=result, verifier=verifier,
+            staging_left=staging_tables(url), last_error=self.last_error,
+            blocked=self.blocked, engine=self.engine.split("(")[0],
+        )
+
+    def _verify(self) -> str:
+        try:
+            answer = checker.run_verifier(self.services.zookeeper.hosts, sink=self.sink_id)
+        except (checker.CheckerError, OSError) as exc:
+            return f"unavailable ({exc})"
+        anomalies = checker.verifier_anomalies(answer)
+        if not anomalies:
+            return "no anomalies"
+        return f"{len(anomalies)} anomalies: " + "; ".join(anomalies[:3])
+
+
+def staging_tables(url: str) -> int:
+    """Staging tables left on the server (plain HTTP; -1 if it cannot be read)."""
+    sql = "SELECT count() FROM system.tables WHERE database = 'txsink_staging'"
+    try:
+        resp = requests.post(url, data=sql.encode(), timeout=10)
+        return int(resp.content.decode("utf-8").strip()) if resp.status_code == 200 else -1
+    except (requests.RequestException, ValueError):
+        return -1
+
+
+def run_schedule(run: ChaosRun, plan: list[Fault], minutes: float | None = None,
+                 drain_timeout: float = 300.0) -> RunReport:
+    """Inject ``plan`` into ``run`` (until ``minutes`` pass, if given), drain, check."""
+    run.services.up()
+    run.setup()
+    try:
+        run.warm_up()
+        deadline = time.monotonic() + minutes * 60 if minutes else None
+        for index, fault in enumerate(plan, 1):
+            due = time.monotonic() + fault.gap
+            while time.monotonic() < due:
+                run.tick()
+                time.sleep(0.1)
+            if (deadline and time.monotonic() >= deadline) or run.blocked:
+                break
+            if not _inject_when_possible(run, fault, deadline):
+                run.log(f"  fault {index} ({fault.describe()}) could not apply; skipped")
+                continue
+            run.log(f"[{time.monotonic() - run.started:7.1f}s] fault {index}: "
+                    f"{fault.describe()} (epochs committed {run.committed})")
+        drained = run.drain(drain_timeout)
+    except BaseException:
+        run.close()
+        raise
+    return run.finish(drained)
+
+
+def _inject_when_possible(run: ChaosRun, fault: Fault, deadline: float | None,
+                          patience: float = 180.0) -> bool:
+    """Retry ``fault`` until it applies (a driver kill needs a running driver)."""
+    give_up = time.monotonic() + patience
+    while not run.inject(fault):
+        now = time.monotonic()
+        if now > give_up or (deadline and now > deadline) or run.blocked:
+            return False
+        run.tick()
+        time.sleep(0.2)
+    return True
+
+
+def render(report: RunReport, command: str = "") -> str:
+    """The soak's table: faults by kind, epochs, rows, duplicates, losses."""
+    r = report.result
+    lines = []
+    if command:
+        lines.append(f"command: {command}")
+    lines.append(f"sink: {report.sink}   target: {report.engine}   seed: {report.seed}   "
+                 f"elapsed: {report.elapsed / 60:.1f} min")
+    lines.append(f"{'fault':<34}{'injected':>9}")
+    for kind in FAULT_KINDS:
+        if report.injected[kind]:
+            lines.append(f"  {FAULT_LABELS[kind]:<32}{report.injected[kind]:>9}")
+    lines.append(f"  {'total':<32}{sum(report.injected.values()):>9}")
+    if report.injected["crash_point"]:
+        lines.append(f"crash points fired: {len(report.crash_points_fired)} "
+                     f"(armed, never reached: {len(report.crash_points_unfired)})")
+    exits = ", ".join(f"{k}: {v}" for k, v in sorted(report.driver_exits.items())) or "none"
+    lines.append(f"driver starts: {report.driver_starts}   exits: {exits}   "
+                 f"watchdog kills: {report.watchdog_kills}")
+    lines.append(f"epochs committed: {report.epochs_committed} of {report.epochs_written}"
+                 + ("" if report.drained else "   (NOT DRAINED)")
+                 + ("   BLOCKED: the driver fails on every restart" if report.blocked else ""))
+    if r is None:
+        lines.append("checker: target unreadable")
+    else:
+        lines += [
+            f"rows expected: {r.expected}   rows found: {r.found_rows}",
+            f"duplicates: {r.duplicates}   losses: {r.losses}   unexpected: {r.unexpected}",
+        ]
+    lines.append(f"audit verifier: {report.verifier}")
+    lines.append(f"staging tables left: {report.staging_left}")
+    if report.last_error:
+        lines.append(f"last driver error: {report.last_error[:300]}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m txsink.chaos.schedule",
+                                description="seeded random faults over a streaming run")
+    p.add_argument("--seed", type=int, default=None, help="default: random, printed")
+    p.add_argument("--minutes", type=float, default=None, help="inject faults this long")
+    p.add_argument("--faults", type=int, default=None, help="or inject this many faults")
+    p.add_argument("--sink", choices=("clickhouse_tx", "clickhouse_plain"),
+                   default="clickhouse_tx")
+    p.add_argument("--rows-per-epoch", type=int, default=2000)
+    p.add_argument("--engine", choices=sorted(ENGINES), default="merge_tree",
+                   help="target engine: merge_tree (attach_marked) or replicated")
+    p.add_argument("--kinds", default=",".join(FAULT_KINDS), help="comma-separated")
+    p.add_argument("--gap", default="3,12", help="min,max seconds between faults")
+    p.add_argument("--port-base", type=int, default=28300,
+                   help="private servers on port-base+1 .. +4")
+    p.add_argument("--workdir", type=Path, default=None)
+    p.add_argument("--keep", action="store_true", help="keep the work folder and servers")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    seed = args.seed if args.seed is not None else random.randrange(1 << 31)
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    unknown = set(kinds) - set(FAULT_KINDS)
+    if unknown:
+        raise SystemExit(f"unknown fault kinds: {', '.join(sorted(unknown))}")
+    gap = tuple(float(x) for x in args.gap.split(","))
+    if args.minutes is None and args.faults is None:
+        args.faults = 10
+    count = args.faults if args.faults is not None else int(args.minutes * 60 / gap[0]) + 1
+    plan = plan_faults(seed, count, kinds, (gap[0], gap[1]))
+    command = f"python -m txsink.chaos.schedule --seed {seed} --engine {args.engine} " + (
+        f"--minutes {args.minutes:g}" if args.minutes else f"--faults {args.faults}")
+    print(f"seed {seed}: {command}", flush=True)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="txsink-chaos-"))
+    services = private_services(workdir / "services", args.port_base)
+    run = ChaosRun(workdir / args.sink, services, sink=args.sink, engine=ENGINES[args.engine],
+                   rows_per_epoch=args.rows_per_epoch, seed=seed,
+                   log=lambda line: print(line, flush=True))
+    try:
+        report = run_schedule(run, plan, minutes=args.minutes)
+    finally:
+        if not args.keep:
+            services.down()
+    print(render(report, command), flush=True)
+    if not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0 if report.exactly_once else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
