@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 from kazoo.client import KazooClient
+from kazoo.retry import KazooRetry
 
 from server_ext.client import ClickHouseClient
 from server_ext.staging import STAGING_DATABASE, staging_table_name
@@ -69,15 +70,27 @@ def staging_name(clickhouse_url: str) -> Iterator[str]:
     run_sql(clickhouse_url, f"DROP TABLE IF EXISTS `{STAGING_DATABASE}`.`{name}`")
 
 
+def kazoo_client(hosts: str) -> KazooClient:
+    """A kazoo client that reconnects within a second and retries commands meanwhile.
+
+    Some tests restart ZooKeeper; kazoo's default reconnect back-off grows to minutes.
+    """
+    return KazooClient(
+        hosts=hosts,
+        connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=0.5),
+        command_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=0.5, deadline=60),
+    )
+
+
 @pytest.fixture
 def zk_chroot(zk_hosts: str) -> Iterator[str]:
     """A fresh ZooKeeper path to use as chroot; the tree is deleted after the test."""
     path = f"/tests/{uuid.uuid4().hex[:10]}"
-    admin = KazooClient(hosts=zk_hosts)
+    admin = kazoo_client(zk_hosts)
     admin.start(timeout=15)
     admin.ensure_path(path)
     yield path
-    admin.delete(path, recursive=True)
+    admin.retry(admin.delete, path, recursive=True)
     admin.stop()
     admin.close()
 
@@ -85,7 +98,7 @@ def zk_chroot(zk_hosts: str) -> Iterator[str]:
 @pytest.fixture
 def zk(zk_hosts: str, zk_chroot: str) -> Iterator[KazooClient]:
     """A started kazoo client rooted at the test's own chroot."""
-    client = KazooClient(hosts=zk_hosts + zk_chroot)
+    client = kazoo_client(zk_hosts + zk_chroot)
     client.start(timeout=15)
     yield client
     client.stop()
