@@ -13,8 +13,8 @@ medians of interleaved rounds; see ``benchmarks/sinkbench/`` for each experiment
 
 Usage::
 
-    python benchmarks/bench_sink.py            # full run (~10 minutes on 2 idle cores)
-    python benchmarks/bench_sink.py --quick    # smoke run (~2 minutes)
+    python benchmarks/bench_sink.py            # full run (~14 minutes at load 8 on 2 cores)
+    python benchmarks/bench_sink.py --quick    # smoke run (~1.5 minutes on a quiet machine)
     python benchmarks/bench_sink.py --only baselines,breakdown --huge
 
 Prints every table and the goals; writes ``sink.json`` into ``--out``
@@ -71,11 +71,11 @@ class Plan:
 
 
 QUICK = Plan(
-    rows=200_000, rounds=2, sweep_rounds=1, writer_partitions=(1, 2),
-    epoch_sizes=(10_000, 200_000), overhead_partitions=(1, 10),
-    scaling_sizes=(200_000, 1_000_000), triggers=(2,), stream_sinks=("tx", "plain"),
-    stream_rate=5_000, stream_seconds=4, breakdown_branches=(1, 4),
-    breakdown_partitions=(1,), breakdown_epochs=2, skip=frozenset({"block_rows"}),
+    rows=100_000, rounds=1, sweep_rounds=1, overhead_partitions=(1, 2),
+    scaling_sizes=(100_000, 200_000), triggers=(2,), stream_sinks=("tx",),
+    stream_rate=5_000, stream_seconds=3, breakdown_branches=(1, 2),
+    breakdown_partitions=(1,), breakdown_epochs=2, breakdown_rows=20_000,
+    skip=frozenset({"writers", "epoch_size", "block_rows"}),
 )
 
 
@@ -86,6 +86,7 @@ def log(message: str) -> None:
 def run(plan: Plan, only: set[str], url: str, zookeeper: str, arrow_batch_rows: int) -> dict:
     started, load_start = time.time(), load()
     spark = environment.start_spark(cores=2, arrow_batch_rows=arrow_batch_rows)
+    settings = environment.spark_settings(spark)
     import txsink
 
     txsink.register(spark)
@@ -93,13 +94,16 @@ def run(plan: Plan, only: set[str], url: str, zookeeper: str, arrow_batch_rows: 
     scratch = Scratch.create(url, zookeeper)
     bench = Bench(spark, scratch, jvm_pid(spark), log)
     results: dict = {}
+    timings: dict[str, float] = {}
     wanted = [e for e in EXPERIMENTS if e in only and e not in plan.skip]
     try:
         if set(wanted) - {"streaming", "breakdown"}:
             bench.warm_up(batch.ALL_VARIANTS)
         for name in wanted:
             log(f"== {name} (load {load():.1f})")
+            began = time.time()
             results.update(_experiment(name, plan, bench, spark, scratch))
+            timings[name] = round(time.time() - began, 1)
     finally:
         scratch.remove()
         spark.stop()
@@ -110,12 +114,11 @@ def run(plan: Plan, only: set[str], url: str, zookeeper: str, arrow_batch_rows: 
         "duration_s": round(time.time() - started, 1),
         "machine": environment.machine(),
         "clickhouse": environment.sql(url, "SELECT version()").strip(),
-        "spark": {"master": "local[2]", "driver_memory": "2g",
-                  "arrow_max_records_per_batch": arrow_batch_rows,
-                  "arrow_pyspark_enabled": True},
+        "spark": settings,
         "load": {"start": load_start, "end": load()},
         "plan": {k: (sorted(v) if isinstance(v, frozenset) else v)
                  for k, v in plan.__dict__.items()},
+        "experiment_seconds": timings,
         "experiments": results,
     }
 
@@ -148,7 +151,8 @@ def _experiment(name: str, plan: Plan, bench: Bench, spark, scratch: Scratch) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run, about 2 minutes")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: every code path, figures too small to read")
     parser.add_argument("--huge", action="store_true", help="add 50M rows to the scaling run")
     parser.add_argument("--only", default=",".join(EXPERIMENTS),
                         help=f"comma-separated subset of: {', '.join(EXPERIMENTS)}")
@@ -174,7 +178,9 @@ def main() -> None:
     out = args.out or (RESULTS / "quick" if args.quick else RESULTS)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sink.json").write_text(json.dumps(results, indent=1) + "\n")
-    print(f"\nwritten {out / 'sink.json'} in {results['duration_s']:.0f} s "
+    print("\nseconds per experiment: " + ", ".join(
+        f"{k} {v:.0f}" for k, v in results["experiment_seconds"].items()))
+    print(f"written {out / 'sink.json'} in {results['duration_s']:.0f} s "
           f"(load {results['load']['start']:.1f} -> {results['load']['end']:.1f})")
 
 

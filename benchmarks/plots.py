@@ -57,14 +57,14 @@ def baselines(sink: dict, out: Path) -> Path | None:
     bars = ax.barh([LABELS[n] for n in names], values, color=[COLORS[n] for n in names])
     for bar, row in zip(bars, rows, strict=True):
         ratio = row["paired_ratio"].get("plain")
-        note = f"{bar.get_width():.2f}" + (f"  ({ratio:.2f}× plain, paired)" if ratio else "")
+        note = f"{bar.get_width():.2f}" + (f"  ({ratio:.2f}×)" if ratio else "")
         ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + note,
                 va="center", fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlim(0, max(values) * 1.45)
+    ax.set_xlim(0, max(values) * 1.4)
     ax.set_xlabel("million rows/s (median)")
-    ax.set_title(f"{rows[0]['rows']:,} rows, {rows[0]['partitions']} partitions, local[2]",
-                 fontsize=10)
+    ax.set_title(f"{rows[0]['rows']:,} rows, {rows[0]['partitions']} partitions, local[2]\n"
+                 "(n×) = paired ratio to clickhouse_plain", fontsize=9)
     return _save(fig, out / "baselines.png")
 
 
@@ -153,6 +153,10 @@ def breakdown(sink: dict, out: Path) -> Path | None:
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.bar(labels, [r["steps_ms"]["insert"] for r in rows], bottom=bottom, color="white",
            edgecolor="#555555", hatch="//", label="insert (data)")
+    two_cores = [r.get("overhead_2cores_ms") for r in rows]
+    if all(v is not None for v in two_cores):
+        ax.scatter(labels, two_cores, marker="_", s=400, color="black", zorder=3,
+                   label="overhead on 2 cores")
     ax.axhline(100, color="black", linestyle="--", linewidth=0.8)
     ax.text(len(rows) - 0.5, 102, "100 ms goal", ha="right", va="bottom", fontsize=8)
     ax.set_ylabel("ms per epoch (median)")

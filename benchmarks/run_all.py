@@ -13,8 +13,8 @@ Every JSON and PNG goes into ``--out`` (``benchmarks/results`` by default; ``--q
 writes to ``benchmarks/results/quick`` so a smoke run never overwrites a recorded one),
 with ``suite.json`` saying how long each step took and the load average around it.
 
-    python benchmarks/run_all.py           # ~15 minutes on 2 idle cores
-    python benchmarks/run_all.py --quick   # smoke run, ~3 minutes
+    python benchmarks/run_all.py           # ~15 minutes (17 at load 8) on 2 cores
+    python benchmarks/run_all.py --quick   # smoke run, ~2 minutes on a quiet machine
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def step(name: str, command: list[str], log: list[dict]) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run, about 3 minutes")
+    parser.add_argument("--quick", action="store_true", help="smoke run, about 2 minutes")
     parser.add_argument("--huge", action="store_true", help="add 50M rows to the scaling run")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()

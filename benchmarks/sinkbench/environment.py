@@ -119,6 +119,8 @@ def start_spark(cores: int = 2, arrow_batch_rows: int = ARROW_BATCH_ROWS):
 
 
 def spark_settings(spark) -> dict[str, str]:
+    """The session settings a reader needs to compare figures (recorded with them)."""
     keys = ("spark.master", "spark.driver.memory", "spark.sql.execution.arrow.maxRecordsPerBatch",
             "spark.sql.execution.arrow.pyspark.enabled")
-    return {k: spark.conf.get(k, None) or spark.sparkContext.getConf().get(k, "") for k in keys}
+    conf = spark.sparkContext.getConf()
+    return {key: conf.get(key, None) or spark.conf.get(key, "") for key in keys}

@@ -86,12 +86,3 @@ VARIANTS: dict[str, Write] = {
 
 #: Variants whose rows land in ClickHouse (the target is recreated and counted).
 WRITES_TABLE = frozenset({"plain", "client_driver", "client_executor", "tx"})
-
-LABELS = {
-    "noop": 'Spark format("noop")',
-    "arrow_noop": "no-op Python Arrow writer",
-    "plain": "clickhouse_plain (at-least-once)",
-    "client_driver": "foreachBatch + clickhouse-driver (driver)",
-    "client_executor": "foreachBatch + clickhouse-driver (tasks)",
-    "tx": "clickhouse_tx (exactly-once)",
-}
