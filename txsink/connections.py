@@ -15,6 +15,7 @@ from kazoo.retry import KazooRetry
 
 from coordinator import Coordinator
 from server_ext.client import ClickHouseClient
+from txsink import crashpoints
 from txsink.options import SinkOptions
 
 _lock = threading.Lock()
@@ -62,9 +63,10 @@ def clickhouse(options: SinkOptions) -> ClickHouseClient:
         return client
 
 
-def coordinator(options: SinkOptions, sink_id: str, on_step=None) -> Coordinator:
+def coordinator(options: SinkOptions, sink_id: str) -> Coordinator:
+    """The sink's coordinator; its commit and abort steps pass the named crash points."""
     return Coordinator(zookeeper(options.zookeeper), sink_id, root=options.zk_root,
-                       on_step=on_step)
+                       on_step=crashpoints.hit)
 
 
 @atexit.register

@@ -3,9 +3,12 @@
 - :mod:`txsink.chaos.proxy` — a TCP proxy that delays, cuts or black-holes connections.
 - :mod:`txsink.chaos.faults` — process faults: kill -9 the Spark driver, a Python worker,
   the ClickHouse server or ZooKeeper; restart them; a private server pair to kill freely.
-- :mod:`txsink.chaos.pipeline` — the streaming job under test, run as its own process,
-  and the uniquely keyed input files it reads.
+- :mod:`txsink.chaos.pipeline` — the streaming (or batch) job under test, and the
+  uniquely keyed input files it reads.
+- :mod:`txsink.chaos.launcher` — runs that job as its own driver process (own session),
+  with a warm standby for fast restarts.
 - :mod:`txsink.chaos.checker` — counts every id in the target over plain HTTP.
+- :mod:`txsink.chaos.crashrun` — every named crash point once, against one driver.
 - :mod:`txsink.chaos.schedule` — seeded random fault schedules and the soak command.
 
 Nothing here is imported by the sink itself.

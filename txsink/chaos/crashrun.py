@@ -30,9 +30,8 @@ from pathlib import Path
 
 from txsink.chaos import checker
 from txsink.chaos.faults import CrashArming
+from txsink.chaos.launcher import DriverProcess, PipelineSpec
 from txsink.chaos.pipeline import (
-    DriverProcess,
-    PipelineSpec,
     committed_batches,
     create_events_table,
     write_epoch_file,
@@ -72,7 +71,7 @@ class CrashPointRun:
     rows_per_epoch: int = 300
     timeout: float = 120.0
     log: Callable[[str], None] = lambda line: None
-    standby: bool = True
+    standby: int = 1  # drivers kept warm: a restart promotes one instead of booting
 
     def __post_init__(self) -> None:
         self.files = 0

@@ -15,9 +15,10 @@ recovers the sink as an operator would (``txsink recover``), then skips every fi
 ids are all visible, re-runs every file with none visible, and fails loudly on a file
 that is partly visible (a job that was not atomic).
 
-:class:`DriverProcess` starts the job with ``start_new_session=True``: the driver, its
-JVM and its Python workers form one process group, which a crash point in ``group`` mode
-or :func:`txsink.chaos.faults.kill_driver` kills at once, like a lost machine.
+:class:`txsink.chaos.launcher.DriverProcess` starts this program in a session of its own,
+so that its driver, JVM and Python workers can be killed at once, like a lost machine.
+The input files and the target table are made here too, so that every harness feeds
+the job the same way.
 """
 
 from __future__ import annotations
@@ -25,12 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
@@ -49,6 +48,7 @@ EXIT_FAILED = 1          # the query or a job raised
 EXIT_NOT_ATOMIC = 3      # batch mode found an input file partly visible
 RUNNING_LINE = "query started"    # progress lines the driver prints (see _say)
 RECOVERED_LINE = "sink recovered"
+STANDBY_LINE = "standing by"
 
 
 def _quoted(table: str) -> str:
@@ -93,173 +93,6 @@ def committed_batches(checkpoint: Path) -> int:
         return 0
     return sum(1 for p in commits.iterdir() if p.name.isdigit())
 
-
-@dataclass
-class PipelineSpec:
-    """Everything the driver process is started with."""
-
-    source: Path
-    checkpoint: Path
-    table: str
-    url: str
-    zookeeper: str
-    sink: str = "clickhouse_tx"
-    mode: str = "stream"
-    trigger: str = "processing-time"
-    interval: str = "1 second"
-    sink_id: str | None = None
-    zk_root: str = "/txsink"
-    master: str = "local[2,3]"
-    fail_flag: Path | None = None
-    options: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def stop_file(self) -> Path:
-        return self.checkpoint.with_name(self.checkpoint.name + ".stop")
-
-    def argv(self) -> list[str]:
-        argv = [sys.executable, "-m", "txsink.chaos.pipeline", "--source", str(self.source),
-                "--checkpoint", str(self.checkpoint), "--table", self.table,
-                "--url", self.url, "--zookeeper", self.zookeeper, "--sink", self.sink,
-                "--mode", self.mode, "--trigger", self.trigger, "--interval", self.interval,
-                "--zk-root", self.zk_root, "--master", self.master]
-        if self.sink_id:
-            argv += ["--sink-id", self.sink_id]
-        if self.fail_flag:
-            argv += ["--fail-flag", str(self.fail_flag)]
-        for key, value in self.options.items():
-            argv += ["--option", f"{key}={value}"]
-        return argv
-
-
-class DriverProcess:
-    """The pipeline as a child process in its own session (its own process group).
-
-    With ``standby=True`` a second driver is kept warm: started, JVM and Python workers
-    up, but waiting before it reads the checkpoint or reaches the sink. :meth:`start`
-    promotes it, which saves most of the ~10 s a Spark driver needs to start. The
-    standby lives in its own session, so killing the current driver spares it.
-    """
-
-    def __init__(self, spec: PipelineSpec, log_dir: Path,
-                 extra_env: dict[str, str] | None = None, standby: bool = False) -> None:
-        self.spec = spec
-        self.log_dir = log_dir
-        self.extra_env = extra_env or {}
-        self.use_standby = standby
-        self.proc: subprocess.Popen | None = None
-        self.log_file: Path | None = None
-        self._standby: tuple[subprocess.Popen, Path, Path] | None = None
-        self._spawned = 0
-        self.starts = 0
-
-    def _spawn(self, go_file: Path | None) -> tuple[subprocess.Popen, Path]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TXSINK_CRASH_")}
-        env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-                   **self.extra_env)
-        self._spawned += 1
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        log_file = self.log_dir / f"driver-{self._spawned:03d}.log"
-        argv = self.spec.argv() + (["--go-file", str(go_file)] if go_file else [])
-        with open(log_file, "ab") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True)
-        return proc, log_file
-
-    def prestart(self) -> None:
-        """Boot a standby now (it waits for :meth:`start`), so that start is quick."""
-        if self._standby is None or self._standby[0].poll() is not None:
-            go_file = self.log_dir / f"go-{self._spawned + 1:03d}"
-            proc, log_file = self._spawn(go_file)
-            self._standby = (proc, go_file, log_file)
-
-    def start(self) -> int:
-        """Start a driver (promoting the warm standby if there is one); returns its pid."""
-        self.spec.stop_file.unlink(missing_ok=True)
-        standby, self._standby = self._standby, None
-        if standby is not None and standby[0].poll() is None:
-            self.proc, go_file, self.log_file = standby
-            go_file.touch()
-        else:
-            self.proc, self.log_file = self._spawn(None)
-        self.starts += 1
-        if self.use_standby:
-            self.prestart()
-        return self.proc.pid
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
-
-    def poll(self) -> int | None:
-        """The exit code if the driver has ended (negative: killed by that signal)."""
-        return self.proc.poll() if self.proc else None
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        if self.proc is None:
-            return None
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def kill(self) -> bool:
-        """SIGKILL the current driver's whole process group; True if it was running."""
-        if self.proc is None or not self.alive():
-            return False
-        _kill_group(self.proc)
-        return True
-
-    def stop(self, timeout: float = 60.0) -> int | None:
-        """Ask the query to stop after its current epoch; kill it after ``timeout``.
-
-        The standby, if any, sees the same stop file and exits too.
-        """
-        self.spec.stop_file.touch()
-        code = self.poll()
-        if self.alive():
-            code = self.wait(timeout)
-        self.close()
-        return code if code is not None else self.poll()
-
-    def close(self) -> None:
-        """Kill whatever is left: the current driver's group and the standby."""
-        if self.proc is not None:
-            _kill_group(self.proc)
-        if self._standby is not None:
-            _kill_group(self._standby[0])
-            self._standby = None
-
-    def running(self) -> bool:
-        """True once the current driver has started its query (or its batch loop)."""
-        if not self.alive():
-            return False
-        try:
-            text = self.log_file.read_text(errors="replace")
-        except (AttributeError, FileNotFoundError):
-            return False
-        return RUNNING_LINE in text or RECOVERED_LINE in text
-
-    def last_error(self) -> str:
-        """The current driver's one-line failure, if it printed one."""
-        try:
-            lines = self.log_file.read_text(errors="replace").splitlines()
-        except (AttributeError, FileNotFoundError):
-            return ""
-        failures = [line for line in lines if line.startswith("pipeline failed:")]
-        return failures[-1] if failures else ""
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    kill_session(proc.pid)
-    proc.wait()
-
-
-# -- the driver program ------------------------------------------------------------------
 
 def _session(master: str):
     from pyspark.sql import SparkSession
@@ -334,7 +167,7 @@ def _stand_by(spark, go_file: Path, stop_file: Path) -> bool:
     """
     spark.dataSource.register(WarmUpDataSource)
     spark.range(4, numPartitions=2).write.format(WarmUpDataSource.name()).mode("append").save()
-    _say("standing by")
+    _say(STANDBY_LINE)
     while not go_file.exists():
         if stop_file.exists():
             return False

@@ -48,9 +48,8 @@ from txsink.chaos.faults import (
     private_services,
     restart_server,
 )
+from txsink.chaos.launcher import DriverProcess, PipelineSpec
 from txsink.chaos.pipeline import (
-    DriverProcess,
-    PipelineSpec,
     committed_batches,
     create_events_table,
     write_epoch_file,
@@ -187,7 +186,7 @@ class ChaosRun:
     options: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_OPTIONS))
     log: Callable[[str], None] = print
     seed: int | None = None
-    standby: bool = True                # keep a warm driver ready for each restart
+    standby: int = 1                    # drivers kept warm for restarts (see DriverProcess)
     engine: str = MERGE_TREE            # the target's engine: MERGE_TREE or REPLICATED
     max_failures: int = 5               # failed restarts in a row without progress: blocked
 
@@ -246,8 +245,7 @@ class ChaosRun:
         )
         env = self.arming.env() if self.sink == "clickhouse_tx" else None
         self.driver = DriverProcess(spec, self.workdir / "logs", env, standby=self.standby)
-        if self.standby:
-            self.driver.prestart()
+        self.driver.prestart()
 
     @property
     def blocked(self) -> bool:
@@ -373,6 +371,8 @@ class ChaosRun:
                                   lambda: restart_server(self.services, server)))
         elif kind.startswith("proxy_"):
             proxy = self.ch_proxy if fault.target == "clickhouse" else self.zk_proxy
+            if any(what.startswith(f"{fault.target} proxy") for _, what, _ in self._repairs):
+                return False  # one lasting fault per proxy: its repair would end ours
             if kind == "proxy_cut":
                 proxy.cut()
             elif kind == "proxy_delay":
@@ -559,14 +559,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sink", choices=("clickhouse_tx", "clickhouse_plain"),
                    default="clickhouse_tx")
     p.add_argument("--rows-per-epoch", type=int, default=2000)
-    p.add_argument("--engine", choices=sorted(ENGINES), default="merge_tree",
-                   help="target engine: merge_tree (attach_marked) or replicated")
+    p.add_argument("--engine", choices=sorted(ENGINES), default="replicated",
+                   help="target engine: replicated (publish strategy attach_replicated) "
+                        "or merge_tree (attach_marked)")
     p.add_argument("--kinds", default=",".join(FAULT_KINDS), help="comma-separated")
     p.add_argument("--gap", default="3,12", help="min,max seconds between faults")
     p.add_argument("--port-base", type=int, default=28300,
                    help="private servers on port-base+1 .. +4")
     p.add_argument("--workdir", type=Path, default=None)
-    p.add_argument("--keep", action="store_true", help="keep the work folder and servers")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the work folder (driver logs, checkpoint, server data)")
     return p
 
 
@@ -593,8 +595,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = run_schedule(run, plan, minutes=args.minutes)
     finally:
-        if not args.keep:
-            services.down()
+        services.down()
     print(render(report, command), flush=True)
     if not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)
