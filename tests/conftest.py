@@ -18,7 +18,7 @@ from kazoo.retry import KazooRetry
 
 from server_ext.client import ClickHouseClient
 from server_ext.staging import STAGING_DATABASE, staging_table_name
-from txsink.services import Services
+from txsink.services import Cluster, Services
 
 
 @pytest.fixture(scope="session")
@@ -54,6 +54,42 @@ def ch_db(clickhouse_url: str) -> Iterator[str]:
     run_sql(clickhouse_url, f"CREATE DATABASE `{name}`")
     yield name
     run_sql(clickhouse_url, f"DROP DATABASE IF EXISTS `{name}`")
+
+
+@pytest.fixture(scope="session")
+def cluster(services: Services) -> Cluster:
+    """The 2×2 ClickHouse cluster ``txsink_cluster``, started on first use.
+
+    Like ``services`` it is left running after the run (``txsink services down`` stops
+    it); four servers of ~40 MB each, ~3 s to start.  Fault tests may ``kill()``/``start()`` its
+    servers but must leave them running.
+    """
+    topology = services.cluster(shards=2, replicas=2)
+    topology.up()
+    return topology
+
+
+@pytest.fixture
+def cluster_db(cluster: Cluster) -> Iterator[str]:
+    """A fresh database of the same name on every cluster server and the main server.
+
+    The main server gets it too so that a Distributed table there can sit next to the
+    shards' local tables under one name.  Dropped after the test; a server the test left
+    down is skipped (its replica metadata stays in ZooKeeper under a unique path).
+    """
+    cluster.up()  # restarts a server that an earlier (failed) fault test left down
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    urls = [server.url for server in cluster.servers]
+    if cluster.main is not None:
+        urls.append(cluster.main.url)
+    for url in urls:
+        run_sql(url, f"CREATE DATABASE `{name}`")
+    yield name
+    for url in urls:
+        try:
+            run_sql(url, f"DROP DATABASE IF EXISTS `{name}`")
+        except (AssertionError, requests.RequestException):
+            pass
 
 
 @pytest.fixture

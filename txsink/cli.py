@@ -1,6 +1,7 @@
 """The ``txsink`` command line: local services and operator commands.
 
     txsink services up|down|status      real ClickHouse + ZooKeeper on 127.0.0.1
+        [--shards N --replicas M]       ... plus an N×M ClickHouse cluster (txsink_cluster)
     txsink status  --zookeeper H        sinks, last committed epoch, open xids, metrics
     txsink recover --zookeeper H --url U   roll committing xids forward, undecided back
     txsink resolve ...                  an operator's decision on an in-doubt partition
@@ -25,17 +26,27 @@ def _services(args: argparse.Namespace) -> int:
     from txsink.services import Services
 
     services = Services.from_env()
+    if args.shards is not None:
+        services.shards = args.shards
+    if args.replicas is not None:
+        services.replicas = args.replicas
     if args.action == "up":
         services.up()
         print(f"ZooKeeper  {services.zookeeper.hosts}  ready")
         print(f"ClickHouse {services.clickhouse.url}  ready")
+        if services.has_cluster:
+            cluster = services.cluster()
+            print(f"cluster    {cluster.name}: {cluster.shard_count} shard(s) x "
+                  f"{cluster.replica_count} replica(s)  ready")
+            for number, urls in enumerate(cluster.shard_urls(), start=1):
+                print(f"  shard {number}: {'  '.join(urls)}")
     elif args.action == "down":
         stopped = services.down()
         print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
     else:
         for name, info in services.status().items():
             state = "ready" if info["ready"] else ("starting" if info["pid"] else "down")
-            print(f"{name:<11} {info['address']:<24} pid={info['pid']} {state}")
+            print(f"{name:<16} {info['address']:<24} pid={info['pid']} {state}")
     return 0
 
 
@@ -87,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     svc = sub.add_parser("services", help="install/start/stop the local servers")
     svc.add_argument("action", choices=["up", "down", "status"])
+    svc.add_argument("--shards", type=int, default=None,
+                     help="also run a cluster of this many shards (default $TXSINK_SHARDS "
+                          "or 0: no cluster); down stops any cluster server anyway")
+    svc.add_argument("--replicas", type=int, default=None,
+                     help="replicas per cluster shard (default $TXSINK_REPLICAS or 0)")
     svc.set_defaults(func=_services)
 
     def ops_parser(name: str, help_text: str, url: bool) -> argparse.ArgumentParser:

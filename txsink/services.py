@@ -17,17 +17,30 @@ Usage::
 The ClickHouse config enables ``<zookeeper>`` (for ReplicatedMergeTree targets) and
 defines three users: ``default`` (no password), ``txsink_secret`` (password, to test
 that credentials never leak) and ``reader`` (read-only).
+
+A sharded and replicated topology (for Distributed / ReplicatedMergeTree targets) runs
+beside them on demand: N×M more ClickHouse servers sharing the same ZooKeeper, named
+cluster ``txsink_cluster`` in their config and in the main server's::
+
+    cluster = Services.from_env().cluster(shards=2, replicas=2)
+    cluster.up()
+    cluster.shard_urls()     # [["http://127.0.0.1:28511", "http://127.0.0.1:28512"], ...]
+    cluster.shards[0][1].kill(); cluster.shards[0][1].start()
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +54,8 @@ APT_PACKAGES = ("clickhouse-server", "clickhouse-client", "zookeeper")
 SECRET_USER = "txsink_secret"
 SECRET_PASSWORD = "s3cr3t-Pa55"
 READONLY_USER = "reader"
+CLUSTER_NAME = "txsink_cluster"
+CLUSTER_PORT_BASE = 28500
 
 
 class ServiceError(RuntimeError):
@@ -279,8 +294,57 @@ class ZooKeeper:
         _wait(self.ready, self.process, "ZooKeeper", timeout)
 
 
+@dataclass(frozen=True)
+class Tuning:
+    """Server-wide sizes written into a ClickHouse config.
+
+    The main server keeps generous defaults; cluster servers use :data:`SMALL_TUNING` so
+    that N×M of them fit next to Spark on a 2-core machine.  ``server`` entries are
+    top-level elements, ``profile`` entries go into the ``default`` profile (18.16 reads
+    the background pool sizes from there at start-up).
+    """
+
+    server: dict[str, int] = field(default_factory=lambda: {
+        "mark_cache_size": 536870912,
+        "max_concurrent_queries": 200,
+    })
+    profile: dict[str, int] = field(default_factory=lambda: {
+        "max_memory_usage": 4000000000,
+    })
+    zk_session_timeout_ms: int = 10000
+
+
+SMALL_TUNING = Tuning(
+    server={
+        "mark_cache_size": 67108864,
+        "uncompressed_cache_size": 67108864,
+        "max_concurrent_queries": 50,
+    },
+    profile={
+        "max_memory_usage": 1000000000,
+        "max_threads": 2,
+        "background_pool_size": 2,
+        "background_schedule_pool_size": 4,
+    },
+    # A SIGKILLed replica's `is_active` node lives until its session expires, and the
+    # restarted replica stays read-only until then: keep that wait short.
+    zk_session_timeout_ms=4000,
+)
+
+
+def _xml_elements(values: dict[str, int], indent: str) -> str:
+    return "".join(f"{indent}<{k}>{v}</{k}>\n" for k, v in values.items())
+
+
 @dataclass
 class ClickHouse:
+    """One ClickHouse server process: the main test server or one server of the cluster.
+
+    ``remote_servers`` (XML inside ``<remote_servers>``) goes to ``config.d/`` rather than
+    ``config.xml``: 18.16 reloads it from there while running (checked every ~2 s), so a
+    running main server learns about the cluster without a restart.
+    """
+
     home: Path
     zookeeper: ZooKeeper
     http_port: int = 8123
@@ -288,6 +352,8 @@ class ClickHouse:
     interserver_port: int = 9009
     name: str = "clickhouse"
     macros: dict[str, str] = field(default_factory=lambda: {"shard": "1", "replica": "r1"})
+    tuning: Tuning = field(default_factory=Tuning)
+    remote_servers: str = ""
 
     def __post_init__(self) -> None:
         self.dir = self.home / self.name
@@ -300,6 +366,10 @@ class ClickHouse:
     @property
     def config_file(self) -> Path:
         return self.dir / "config.xml"
+
+    @property
+    def remote_servers_file(self) -> Path:
+        return self.dir / "config.d" / "remote_servers.xml"
 
     def query(self, sql: str, timeout: float = 5.0) -> str:
         resp = requests.post(self.url, data=sql.encode(), timeout=timeout)
@@ -320,6 +390,8 @@ class ClickHouse:
         for sub in ("data", "tmp", "user_files", "format_schemas"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         macros = "".join(f"<{k}>{v}</{k}>" for k, v in self.macros.items())
+        server = _xml_elements(self.tuning.server, "    ")
+        profile = _xml_elements(self.tuning.profile, "            ")
         self.config_file.write_text(f"""<?xml version="1.0"?>
 <yandex>
     <logger><level>warning</level><console>1</console></logger>
@@ -332,18 +404,17 @@ class ClickHouse:
     <tmp_path>{self.dir}/tmp/</tmp_path>
     <user_files_path>{self.dir}/user_files/</user_files_path>
     <format_schema_path>{self.dir}/format_schemas/</format_schema_path>
-    <mark_cache_size>536870912</mark_cache_size>
-    <max_concurrent_queries>200</max_concurrent_queries>
-    <timezone>UTC</timezone>
+{server}    <timezone>UTC</timezone>
     <max_table_size_to_drop>0</max_table_size_to_drop>
     <max_partition_size_to_drop>0</max_partition_size_to_drop>
     <zookeeper>
         <node><host>127.0.0.1</host><port>{self.zookeeper.port}</port></node>
-        <session_timeout_ms>10000</session_timeout_ms>
+        <session_timeout_ms>{self.tuning.zk_session_timeout_ms}</session_timeout_ms>
     </zookeeper>
     <macros>{macros}</macros>
     <profiles>
-        <default><max_memory_usage>4000000000</max_memory_usage></default>
+        <default>
+{profile}        </default>
         <readonly><readonly>1</readonly></readonly>
     </profiles>
     <users>
@@ -366,10 +437,30 @@ class ClickHouse:
     <quotas><default></default></quotas>
 </yandex>
 """)
+        self.write_remote_servers()
 
-    def start(self, timeout: float = 60.0) -> None:
+    def write_remote_servers(self) -> bool:
+        """Write ``remote_servers`` to config.d; True if the file changed.
+
+        An empty ``remote_servers`` leaves an existing file alone: ``services up`` without
+        a cluster must not take the cluster away from a main server that still has one.
+        """
+        if not self.remote_servers:
+            return False
+        text = (f'<?xml version="1.0"?>\n<yandex>\n    <remote_servers>\n'
+                f"{self.remote_servers}    </remote_servers>\n</yandex>\n")
+        path = self.remote_servers_file
+        if path.exists() and path.read_text() == text:
+            return False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")  # not *.xml: the server must never read half a file
+        tmp.write_text(text)
+        tmp.replace(path)
+        return True
+
+    def launch(self) -> None:
+        """Spawn the server unless ours already runs; returns without waiting."""
         if self.process.pid() is not None:
-            _wait(self.ready, self.process, "ClickHouse", timeout)
             return
         for port in (self.http_port, self.tcp_port, self.interserver_port):
             if port_open(port):
@@ -383,16 +474,224 @@ class ClickHouse:
         self.process.spawn(
             [CLICKHOUSE_BINARY, f"--config-file={self.config_file}"], cwd=self.dir
         )
-        _wait(self.ready, self.process, "ClickHouse", timeout)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        _wait(self.ready, self.process, f"ClickHouse {self.name}", timeout)
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.launch()
+        self.wait_ready(timeout)
+
+    def stop(self) -> bool:
+        """SIGTERM and wait; True if it was running."""
+        return self._stopped(self.process.stop())
+
+    def kill(self) -> bool:
+        """SIGKILL (a crash, for fault tests); True if it was running.
+
+        Returns once the HTTP port is closed, so that :meth:`start` right after does not
+        mistake the dying process's socket for a stranger's.
+        """
+        return self._stopped(self.process.kill())
+
+    def _stopped(self, was_running: bool, timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while port_open(self.http_port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return was_running
+
+
+@dataclass
+class ClusterServer(ClickHouse):
+    """A ClickHouse of the cluster: replica ``replica`` of shard ``shard`` (both from 1)."""
+
+    shard: int = 1
+    replica: int = 1
+
+
+def cluster_ports(shard: int, replica: int, base: int = CLUSTER_PORT_BASE) -> tuple[int, int, int]:
+    """(HTTP, TCP, interserver) ports of a cluster server; shard and replica from 1 to 9.
+
+    HTTP = base + 10·shard + replica, TCP = that + 100, interserver = that + 200; with the
+    default base, s1r1 answers HTTP on 28511 and s2r2 on 28522.
+    """
+    if not (1 <= shard <= 9 and 1 <= replica <= 9):
+        raise ValueError(f"shard and replica must be 1..9, got {shard}, {replica}")
+    http = base + 10 * shard + replica
+    return http, http + 100, http + 200
+
+
+_SERVER_NAME = re.compile(r"s(\d)r(\d)")
+
+
+@dataclass
+class Cluster:
+    """N shards × M replicas of ClickHouse on 127.0.0.1, sharing the ZooKeeper.
+
+    Every server (and ``main``, the main test server, if given) gets ``<remote_servers>``
+    naming them as cluster ``name`` with ``internal_replication`` (a Distributed INSERT
+    writes one replica per shard; ReplicatedMergeTree copies it to the others).  Each
+    server has macros ``shard`` (``01``, ``02``, …) and ``replica`` (``r1``, ``r2``, …),
+    so ``ReplicatedMergeTree('/clickhouse/tables/{shard}/db/t', '{replica}')`` works.
+    ``shards[i][j]`` is replica j+1 of shard i+1; ``kill()``/``start()`` it in fault tests.
+    """
+
+    home: Path
+    zookeeper: ZooKeeper
+    main: ClickHouse | None
+    shard_count: int
+    replica_count: int
+    name: str = CLUSTER_NAME
+    port_base: int = CLUSTER_PORT_BASE
+
+    def __post_init__(self) -> None:
+        if self.shard_count < 1 or self.replica_count < 1:
+            raise ValueError("a cluster needs at least one shard and one replica")
+        self.shards: list[list[ClusterServer]] = [
+            [self._server(s, r) for r in range(1, self.replica_count + 1)]
+            for s in range(1, self.shard_count + 1)
+        ]
+
+    def _server(self, shard: int, replica: int) -> ClusterServer:
+        http, tcp, interserver = cluster_ports(shard, replica, self.port_base)
+        return ClusterServer(
+            self.home, self.zookeeper, http_port=http, tcp_port=tcp,
+            interserver_port=interserver, name=f"s{shard}r{replica}",
+            macros={"shard": f"{shard:02d}", "replica": f"r{replica}"},
+            tuning=SMALL_TUNING, remote_servers=self.remote_servers_xml(),
+            shard=shard, replica=replica,
+        )
+
+    @property
+    def servers(self) -> list[ClusterServer]:
+        return [server for shard in self.shards for server in shard]
+
+    def shard_urls(self) -> list[list[str]]:
+        """HTTP URLs per shard, in shard and replica order."""
+        return [[server.url for server in shard] for shard in self.shards]
+
+    def remote_servers_xml(self) -> str:
+        """The cluster's ``<remote_servers>`` entry (TCP ports, weights 1)."""
+        shards = []
+        for s in range(1, self.shard_count + 1):
+            replicas = "".join(
+                f"                <replica><host>127.0.0.1</host>"
+                f"<port>{cluster_ports(s, r, self.port_base)[1]}</port></replica>\n"
+                for r in range(1, self.replica_count + 1)
+            )
+            shards.append(
+                "            <shard>\n                <weight>1</weight>\n"
+                "                <internal_replication>true</internal_replication>\n"
+                f"{replicas}            </shard>\n"
+            )
+        return f"        <{self.name}>\n{''.join(shards)}        </{self.name}>\n"
+
+    def _expected_rows(self) -> str:
+        return "".join(
+            f"{s.shard}\t{s.replica}\t{s.tcp_port}\n" for s in self.servers
+        )
+
+    def seen_by(self, server: ClickHouse) -> bool:
+        """True if ``server`` has loaded exactly this layout (from system.clusters)."""
+        try:
+            rows = server.query(
+                "SELECT shard_num, replica_num, port FROM system.clusters "
+                f"WHERE cluster = '{self.name}' ORDER BY shard_num, replica_num"
+            )
+        except (requests.RequestException, ServiceError):
+            return False
+        return rows == self._expected_rows()
+
+    def up(self, timeout: float = 60.0) -> None:
+        """Start the missing servers (all at once) and wait until all are usable.
+
+        Idempotent: running servers are kept; their and ``main``'s config.d is rewritten
+        when the layout changed, and the call returns once every server has reloaded it.
+        """
+        if not self.zookeeper.ready():
+            raise ServiceError("start ZooKeeper before the cluster")
+        self.home.mkdir(parents=True, exist_ok=True)
+        with _file_lock(self.home / ".lock"):
+            for server in self.servers:
+                server.write_remote_servers()
+                server.launch()
+            for server in self.servers:
+                server.wait_ready(timeout)
+            self._wait_seen(self.servers, timeout)
+            if self.main is not None:
+                self.main.remote_servers = self.remote_servers_xml()
+                self.main.write_remote_servers()
+                if self.main.process.pid() is None:
+                    self.main.start(timeout)
+                self._wait_seen([self.main], timeout)
+
+    def _wait_seen(self, servers: list[ClickHouse], timeout: float) -> None:
+        # The config reloader polls the files every ~2 s.
+        deadline = time.monotonic() + timeout
+        for server in servers:
+            while not self.seen_by(server):
+                if time.monotonic() > deadline:
+                    raise ServiceError(
+                        f"{server.name} ({server.url}) has not loaded cluster {self.name} "
+                        f"after {timeout:.0f}s; see {server.remote_servers_file}"
+                    )
+                time.sleep(0.2)
+
+    def down(self) -> list[str]:
+        """Stop this layout's servers and any other cluster server left running here."""
+        stopped = []
+        with _file_lock(self.home / ".lock"):
+            for server in self.servers + self.leftovers():
+                if server.stop():
+                    stopped.append(server.name)
+        return stopped
+
+    def leftovers(self) -> list[ClusterServer]:
+        """Running servers under ``home`` that are not in this layout (an earlier N×M)."""
+        mine = {server.name for server in self.servers}
+        found = []
+        for pid_file in sorted(self.home.glob("s*r*.pid")):
+            match = _SERVER_NAME.fullmatch(pid_file.stem)
+            if match and pid_file.stem not in mine:
+                server = self._server(int(match[1]), int(match[2]))
+                if server.process.pid() is not None:
+                    found.append(server)
+        return found
+
+    def status(self) -> dict[str, dict[str, object]]:
+        return {
+            f"clickhouse-{server.name}": {
+                "pid": server.process.pid(), "ready": server.ready(), "address": server.url,
+            }
+            for server in self.servers + self.leftovers()
+        }
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """Serialise ``up``/``down`` of the cluster between processes (parallel test runs)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @dataclass
 class Services:
-    """The local ClickHouse + ZooKeeper pair used by tests, demo and benchmarks."""
+    """The local ClickHouse + ZooKeeper pair used by tests, demo and benchmarks.
+
+    With ``shards``/``replicas`` above 0, ``up`` also starts the :class:`Cluster`.
+    """
 
     home: Path
     zookeeper: ZooKeeper
     clickhouse: ClickHouse
+    shards: int = 0
+    replicas: int = 0
+    cluster_port_base: int = CLUSTER_PORT_BASE
 
     @classmethod
     def from_env(cls) -> Services:
@@ -404,26 +703,66 @@ class Services:
             tcp_port=int(os.environ.get("TXSINK_CH_TCP_PORT", "9000")),
             interserver_port=int(os.environ.get("TXSINK_CH_INTERSERVER_PORT", "9009")),
         )
-        return cls(home, zk, ch)
+        return cls(
+            home, zk, ch,
+            shards=int(os.environ.get("TXSINK_SHARDS", "0")),
+            replicas=int(os.environ.get("TXSINK_REPLICAS", "0")),
+            cluster_port_base=int(
+                os.environ.get("TXSINK_CLUSTER_PORT_BASE", str(CLUSTER_PORT_BASE))
+            ),
+        )
+
+    def cluster(self, shards: int | None = None, replicas: int | None = None) -> Cluster:
+        """The topology object (not started): arguments, else ``self.shards``/``replicas``.
+
+        One of the two left at 0 counts as 1 (``--shards 2`` alone is 2×1).
+        """
+        shards = self.shards if shards is None else shards
+        replicas = self.replicas if replicas is None else replicas
+        if shards <= 0 and replicas <= 0:
+            raise ValueError("no cluster configured: give shards/replicas (TXSINK_SHARDS)")
+        return Cluster(self.home / "cluster", self.zookeeper, self.clickhouse,
+                       max(shards, 1), max(replicas, 1), port_base=self.cluster_port_base)
+
+    @property
+    def has_cluster(self) -> bool:
+        return self.shards > 0 or self.replicas > 0
 
     def up(self) -> None:
         ensure_installed()
         self.home.mkdir(parents=True, exist_ok=True)
         self.zookeeper.start()
+        if not self.has_cluster:
+            self.clickhouse.start()
+            return
+        cluster = self.cluster()
+        # A main server started now reads the cluster at once instead of on reload.
+        self.clickhouse.remote_servers = cluster.remote_servers_xml()
         self.clickhouse.start()
+        cluster.up()
 
     def down(self) -> list[str]:
-        stopped = []
-        # ClickHouse first: it would otherwise log ZooKeeper errors while stopping.
+        # Cluster servers, then ClickHouse, then ZooKeeper: a ClickHouse stopping after
+        # ZooKeeper would log ZooKeeper errors on the way out.
+        stopped = self._cluster_for_down().down()
         for proc in (self.clickhouse.process, self.zookeeper.process):
             if proc.stop():
                 stopped.append(proc.name)
         return stopped
 
+    def _cluster_for_down(self) -> Cluster:
+        # Without a configured layout a 1×1 object still finds every running leftover.
+        return self.cluster() if self.has_cluster else self.cluster(1, 1)
+
     def status(self) -> dict[str, dict[str, object]]:
-        return {
+        result: dict[str, dict[str, object]] = {
             "zookeeper": {"pid": self.zookeeper.process.pid(), "ready": self.zookeeper.ready(),
                           "address": self.zookeeper.hosts},
             "clickhouse": {"pid": self.clickhouse.process.pid(), "ready": self.clickhouse.ready(),
                            "address": self.clickhouse.url},
         }
+        cluster = self._cluster_for_down()
+        for name, info in cluster.status().items():
+            if self.has_cluster or info["pid"] is not None:
+                result[name] = info
+        return result
