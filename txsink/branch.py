@@ -18,6 +18,7 @@ Contract (what Spark's ``DataWriter`` asks, made exactly-once):
 from __future__ import annotations
 
 import os
+import random
 import socket
 import time
 import uuid
@@ -27,6 +28,7 @@ import pyarrow as pa
 
 import server_ext
 from coordinator import XidState
+from server_ext.sharding import Shard, ShardRouter
 from txsink import connections, crashpoints
 from txsink.messages import BranchMessage, SkippedMessage
 from txsink.plan import WritePlan, send_columns
@@ -36,8 +38,8 @@ class XidNotWritable(RuntimeError):
     """The xid is being committed by another driver; this attempt must not add to it."""
 
 
-def new_branch_id(partition: int, attempt: int) -> str:
-    return f"p{partition}-a{attempt}-{uuid.uuid4().hex[:8]}"
+def new_branch_id(partition: int, attempt: int, shard: int = 0) -> str:
+    return f"p{partition}-a{attempt}-s{shard}-{uuid.uuid4().hex[:8]}"
 
 
 def _task_identity() -> tuple[int, int, dict[str, object]]:
@@ -66,14 +68,112 @@ def streaming_epoch() -> int:
     return int(batch_id)
 
 
+def pick_replica(shard: Shard, partition: int, attempt: int, choice: str,
+                 overwrite: bool) -> str:
+    """The replica a branch stages on (and is later published from).
+
+    ``round_robin`` spreads a job's tasks over the replicas and moves a retried attempt
+    to the next replica; ``random`` picks any. Overwrite pins every shard to its first
+    replica: its publish combines all the shard's branches in one staging table.
+    """
+    if overwrite or len(shard.replicas) == 1:
+        return shard.replicas[0]
+    if choice == "random":
+        return random.choice(shard.replicas)
+    return shard.replicas[(partition + attempt + shard.index) % len(shard.replicas)]
+
+
+class _ShardBranch:
+    """One branch: this attempt's rows for one shard, staged on one replica."""
+
+    def __init__(self, plan: WritePlan, epoch: int, branch_id: str, server: str) -> None:
+        self.plan = plan
+        self.epoch = epoch
+        self.branch_id = branch_id
+        self.server = server
+        self.staging = server_ext.staging_table_name(plan.sink_id, epoch, branch_id)
+        self.client = connections.clickhouse(plan.options, server)
+        self.writer: server_ext.BranchWriter | None = None
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if self.writer is None:
+            target = self.plan.table or server_ext.describe_table(self.client, self.plan.target)
+            qualified = server_ext.create_staging(self.client, target, self.staging)
+            self.writer = server_ext.BranchWriter(
+                self.client, target, qualified, server_ext.detect_capabilities(self.client),
+                block_rows=self.plan.options.insert_block_rows,
+                target_columns=send_columns(target, self.plan.columns),
+            )
+        self.writer.write(batch)
+
+    def seal(self) -> tuple[server_ext.Manifest, int, int]:
+        """Flush and seal: (manifest, rows, bytes)."""
+        assert self.writer is not None
+        self.writer.flush()
+        rows = self.writer.rows_sent
+        manifest = server_ext.seal(self.client, self.writer.target, self.writer.staging_table,
+                                   expected_rows=rows)
+        return manifest, rows, self.writer.bytes_sent
+
+
+class _Attempt:
+    """This task attempt's branches, opened lazily per shard that gets rows."""
+
+    def __init__(self, plan: WritePlan, epoch: int, generation: int) -> None:
+        self.plan = plan
+        self.epoch = epoch
+        self.generation = generation
+        self.coord = connections.coordinator(plan.options, plan.sink_id)
+        self.partition, self.attempt, self.owner = _task_identity()
+        self.branches: dict[int, _ShardBranch] = {}
+        self.router: ShardRouter | None = None
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if self.router is None:
+            types = {c.name: c.type for c in self.plan.table.columns} if self.plan.table else None
+            self.router = ShardRouter(self.plan.shard_layout, batch.schema, types)
+        for shard, rows in self.router.split(batch).items():
+            branch = self.branches.get(shard) or self._open(shard)
+            branch.write(rows)
+
+    def _open(self, index: int) -> _ShardBranch:
+        """Register the branch in ZooKeeper before its staging table exists."""
+        shard = self.plan.shard_layout.shards[index]
+        server = pick_replica(shard, self.partition, self.attempt,
+                              self.plan.options.replica_choice, self.plan.overwrite)
+        branch = _ShardBranch(self.plan, self.epoch,
+                              new_branch_id(self.partition, self.attempt, index), server)
+        owner = {**self.owner, "staging": branch.staging, "server": server, "shard": index}
+        self.coord.register_branch(self.epoch, branch.branch_id, self.generation, owner=owner)
+        crashpoints.hit("branch.after_register")
+        self.branches[index] = branch
+        return branch
+
+    def prepare(self) -> tuple[int, int, int]:
+        """Seal every branch and record it ``Prepared``: (rows, bytes, partitions)."""
+        crashpoints.hit("branch.after_staging_write")
+        sealed = [(branch, *branch.seal()) for branch in self.branches.values()]
+        crashpoints.hit("branch.after_seal")
+        for branch, manifest, rows, _ in sealed:
+            self.coord.prepare_branch(self.epoch, branch.branch_id, {
+                "manifest": manifest.to_dict(), "strategy": self.plan.strategy,
+                "overwrite": self.plan.overwrite, "staging": branch.staging,
+                "server": branch.server, "rows": rows,
+            })
+        crashpoints.hit("branch.after_prepare")
+        return (sum(s[2] for s in sealed), sum(s[3] for s in sealed),
+                sum(len(s[1].partitions) for s in sealed))
+
+
 def write_branch(
     plan: WritePlan, epoch: int, batches: Iterator[pa.RecordBatch]
 ) -> BranchMessage | SkippedMessage:
-    """Stage this task attempt's rows, seal them and record the branch as Prepared."""
+    """Stage this task attempt's rows (one branch per shard), seal them and record every
+    branch as Prepared."""
     coord = connections.coordinator(plan.options, plan.sink_id)
-    partition, attempt, owner = _task_identity()
     generation = plan.generation
     if generation is None:  # streaming: the first task of a run fences older runs
+        _, _, owner = _task_identity()
         generation = coord.claim(str(owner.get("run_id") or owner["host"]))
     state = coord.begin(epoch, generation)
     if state == XidState.COMMITTED:
@@ -81,47 +181,17 @@ def write_branch(
     if state != XidState.INITIALIZED:
         raise XidNotWritable(f"xid {plan.sink_id}/{epoch} is {state.value}; not writable")
 
-    branch_id = new_branch_id(partition, attempt)
-    staging = server_ext.staging_table_name(plan.sink_id, epoch, branch_id)
-    owner["staging"] = staging
-    coord.register_branch(epoch, branch_id, generation, owner=owner)
-    crashpoints.hit("branch.after_register")
-
     started = time.time()
-    client = connections.clickhouse(plan.options)
-    target = server_ext.describe_table(client, plan.target)
-    caps = server_ext.detect_capabilities(client)
-    writer = None
+    attempt = _Attempt(plan, epoch, generation)
     for batch in batches:
-        if batch.num_rows == 0:
-            continue
-        if writer is None:
-            qualified = server_ext.create_staging(client, target, staging)
-            writer = server_ext.BranchWriter(
-                client, target, qualified, caps, block_rows=plan.options.insert_block_rows,
-                target_columns=send_columns(target, plan.columns),
-            )
-        writer.write(batch)
-    rows = bytes_sent = 0
-    if writer is not None:
-        writer.flush()
-        rows, bytes_sent = writer.rows_sent, writer.bytes_sent
-    crashpoints.hit("branch.after_staging_write")
+        if batch.num_rows:
+            attempt.write(batch)
     stage_ms = (time.time() - started) * 1000
-
     sealed = time.time()
-    if writer is not None:
-        manifest = server_ext.seal(client, target, writer.staging_table, expected_rows=rows)
-    else:
-        manifest = server_ext.Manifest.empty(target, staging)
-    crashpoints.hit("branch.after_seal")
-    coord.prepare_branch(epoch, branch_id, {
-        "manifest": manifest.to_dict(), "strategy": plan.strategy,
-        "overwrite": plan.overwrite, "staging": staging, "rows": rows,
-    })
-    crashpoints.hit("branch.after_prepare")
+    rows, bytes_sent, partitions = attempt.prepare()
     return BranchMessage(
-        epoch=epoch, generation=generation, branch_id=branch_id, rows=rows, bytes=bytes_sent,
-        partitions=len(manifest.partitions), started_at=started, stage_ms=stage_ms,
+        epoch=epoch, generation=generation,
+        branch_ids=tuple(b.branch_id for b in attempt.branches.values()), rows=rows,
+        bytes=bytes_sent, partitions=partitions, started_at=started, stage_ms=stage_ms,
         seal_ms=(time.time() - sealed) * 1000,
     )

@@ -67,7 +67,11 @@ def _operations(args: argparse.Namespace) -> int:
             result = ops.resolve(args.sink, args.epoch, args.branch, args.partition,
                                  attached=args.attached == "yes")
         elif args.command == "gc":
-            result = ops.gc(args.grace, args.prune_older_than)
+            from server_ext.sharding import parse_shard_urls
+
+            servers = ([url for shard in parse_shard_urls(args.shards) for url in shard]
+                       if args.shards else None)
+            result = ops.gc(args.grace, args.prune_older_than, servers)
         else:
             result = ops.verify(args.sink, args.committing_older_than)
     finally:
@@ -127,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     resolve.add_argument("--attached", choices=["yes", "no"], required=True,
                          help="are the partition's rows in the target? (look first)")
     gc = ops_parser("gc", "drop staging of finished xids; prune old xids", url=True)
+    gc.add_argument("--shards", default=None,
+                    help="sweep every server of a sharded target: 'u1,u2;u3,u4' (as the "
+                         "shards option)")
     gc.add_argument("--grace", type=float, default=3600.0,
                     help="seconds a staging table of an unknown xid is kept (default 3600)")
     gc.add_argument("--prune-older-than", type=float, default=None,

@@ -50,13 +50,15 @@ def zookeeper(hosts: str, timeout: float = 15.0) -> KazooClient:
         return client
 
 
-def clickhouse(options: SinkOptions) -> ClickHouseClient:
-    key = (options.url, options.user, options.password, options.timeout, options.retries)
+def clickhouse(options: SinkOptions, url: str | None = None) -> ClickHouseClient:
+    """A client for ``url`` (default: the ``url`` option) with the options' credentials."""
+    url = url or options.url
+    key = (url, options.user, options.password, options.timeout, options.retries)
     with _lock:
         client = _ch.get(key)
         if client is None:
             client = ClickHouseClient(
-                options.url, user=options.user, password=options.password,
+                url, user=options.user, password=options.password,
                 timeout=options.timeout, retries=options.retries,
             )
             _ch[key] = client

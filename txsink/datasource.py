@@ -46,18 +46,19 @@ class ClickHouseTxDataSource(DataSource):
 
     def _plan(self, schema: StructType, overwrite: bool, streaming: bool) -> WritePlan:
         options = parse_options(self.options)
-        _, columns, strategy = check_target(options, schema)
+        checked = check_target(options, schema)
         sink_id = options.resolved_sink_id(streaming)
         if options.in_transaction():
-            return WritePlan(options, sink_id, options.tx_generation, strategy, overwrite,
-                             columns, epoch=options.tx_epoch)
-        if streaming:
+            generation, epoch = options.tx_generation, options.tx_epoch
+        elif streaming:
             driver.open_stream(options, sink_id)
-            return WritePlan(options, sink_id, None, strategy, overwrite, columns)
-        coord, generation = driver.open_sink(options, sink_id)
-        epoch = coord.allocate_epoch()
-        coord.begin(epoch, generation)
-        return WritePlan(options, sink_id, generation, strategy, overwrite, columns, epoch)
+            generation = epoch = None
+        else:
+            coord, generation = driver.open_sink(options, sink_id)
+            epoch = coord.allocate_epoch()
+            coord.begin(epoch, generation)
+        return WritePlan(options, sink_id, generation, checked.strategy, overwrite,
+                         checked.columns, epoch, checked.layout, checked.table)
 
 
 class BatchWriter(DataSourceArrowWriter):

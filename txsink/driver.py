@@ -32,7 +32,7 @@ log = logging.getLogger("txsink")
 
 
 def publisher_for(options: SinkOptions, coord: Coordinator) -> BranchPublisher:
-    return BranchPublisher(connections.clickhouse(options), coord)
+    return BranchPublisher(lambda url: connections.clickhouse(options, url), coord)
 
 
 def open_sink(options: SinkOptions, sink_id: str) -> tuple[Coordinator, int]:
@@ -78,26 +78,34 @@ def generation_of(plan: WritePlan, coord: Coordinator, messages: Sequence[object
     return max(claimed) if claimed else coord.generation()
 
 
-def _overwrite_branch(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
-                      winners: Sequence[str]) -> str:
-    """Register one synthetic branch that replaces every partition the winners wrote.
+def _overwrite_branches(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
+                        winners: Sequence[str]) -> list[str]:
+    """Register one synthetic branch per server that replaces every partition the
+    winners staged there.
 
     Dynamic partition overwrite must replace a partition with the rows of *all* tasks at
-    once, so the winners' parts are combined in a per-xid staging table and published
-    with ``REPLACE PARTITION`` (idempotent). The real branches become non-winners and are
-    dropped after the publish.
+    once, so the winners' parts are combined in a per-xid staging table on their server
+    (overwrite stages each shard on its first replica) and published with ``REPLACE
+    PARTITION`` (idempotent). The real branches become non-winners, dropped after publish.
     """
     records = {r.branch_id: r for r in coord.branches(epoch)}
-    manifests = [records[b].manifest["manifest"] for b in winners]
-    digest = hashlib.sha1(",".join(sorted(winners)).encode()).hexdigest()[:8]
-    branch_id = f"overwrite-{digest}"
-    staging = server_ext.staging_table_name(plan.sink_id, epoch, branch_id)
-    coord.register_branch(epoch, branch_id, generation, owner={"staging": staging})
-    coord.prepare_branch(epoch, branch_id, {
-        "overwrite_of": manifests, "staging": staging, "strategy": plan.strategy,
-        "rows": sum(records[b].manifest.get("rows", 0) for b in winners),
-    })
-    return branch_id
+    by_server: dict[str | None, list[str]] = {}
+    for branch_id in winners:
+        by_server.setdefault(records[branch_id].manifest.get("server"), []).append(branch_id)
+    synthetic = []
+    for server, branch_ids in sorted(by_server.items(), key=lambda item: str(item[0])):
+        digest = hashlib.sha1(",".join(sorted(branch_ids)).encode()).hexdigest()[:8]
+        branch_id = f"overwrite-{digest}"
+        staging = server_ext.staging_table_name(plan.sink_id, epoch, branch_id)
+        coord.register_branch(epoch, branch_id, generation,
+                              owner={"staging": staging, "server": server})
+        coord.prepare_branch(epoch, branch_id, {
+            "overwrite_of": [records[b].manifest["manifest"] for b in branch_ids],
+            "staging": staging, "strategy": plan.strategy, "server": server,
+            "rows": sum(records[b].manifest.get("rows", 0) for b in branch_ids),
+        })
+        synthetic.append(branch_id)
+    return synthetic
 
 
 def epoch_metrics(messages: Sequence[BranchMessage], commit_started: float) -> dict:
@@ -106,7 +114,7 @@ def epoch_metrics(messages: Sequence[BranchMessage], commit_started: float) -> d
     return {
         "rows": sum(m.rows for m in messages),
         "bytes": sum(m.bytes for m in messages),
-        "branches": len(messages),
+        "branches": sum(len(m.branch_ids) for m in messages),
         "partitions": sum(m.partitions for m in messages),
         "stage_ms": round(max((m.stage_ms for m in messages), default=0.0), 1),
         "seal_ms": round(max((m.seal_ms for m in messages), default=0.0), 1),
@@ -126,9 +134,9 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> Non
     started = time.time()
     generation = generation_of(plan, coord, messages)
     coord.begin(epoch, generation)  # a micro-batch with no task still gets its xid
-    winners = [m.branch_id for m in branch_messages]
+    winners = [b for m in branch_messages for b in m.branch_ids]
     if plan.overwrite and winners:
-        winners = [_overwrite_branch(plan, coord, epoch, generation, winners)]
+        winners = _overwrite_branches(plan, coord, epoch, generation, winners)
     if plan.options.in_transaction():
         coord.select(epoch, generation, winners)
         return

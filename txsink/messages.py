@@ -9,11 +9,12 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 @dataclass(frozen=True)
 class BranchMessage(WriterCommitMessage):
-    """A prepared branch: its manifest is in ZooKeeper, its rows are in staging."""
+    """A task attempt's prepared branches (one per shard it wrote to): their manifests
+    are in ZooKeeper, their rows in staging. No branch: the task had no rows."""
 
     epoch: int
     generation: int
-    branch_id: str
+    branch_ids: tuple[str, ...]
     rows: int
     bytes: int
     partitions: int

@@ -30,19 +30,22 @@ class Operations:
         self.zk = KazooClient(hosts=zookeeper)
         self.zk.start(timeout=15)
         self.url = url
-        self._client = (
-            ClickHouseClient(url, user=user, password=password) if url else None
-        )
+        self._credentials = (user, password)
+        self._clients: dict[str, ClickHouseClient] = {}
 
     def close(self) -> None:
         self.zk.stop()
         self.zk.close()
 
-    @property
-    def client(self) -> ClickHouseClient:
-        if self._client is None:
+    def client_for(self, url: str | None = None) -> ClickHouseClient:
+        """A client for ``url`` (a branch's server) or, for None, for ``--url``."""
+        url = url or self.url
+        if url is None:
             raise ValueError("this command needs --url")
-        return self._client
+        if url not in self._clients:
+            user, password = self._credentials
+            self._clients[url] = ClickHouseClient(url, user=user, password=password)
+        return self._clients[url]
 
     def _sinks(self, only: str | None) -> list[str]:
         sinks = Coordinator.sinks(self.zk, self.root)
@@ -76,7 +79,7 @@ class Operations:
         reports = []
         for sink_id in self._sinks(sink):
             coord = self._coordinator(sink_id)
-            publisher = BranchPublisher(self.client, coord)
+            publisher = BranchPublisher(self.client_for, coord)
             report = coord.recover(publish=publisher.publish, rollback=publisher.rollback,
                                    raise_on_failure=False)
             reports.append({"sink_id": sink_id, "actions": [str(a) for a in report.actions],
@@ -110,8 +113,12 @@ class Operations:
                 return True
         return False
 
-    def gc(self, grace_seconds: float, prune_older_than: float | None) -> dict[str, Any]:
-        dropped = server_ext.sweep(self.client, self._is_live, grace_seconds)
+    def gc(self, grace_seconds: float, prune_older_than: float | None,
+           servers: list[str] | None = None) -> dict[str, Any]:
+        """Sweep ``servers`` (every server of a sharded target; default ``--url``)."""
+        dropped = []
+        for url in servers or [None]:
+            dropped += server_ext.sweep(self.client_for(url), self._is_live, grace_seconds)
         pruned: dict[str, list[int]] = {}
         if prune_older_than is not None:
             for sink_id in self._sinks(None):

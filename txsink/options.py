@@ -15,7 +15,10 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 
+from server_ext.sharding import ShardingError, parse_shard_urls
+
 STRATEGIES = ("auto", "move", "attach_replicated", "attach_marked")
+REPLICA_CHOICES = ("round_robin", "random")
 
 #: Options Spark itself may add to a write; accepted and ignored unless used.
 SPARK_OPTIONS = frozenset({"path", "checkpointlocation", "queryname"})
@@ -47,6 +50,9 @@ class SinkOptions:
     retries: int = 5
     checkpoint_location: str | None = None
     recover_on_start: bool = True
+    shards: str | None = None
+    sharding_key: str | None = None
+    replica_choice: str = "round_robin"
     tx_epoch: int | None = None
     tx_generation: int | None = None
 
@@ -82,7 +88,8 @@ class SinkOptions:
 #: The options users set (documented in docs/usage.md).
 PUBLIC_OPTIONS = (
     "url", "table", "zookeeper", "user", "password", "sink_id", "zk_root", "strategy",
-    "insert_block_rows", "timeout", "retries", "recover_on_start",
+    "insert_block_rows", "timeout", "retries", "recover_on_start", "shards", "sharding_key",
+    "replica_choice",
 )
 
 _NAMES = {
@@ -144,6 +151,16 @@ def parse_options(
         if flag not in ("true", "false"):
             raise OptionError(f"option recover_on_start={flag!r} must be true or false")
         values["recover_on_start"] = flag == "true"
+    choice = str(values.get("replica_choice", "round_robin")).lower()
+    if choice not in REPLICA_CHOICES:
+        raise OptionError(
+            f"option replica_choice={choice!r} is not one of {', '.join(REPLICA_CHOICES)}")
+    values["replica_choice"] = choice
+    if "shards" in values:
+        try:
+            parse_shard_urls(str(values["shards"]))
+        except ShardingError as exc:
+            raise OptionError(f"option shards: {exc}") from None
     root = str(values.get("zk_root", "/txsink"))
     if not root.startswith("/") or root.endswith("/") and root != "/":
         raise OptionError(f"option zk_root={root!r} must be an absolute ZooKeeper path")

@@ -59,8 +59,7 @@ class PlainDataSource(DataSource):
         raw = {**self.options}
         raw.setdefault("zookeeper", "unused")
         options = parse_options(raw)
-        _, columns, _ = check_target(options, schema)
-        return options, columns
+        return options, check_target(options, schema).columns
 
     def writer(self, schema: StructType, overwrite: bool) -> PlainWriter:
         return PlainWriter(*self._plan(schema))

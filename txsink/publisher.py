@@ -10,6 +10,7 @@ coordinator may call them again after any crash.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import server_ext
 from coordinator import BranchRecord, Coordinator
@@ -22,35 +23,45 @@ log = logging.getLogger("txsink.publish")
 class BranchPublisher:
     """Callbacks for :meth:`Coordinator.commit`, ``abort`` and ``recover``.
 
+    Each branch is published on, and rolled back from, the server that holds its staging
+    (recorded with the branch); ``client_for(None)`` serves records written before
+    branches named their server.
+
     Usage::
 
-        publisher = BranchPublisher(clickhouse_client, coord)
+        publisher = BranchPublisher(lambda url: ClickHouseClient(url or default_url), coord)
         coord.commit(epoch, generation, winners, publish=publisher.publish,
                      rollback=publisher.rollback)
     """
 
-    def __init__(self, client: ClickHouseClient, coord: Coordinator) -> None:
-        self.client = client
+    def __init__(self, client_for: Callable[[str | None], ClickHouseClient],
+                 coord: Coordinator) -> None:
+        self.client_for = client_for
         self.coord = coord
 
     def publish(self, record: BranchRecord) -> None:
         payload = record.manifest or {}
+        client = self.client_for(server_of(record))
         ledger = self.coord.ledger(record.epoch, record.branch_id)
         if payload.get("overwrite_of"):
             manifests = [server_ext.Manifest.from_dict(m) for m in payload["overwrite_of"]]
             server_ext.publish_overwrite(
-                self.client, manifests, payload["staging"], ledger, on_step=crashpoints.hit
+                client, manifests, payload["staging"], ledger, on_step=crashpoints.hit
             )
         else:
             manifest = server_ext.Manifest.from_dict(payload["manifest"])
             if manifest.partitions:
                 server_ext.publish(
-                    self.client, manifest, payload["strategy"], ledger,
-                    on_step=crashpoints.hit,
+                    client, manifest, payload["strategy"], ledger, on_step=crashpoints.hit,
                 )
         self.rollback(record)
 
     def rollback(self, record: BranchRecord) -> None:
         staging = (record.manifest or {}).get("staging") or (record.owner or {}).get("staging")
         if staging:
-            server_ext.rollback(self.client, staging)
+            server_ext.rollback(self.client_for(server_of(record)), staging)
+
+
+def server_of(record: BranchRecord) -> str | None:
+    """The URL of the server holding the branch's staging (None: the default server)."""
+    return (record.manifest or {}).get("server") or (record.owner or {}).get("server")
