@@ -44,6 +44,15 @@ from server_ext.schema import (
     describe_table,
 )
 from server_ext.seal import StagedRowsMismatch, seal
+from server_ext.sharding import (
+    Shard,
+    ShardingError,
+    ShardLayout,
+    ShardRouter,
+    layout_from_distributed,
+    layout_from_urls,
+    parse_shard_urls,
+)
 from server_ext.staging import (
     STAGING_DATABASE,
     StagingName,
@@ -111,4 +120,12 @@ __all__ = [
     "staging_sink_key",
     "staging_table_name",
     "sweep",
+    # sharding
+    "Shard",
+    "ShardLayout",
+    "ShardRouter",
+    "ShardingError",
+    "layout_from_distributed",
+    "layout_from_urls",
+    "parse_shard_urls",
 ]
