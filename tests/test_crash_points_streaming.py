@@ -18,8 +18,6 @@ from tests.conftest import run_sql
 from txsink.chaos.crashrun import CrashPointRun
 from txsink.crashpoints import CRASH_POINTS
 
-pytestmark = pytest.mark.chaos
-
 
 @pytest.fixture(scope="module")
 def crash_run(tmp_path_factory, clickhouse_url: str, zk_hosts: str) -> Iterator[CrashPointRun]:

@@ -71,7 +71,7 @@ class CrashPointRun:
     rows_per_epoch: int = 300
     timeout: float = 120.0
     log: Callable[[str], None] = lambda line: None
-    standby: int = 1  # drivers kept warm: a restart promotes one instead of booting
+    standby: int = 2  # drivers kept warm: a restart promotes one instead of booting
 
     def __post_init__(self) -> None:
         self.files = 0
