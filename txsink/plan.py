@@ -16,6 +16,7 @@ import pyarrow as pa
 
 import server_ext
 from server_ext.sharding import (
+    Shard,
     ShardLayout,
     layout_from_distributed,
     layout_from_urls,
@@ -93,19 +94,21 @@ def resolve_layout(options: SinkOptions, client, table: server_ext.TargetTable) 
     return single_server(options)
 
 
-def describe_shards(options: SinkOptions, layout: ShardLayout) -> server_ext.TargetTable:
+def describe_shards(options: SinkOptions,
+                    layout: ShardLayout) -> tuple[server_ext.TargetTable, str]:
     """Describe the local table on one replica of every shard; all must agree.
 
     Every shard is asked before any staging exists, so a missing table or a shard with no
-    reachable replica fails the job up front, naming the shard.
+    reachable replica fails the job up front, naming the shard. Returns shard 1's table
+    and the URL of the replica that answered for it.
     """
-    first: server_ext.TargetTable | None = None
+    first: tuple[server_ext.TargetTable, str] | None = None
     for shard in layout.shards:
-        table = _describe_on_some_replica(options, layout.local_table, shard.replicas)
+        table, url = _describe_on_some_replica(options, layout.local_table, shard)
         if first is None:
-            first = table
+            first = (table, url)
         elif [(c.name, c.type) for c in table.columns] != \
-                [(c.name, c.type) for c in first.columns]:
+                [(c.name, c.type) for c in first[0].columns]:
             raise server_ext.SchemaMismatch(layout.local_table, [
                 f"shard {shard.index + 1} has other columns or types than shard 1"])
     assert first is not None
@@ -113,15 +116,16 @@ def describe_shards(options: SinkOptions, layout: ShardLayout) -> server_ext.Tar
 
 
 def _describe_on_some_replica(options: SinkOptions, table: str,
-                              replicas: tuple[str, ...]) -> server_ext.TargetTable:
-    error: Exception | None = None
-    for url in replicas:
+                              shard: Shard) -> tuple[server_ext.TargetTable, str]:
+    unreachable: list[str] = []
+    for url in shard.replicas:
         try:
-            return server_ext.describe_table(connections.clickhouse(options, url), table)
-        except server_ext.ServerUnreachable as exc:
-            error = exc
-    assert error is not None
-    raise error
+            return server_ext.describe_table(connections.clickhouse(options, url), table), url
+        except server_ext.ServerUnreachable:
+            unreachable.append(url)
+    raise server_ext.ServerUnreachable(
+        f"no replica of shard {shard.index + 1} answers ({', '.join(unreachable)})",
+        purpose=f"describe table {table}")
 
 
 def check_target(options: SinkOptions, spark_schema) -> CheckedTarget:
@@ -133,11 +137,11 @@ def check_target(options: SinkOptions, spark_schema) -> CheckedTarget:
     client = connections.clickhouse(options)
     table = server_ext.describe_table(client, options.table)
     layout = resolve_layout(options, client, table)
+    server = options.url
     if layout.local_table != options.table or layout.shards[0].replicas != (options.url,):
-        table = describe_shards(options, layout)
+        table, server = describe_shards(options, layout)
     columns = server_ext.check_arrow_schema(table, arrow_schema(spark_schema))
-    caps = server_ext.detect_capabilities(
-        connections.clickhouse(options, layout.shards[0].replicas[0]))
+    caps = server_ext.detect_capabilities(connections.clickhouse(options, server))
     strategy = options.strategy
     if strategy == "auto":
         strategy = server_ext.choose_strategy(caps, table)
