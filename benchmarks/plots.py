@@ -1,9 +1,10 @@
 """PNG plots of a benchmark run, drawn from its JSON files alone.
 
 Reads ``sink.json`` (``bench_sink.py``) and, when present, ``writer.json``,
-``publish.json`` and ``coordinator.json`` (the component benchmarks) from one results
-directory and writes one small PNG per figure next to them. Plots never measure
-anything: re-drawing a recorded run gives the same pictures.
+``publish.json`` and ``coordinator.json`` (the component benchmarks) and ``shards.json``
+(``bench_shards.py``) from one results directory and writes one small PNG per figure
+next to them. Plots never measure anything: re-drawing a recorded run gives the same
+pictures.
 
     python benchmarks/plots.py [--results benchmarks/results]
 """
@@ -28,6 +29,8 @@ COLORS = {"noop": "#9e9e9e", "arrow_noop": "#616161", "plain": "#1f77b4",
 LABELS = {"noop": 'format("noop")', "arrow_noop": "no-op Arrow writer",
           "plain": "clickhouse_plain", "client_driver": "foreachBatch+client (driver)",
           "client_executor": "foreachBatch+client (tasks)", "tx": "clickhouse_tx"}
+SHARD_COLORS = {"one_server": "#2ca02c", "two_shards_id": "#1f77b4",
+                "two_shards_hash": "#9467bd"}
 STEP_COLORS = {"begin": "#8c564b", "stage": "#1f77b4", "seal": "#17becf",
                "decision": "#d62728", "publish": "#2ca02c", "drop": "#bcbd22",
                "finish": "#9467bd", "other": "#c7c7c7"}
@@ -204,6 +207,57 @@ def scaling(sink: dict, out: Path) -> Path | None:
     return _save(fig, out / "scaling.png")
 
 
+def shards(data: dict, out: Path) -> Path | None:
+    """``bench_shards.py``: rows/s of 1 server and 2 shards (left), 2 shards ÷ 1 server in
+    every round and the paired median (right)."""
+    rows = [r for r in data.get("results", []) if r.get("rows_per_s")]
+    if not rows:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(7.6, 3.4),
+                                      gridspec_kw={"width_ratios": [3, 2]})
+    partitions = sorted({r["partitions"] for r in rows})
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    width = 0.8 / len(variants)
+    for i, variant in enumerate(variants):
+        mine = {r["partitions"]: r for r in rows if r["variant"] == variant}
+        xs = [j + (i - (len(variants) - 1) / 2) * width for j, p in enumerate(partitions)
+              if p in mine]
+        label = next(r["label"] for r in rows if r["variant"] == variant)
+        left.bar(xs, [mine[p]["rows_per_s"] / 1e6 for p in partitions if p in mine], width,
+                 label=label, color=SHARD_COLORS.get(variant))
+        if variant == "one_server":
+            continue
+        for j, p in enumerate(partitions):
+            if p not in mine:
+                continue
+            base = next((r for r in data["results"] if r["variant"] == "one_server"
+                         and r["partitions"] == p), None)
+            per_round = [b["seconds"] / t["seconds"]
+                         for t, b in zip(mine[p]["runs"], base["runs"] if base else [],
+                                         strict=False) if t["seconds"] and b["seconds"]]
+            x = j + (i - (len(variants) - 1) / 2) * width
+            right.scatter([x] * len(per_round), per_round, color=SHARD_COLORS.get(variant),
+                          alpha=0.45, s=14)
+            paired = mine[p]["paired_ratio"].get("one_server")
+            if paired:
+                right.scatter([x], [paired], marker="_", s=300,
+                              color=SHARD_COLORS.get(variant))
+    for ax in (left, right):
+        ax.set_xticks(range(len(partitions)), [f"{p} partitions" for p in partitions])
+        ax.set_xlim(-0.5, len(partitions) - 0.5)
+        ax.set_ylim(bottom=0)
+    right.set_ylim(top=max(right.get_ylim()[1] * 1.1, 1.2))
+    right.axhline(1.0, color="black", linewidth=0.6)
+    right.set_title("2 shards ÷ 1 server, each round\n(dots) and paired median (bars)",
+                    fontsize=9)
+    left.set_ylim(top=max(r["rows_per_s"] for r in rows) / 1e6 * 1.45)  # room for legend
+    left.set_ylabel("million rows/s (median)")
+    left.set_title(f"clickhouse_tx, {rows[0]['rows']:,} rows, local[2]\n"
+                   "both shards on the same 2 cores", fontsize=9)
+    left.legend(fontsize=7)
+    return _save(fig, out / "shards.png")
+
+
 def components(results: Path, out: Path) -> Path | None:
     """The three component benchmarks side by side, if their JSON is there."""
     loaded = {name: json.loads((results / f"{name}.json").read_text())
@@ -282,6 +336,9 @@ def draw_all(results: Path) -> list[Path]:
             breakdown(sink, results),
             scaling(sink, results),
         ]
+    shards_file = results / "shards.json"
+    if shards_file.exists():
+        written.append(shards(json.loads(shards_file.read_text()), results))
     return [p for p in written if p is not None]
 
 

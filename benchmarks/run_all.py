@@ -7,14 +7,16 @@ process so one's memory or failure cannot disturb the next:
 2. ``bench_publish.py`` — seal + publish + drop per epoch (both 18.16 strategies);
 3. ``bench_coordinator.py`` — ZooKeeper cost per epoch;
 4. ``bench_sink.py`` — the sink against its baselines in Spark;
-5. ``plots.py`` — PNGs of all of the above.
+5. ``bench_shards.py`` — the sink into one server vs 2 shards (starts and stops its own
+   2 x 1 layout of ClickHouse servers, HTTP 29511 and 29521);
+6. ``plots.py`` — PNGs of all of the above.
 
 Every JSON and PNG goes into ``--out`` (``benchmarks/results`` by default; ``--quick``
 writes to ``benchmarks/results/quick`` so a smoke run never overwrites a recorded one),
 with ``suite.json`` saying how long each step took and the load average around it.
 
-    python benchmarks/run_all.py           # ~15 minutes (17 at load 8) on 2 cores
-    python benchmarks/run_all.py --quick   # smoke run, ~2 minutes on a quiet machine
+    python benchmarks/run_all.py           # ~15 minutes (17 at load 8) + ~7 for the shards
+    python benchmarks/run_all.py --quick   # smoke run, ~2 minutes on a quiet machine + ~2.5
 """
 
 from __future__ import annotations
@@ -90,6 +92,9 @@ def main() -> None:
     sink += ["--quick"] if args.quick else []
     sink += ["--huge"] if args.huge else []
     ok &= step("sink", sink, log)
+    shards = [sys.executable, str(HERE / "bench_shards.py"), "--out", str(out)]
+    shards += ["--quick"] if args.quick else []
+    ok &= step("shards", shards, log)
     print("\n=== plots", flush=True)
     for path in plots.draw_all(out):
         print(f"written {path} ({path.stat().st_size // 1024} KB)")
