@@ -57,9 +57,21 @@ class BranchPublisher:
         self.rollback(record)
 
     def rollback(self, record: BranchRecord) -> None:
+        """Drop the branch's staging table; on an unreachable server, leave it.
+
+        A branch that is rolled back is never published, so its staging table can never
+        become visible: ``txsink gc`` drops it once the xid is finished. Failing instead
+        would keep a decided xid ``Committing`` (and fail the job) for as long as one
+        replica that a failed task attempt chose stays down.
+        """
         staging = (record.manifest or {}).get("staging") or (record.owner or {}).get("staging")
         if staging:
-            server_ext.rollback(self.client_for(server_of(record)), staging)
+            server = server_of(record)
+            try:
+                server_ext.rollback(self.client_for(server), staging)
+            except server_ext.ServerUnreachable as exc:
+                log.warning("xid %s: staging %s of branch %s left for txsink gc: %s",
+                            record.xid, staging, record.branch_id, exc)
 
 
 def server_of(record: BranchRecord) -> str | None:
