@@ -1,4 +1,4 @@
-"""The task side of an epoch: one task attempt writes one branch.
+"""The task side of an epoch: one task attempt writes one branch per shard it has rows for.
 
 Contract (what Spark's ``DataWriter`` asks, made exactly-once):
 
@@ -13,6 +13,8 @@ Contract (what Spark's ``DataWriter`` asks, made exactly-once):
   so a driver that crashes after the decision can publish from ZooKeeper alone.
 - In streaming, a task of a replayed micro-batch whose xid is already ``Committed``
   writes nothing and returns :class:`SkippedMessage`.
+- On a sharded target each branch stages on one replica of its shard (``pick_replica``)
+  and records that server; its publish and rollback go to the same server.
 """
 
 from __future__ import annotations
@@ -106,10 +108,13 @@ class _ShardBranch:
             )
         self.writer.write(batch)
 
-    def seal(self) -> tuple[server_ext.Manifest, int, int]:
-        """Flush and seal: (manifest, rows, bytes)."""
+    def flush(self) -> None:
         assert self.writer is not None
         self.writer.flush()
+
+    def seal(self) -> tuple[server_ext.Manifest, int, int]:
+        """(manifest, rows, bytes) of the flushed staging table."""
+        assert self.writer is not None
         rows = self.writer.rows_sent
         manifest = server_ext.seal(self.client, self.writer.target, self.writer.staging_table,
                                    expected_rows=rows)
@@ -151,6 +156,8 @@ class _Attempt:
 
     def prepare(self) -> tuple[int, int, int]:
         """Seal every branch and record it ``Prepared``: (rows, bytes, partitions)."""
+        for branch in self.branches.values():
+            branch.flush()
         crashpoints.hit("branch.after_staging_write")
         sealed = [(branch, *branch.seal()) for branch in self.branches.values()]
         crashpoints.hit("branch.after_seal")
