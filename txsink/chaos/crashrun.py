@@ -70,6 +70,7 @@ class CrashPointRun:
     mode: str = "stream"
     rows_per_epoch: int = 300
     timeout: float = 120.0
+    setup_timeout: float = 300.0  # the first driver boots cold
     log: Callable[[str], None] = lambda line: None
     standby: int = 2  # drivers kept warm: a restart promotes one instead of booting
 
@@ -93,10 +94,11 @@ class CrashPointRun:
         self.driver = DriverProcess(spec, self.workdir / "logs", self.arming.env(),
                                     standby=self.standby)
         self._write_epoch()
-        self.driver.start()
-        if not self._caught_up(self.timeout):
+        self.driver.start(warm_up_standbys=False)
+        if not self._caught_up(self.setup_timeout):
             raise RuntimeError(f"the {self.mode} pipeline did not commit its first epoch: "
                                f"{self.driver.last_error() or 'no error printed'}")
+        self.driver.prestart()
 
     def close(self) -> None:
         if hasattr(self, "driver"):
