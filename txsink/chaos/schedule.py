@@ -584,8 +584,10 @@ def main(argv: list[str] | None = None) -> int:
         args.faults = 10
     count = args.faults if args.faults is not None else int(args.minutes * 60 / gap[0]) + 1
     plan = plan_faults(seed, count, kinds, (gap[0], gap[1]))
-    command = f"python -m txsink.chaos.schedule --seed {seed} --engine {args.engine} " + (
-        f"--minutes {args.minutes:g}" if args.minutes else f"--faults {args.faults}")
+    command = (f"python -m txsink.chaos.schedule --seed {seed} --engine {args.engine} "
+               f"--gap {args.gap} "
+               + (f"--kinds {','.join(kinds)} " if kinds != FAULT_KINDS else "")
+               + (f"--minutes {args.minutes:g}" if args.minutes else f"--faults {args.faults}"))
     print(f"seed {seed}: {command}", flush=True)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="txsink-chaos-"))
     services = private_services(workdir / "services", args.port_base)
