@@ -27,7 +27,11 @@ def id_counts(url: str, table: str) -> dict[int, int]:
 
 
 def assert_exactly_once(url: str, table: str, expected_ids) -> None:
-    counts = id_counts(url, table)
+    assert_counts_exactly_once(id_counts(url, table), expected_ids)
+
+
+def assert_counts_exactly_once(counts: dict[int, int], expected_ids) -> None:
+    """Every expected id counted once: none duplicated, lost or unexpected."""
     expected = set(expected_ids)
     duplicated = sorted(i for i, c in counts.items() if c > 1)
     lost = sorted(expected - counts.keys())

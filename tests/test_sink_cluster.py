@@ -40,7 +40,7 @@ from coordinator import BranchState, Coordinator, XidState
 from server_ext.ledger import ATTACHING
 from server_ext.staging import sink_key
 from tests.conftest import kazoo_client, run_sql
-from tests.sinkutil import events_df
+from tests.sinkutil import assert_counts_exactly_once, events_df
 from tests.test_sink_streaming import SCHEMA, write_input_file
 from txsink.datasource import BatchWriter, ClickHouseTxDataSource
 from txsink.operations import Operations
@@ -268,13 +268,7 @@ def assert_sharded_exactly_once(shards: list[list[str]], table: str, expected_id
     for counts in per_shard:
         for i, c in counts.items():
             total[i] = total.get(i, 0) + c
-    expected = set(expected_ids)
-    duplicated = sorted(i for i, c in total.items() if c > 1)
-    lost = sorted(expected - total.keys())
-    unexpected = sorted(total.keys() - expected)
-    assert not duplicated, f"{len(duplicated)} ids duplicated, e.g. {duplicated[:5]}"
-    assert not lost, f"{len(lost)} ids lost, e.g. {lost[:5]}"
-    assert not unexpected, f"{len(unexpected)} unexpected ids, e.g. {unexpected[:5]}"
+    assert_counts_exactly_once(total, expected_ids)
     assert all(per_shard), "a shard got no rows at all"
 
 
