@@ -109,12 +109,14 @@ class _ShardBranch:
         self.writer.write(batch)
 
     def flush(self) -> None:
-        assert self.writer is not None
-        self.writer.flush()
+        if self.writer is not None:
+            self.writer.flush()
 
     def seal(self) -> tuple[server_ext.Manifest, int, int]:
-        """(manifest, rows, bytes) of the flushed staging table."""
-        assert self.writer is not None
+        """(manifest, rows, bytes) of the flushed staging table (empty: no rows came)."""
+        if self.writer is None:
+            target = self.plan.table or server_ext.describe_table(self.client, self.plan.target)
+            return server_ext.Manifest.empty(target, self.staging), 0, 0
         rows = self.writer.rows_sent
         manifest = server_ext.seal(self.client, self.writer.target, self.writer.staging_table,
                                    expected_rows=rows)
@@ -138,10 +140,10 @@ class _Attempt:
             types = {c.name: c.type for c in self.plan.table.columns} if self.plan.table else None
             self.router = ShardRouter(self.plan.shard_layout, batch.schema, types)
         for shard, rows in self.router.split(batch).items():
-            branch = self.branches.get(shard) or self._open(shard)
+            branch = self.branches.get(shard) or self.open(shard)
             branch.write(rows)
 
-    def _open(self, index: int) -> _ShardBranch:
+    def open(self, index: int) -> _ShardBranch:
         """Register the branch in ZooKeeper before its staging table exists."""
         shard = self.plan.shard_layout.shards[index]
         server = pick_replica(shard, self.partition, self.attempt,
@@ -190,6 +192,8 @@ def write_branch(
 
     started = time.time()
     attempt = _Attempt(plan, epoch, generation)
+    if len(plan.shard_layout.shards) == 1:
+        attempt.open(0)  # at once: an attempt that starts after the decision fails here
     for batch in batches:
         if batch.num_rows:
             attempt.write(batch)
