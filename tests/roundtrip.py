@@ -146,6 +146,10 @@ SPECS: list[Spec] = [
     Spec("lca", "Array(LowCardinality(String))", pa.list_(pa.string()),
          st.lists(_FEW_WORDS, max_size=3)),
 ]
+# LowCardinality stays out of the random round trips: some LowCardinality Native blocks
+# make ClickHouse 18.16 (where the type is experimental) segfault; the encoder's own
+# LowCardinality tests still run. See docs/development.md.
+SPECS = [s for s in SPECS if not s.name.startswith("lc")]
 
 # One row with a typical value in every column.
 SAMPLE_ROW: dict[str, Any] = {
