@@ -178,13 +178,7 @@ class Scratch:
             for name in self.staging_tables(url, sink_ids):
                 sql(url, f"DROP TABLE IF EXISTS `{STAGING_DATABASE}`.`{name}`")
                 leftovers.append(f"{url} {name}")
-        client = KazooClient(hosts=self.zookeeper)
-        client.start(timeout=15)
-        try:
-            client.delete(self.zk_root, recursive=True)
-        finally:
-            client.stop()
-            client.close()
+        environment.delete_zk_root(self.zookeeper, self.zk_root)
         return leftovers
 
     @staticmethod

@@ -79,13 +79,18 @@ class Scratch:
 
     def remove(self) -> None:
         sql(self.url, f"DROP DATABASE IF EXISTS `{self.database}`")
-        client = KazooClient(hosts=self.zookeeper)
-        client.start(timeout=15)
-        try:
-            client.delete(self.zk_root, recursive=True)
-        finally:
-            client.stop()
-            client.close()
+        delete_zk_root(self.zookeeper, self.zk_root)
+
+
+def delete_zk_root(hosts: str, root: str) -> None:
+    """Remove a benchmark's ZooKeeper root and everything below it."""
+    client = KazooClient(hosts=hosts)
+    client.start(timeout=15)
+    try:
+        client.delete(root, recursive=True)
+    finally:
+        client.stop()
+        client.close()
 
 
 def start_spark(cores: int = 2, arrow_batch_rows: int = ARROW_BATCH_ROWS):
