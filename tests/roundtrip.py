@@ -203,12 +203,17 @@ def read_back(client: Any, table: str, example: int, specs: list[Spec] = SPECS) 
 
 
 def _exact_rows(client: Any, sql: str) -> list[dict]:
-    """Rows as JSON with decimals kept exact (18.16's toString(Decimal128) is broken: it
-    prints a NUL byte inside some values, so the JSON number text is parsed instead)."""
+    """Rows as JSON with decimals kept exact.
+
+    18.16 prints some Decimal128 values with a NUL byte where a zero digit belongs (in
+    ``toString`` and in JSON numbers alike; the stored value is right). JSON escapes a NUL
+    inside a string, so a raw NUL can only be such a digit and is read as ``0``.
+    """
     if isinstance(client, ClickHouseClient):
         resp = requests.post(client.url, data=f"{sql} FORMAT JSON".encode(), timeout=30)
-        assert resp.status_code == 200, resp.content.decode("utf-8")
-        return json.loads(resp.content.decode("utf-8"), parse_float=Decimal)["data"]
+        text = resp.content.decode("utf-8")
+        assert resp.status_code == 200, text
+        return json.loads(text.replace("\x00", "0"), parse_float=Decimal)["data"]
     return client.query_rows(sql, purpose="read round-trip rows",
                              settings={"output_format_json_quote_decimals": 1})
 
