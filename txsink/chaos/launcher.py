@@ -24,6 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from txsink.chaos import jvm
 from txsink.chaos.faults import kill_session
 from txsink.chaos.pipeline import RECOVERED_LINE, RUNNING_LINE, STANDBY_LINE
 
@@ -87,7 +88,8 @@ class DriverProcess:
     Python workers up, but waiting before they read the checkpoint or reach the sink.
     :meth:`start` promotes one (a booted one first), which saves most of the ~15 s a
     Spark driver needs to start. Standbys live in sessions of their own, so killing the
-    current driver spares them.
+    current driver spares them. Every driver's JVM starts from a class-data-sharing
+    archive (:mod:`txsink.chaos.jvm`), built on the first spawn.
     """
 
     def __init__(self, spec: PipelineSpec, log_dir: Path,
@@ -100,12 +102,15 @@ class DriverProcess:
         self.log_file: Path | None = None
         self._warm: list[_Standby] = []
         self._spawned = 0
+        self._jvm_env: dict[str, str] | None = None
         self.starts = 0
 
     def _spawn(self, go_file: Path | None) -> tuple[subprocess.Popen, Path]:
+        if self._jvm_env is None:
+            self._jvm_env = jvm.submit_env()
         env = {k: v for k, v in os.environ.items() if not k.startswith("TXSINK_CRASH_")}
         env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-                   **self.extra_env)
+                   **self._jvm_env, **self.extra_env)
         self._spawned += 1
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_file = self.log_dir / f"driver-{self._spawned:03d}.log"

@@ -1,0 +1,25 @@
+"""Fault-run drivers start from a class-data-sharing archive of Spark's JVM."""
+
+from __future__ import annotations
+
+import shlex
+
+from txsink.chaos import jvm
+
+
+def test_archive_is_built_once_then_reused():
+    first = jvm.ensure_archive()
+    assert first is not None and first.stat().st_size > 0
+    assert jvm.ensure_archive() == first
+
+
+def test_driver_java_options_name_the_archive(monkeypatch):
+    monkeypatch.delenv(jvm.SUBMIT_ARGS, raising=False)
+    args = shlex.split(jvm.submit_env()[jvm.SUBMIT_ARGS])
+    assert args[0] == "--driver-java-options" and args[-1] == "pyspark-shell"
+    assert f"-XX:SharedArchiveFile={jvm.ensure_archive()}" in args[1].split()
+
+
+def test_explicit_submit_args_are_kept(monkeypatch):
+    monkeypatch.setenv(jvm.SUBMIT_ARGS, "--driver-memory 2g pyspark-shell")
+    assert jvm.submit_env() == {}
