@@ -91,9 +91,9 @@ def _workload() -> None:
     """Session, a Python data source write, mapInArrow and a streaming JSON query."""
     import tempfile
 
-    from txsink.chaos.pipeline import SCHEMA, WarmUpDataSource, _session
+    from txsink.chaos.pipeline import SCHEMA, WarmUpDataSource, spark_session
 
-    spark = _session("local[2,3]")
+    spark = spark_session("local[2,3]")
     spark.dataSource.register(WarmUpDataSource)
     df = spark.range(4, numPartitions=2).mapInArrow(lambda it: it, "id long")
     df.write.format(WarmUpDataSource.name()).mode("append").save()

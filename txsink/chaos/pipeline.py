@@ -94,7 +94,8 @@ def committed_batches(checkpoint: Path) -> int:
     return sum(1 for p in commits.iterdir() if p.name.isdigit())
 
 
-def _session(master: str):
+def spark_session(master: str):
+    """The pipeline driver's Spark session, with the sink and its data sources registered."""
     from pyspark.sql import SparkSession
 
     spark = (
@@ -314,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = _session(args.master)
+    spark = spark_session(args.master)
     try:
         stop_file = Path(args.checkpoint + ".stop")
         if args.go_file and not _stand_by(spark, Path(args.go_file), stop_file):
