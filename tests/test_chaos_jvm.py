@@ -23,3 +23,12 @@ def test_driver_java_options_name_the_archive(monkeypatch):
 def test_explicit_submit_args_are_kept(monkeypatch):
     monkeypatch.setenv(jvm.SUBMIT_ARGS, "--driver-memory 2g pyspark-shell")
     assert jvm.submit_env() == {}
+
+
+def test_a_failed_build_is_not_tried_again(tmp_path, monkeypatch):
+    monkeypatch.delenv(jvm.SUBMIT_ARGS, raising=False)
+    path = jvm.archive_path(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.with_suffix(".failed").touch()
+    assert jvm.ensure_archive(tmp_path) is None
+    assert "SharedArchiveFile" not in jvm.submit_env(tmp_path)[jvm.SUBMIT_ARGS]

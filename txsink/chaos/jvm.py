@@ -47,16 +47,17 @@ def archive_path(home: Path | None = None) -> Path:
 def ensure_archive(home: Path | None = None) -> Path | None:
     """The archive, built first if missing; None if it could not be built.
 
-    Concurrent callers (several fault runs at once) wait for one build.
+    Concurrent callers (several fault runs at once) wait for one build; a failed build
+    is not tried again (delete the ``.failed`` file next to the archive to retry).
     """
     path = archive_path(home)
-    if path.exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not path.exists():
-            _build(path)
+    failed = path.with_suffix(".failed")
+    if not path.exists() and not failed.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not path.exists() and not failed.exists() and not _build(path):
+                failed.touch()
     return path if path.exists() else None
 
 
@@ -69,7 +70,7 @@ def submit_env(home: Path | None = None) -> dict[str, str]:
     return {SUBMIT_ARGS: f'--driver-java-options "{options}" pyspark-shell'}
 
 
-def _build(path: Path) -> None:
+def _build(path: Path) -> bool:
     """One driver run that loads what a pipeline driver loads, then dumps at JVM exit."""
     partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     options = f"{_FAST_START} -XX:ArchiveClassesAtExit={partial}"
@@ -85,6 +86,7 @@ def _build(path: Path) -> None:
         pass  # drivers start without the archive
     finally:
         partial.unlink(missing_ok=True)
+    return path.exists()
 
 
 def _workload() -> None:
