@@ -33,6 +33,7 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
+from txsink.chaos import jvm
 from txsink.chaos.checker import CheckerError, count_in_range
 from txsink.chaos.faults import private_services
 from txsink.chaos.schedule import ChaosRun, Fault, RunReport
@@ -203,6 +204,8 @@ def main(args: argparse.Namespace) -> int:
     runs: list[ChaosRun] = []
     try:
         services.up()
+        if jvm.ensure_archive(quiet=False) is None:
+            print("fast Spark driver start-up unavailable: drivers start the slow way")
         with tqdm(total=epochs * len(SINKS), unit="epoch", desc="epochs committed") as bar:
             runs = [ChaosRun(workdir / sink, services, sink=sink,
                              table=f"demo.events_{sink.split('_')[1]}",

@@ -44,15 +44,18 @@ def archive_path(home: Path | None = None) -> Path:
     return (home or default_home()) / "spark-cds" / f"driver-{key.hexdigest()[:16]}.jsa"
 
 
-def ensure_archive(home: Path | None = None) -> Path | None:
+def ensure_archive(home: Path | None = None, quiet: bool = True) -> Path | None:
     """The archive, built first if missing; None if it could not be built.
 
     Concurrent callers (several fault runs at once) wait for one build; a failed build
     is not tried again (delete the ``.failed`` file next to the archive to retry).
+    ``quiet=False`` says so on stdout before a build starts.
     """
     path = archive_path(home)
     failed = path.with_suffix(".failed")
     if not path.exists() and not failed.exists():
+        if not quiet:
+            print("preparing fast Spark driver start-up (once per machine, ~30 s)", flush=True)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path.with_suffix(".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
