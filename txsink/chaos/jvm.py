@@ -13,13 +13,14 @@ cannot be built, drivers start without it.
 
 Usage::
 
-    env = dict(os.environ, **submit_env())   # builds the archive on first use (~20 s)
+    env = dict(os.environ, **submit_env())   # builds the archive on first use (~35 s)
     subprocess.Popen([sys.executable, "-m", "txsink.chaos.pipeline", ...], env=env)
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import subprocess
@@ -37,11 +38,17 @@ _DUMP_TIMEOUT = 300.0
 
 def archive_path(home: Path | None = None) -> Path:
     """Where this Spark + JDK's archive lives (a new build of either gets a new file)."""
+    return (home or default_home()) / "spark-cds" / f"driver-{_build_key()}.jsa"
+
+
+@functools.cache
+def _build_key() -> str:
+    """Spark's version and location and the JDK's build (asked once per process)."""
     import pyspark
 
     java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
     key = hashlib.sha256(f"{pyspark.__version__}|{pyspark.__file__}|{java}".encode())
-    return (home or default_home()) / "spark-cds" / f"driver-{key.hexdigest()[:16]}.jsa"
+    return key.hexdigest()[:16]
 
 
 def ensure_archive(home: Path | None = None, quiet: bool = True) -> Path | None:
@@ -69,15 +76,17 @@ def submit_env(home: Path | None = None) -> dict[str, str]:
     if SUBMIT_ARGS in os.environ:
         return {}
     archive = ensure_archive(home)
-    options = _FAST_START + (f" -XX:SharedArchiveFile={archive}" if archive else "")
-    return {SUBMIT_ARGS: f'--driver-java-options "{options}" pyspark-shell'}
+    return _submit_args(_FAST_START + (f" -XX:SharedArchiveFile={archive}" if archive else ""))
+
+
+def _submit_args(java_options: str) -> dict[str, str]:
+    return {SUBMIT_ARGS: f'--driver-java-options "{java_options}" pyspark-shell'}
 
 
 def _build(path: Path) -> bool:
     """One driver run that loads what a pipeline driver loads, then dumps at JVM exit."""
     partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    options = f"{_FAST_START} -XX:ArchiveClassesAtExit={partial}"
-    env = dict(os.environ, **{SUBMIT_ARGS: f'--driver-java-options "{options}" pyspark-shell'},
+    env = dict(os.environ, **_submit_args(f"{_FAST_START} -XX:ArchiveClassesAtExit={partial}"),
                PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     try:
         subprocess.run([sys.executable, "-m", "txsink.chaos.jvm", "--workload"], env=env,
