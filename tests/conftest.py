@@ -1,6 +1,6 @@
 """Shared fixtures: real ClickHouse, real ZooKeeper, real Spark (local mode).
 
-Services are started once per run when absent (``txsink.services``). Every test gets its
+Services are started once per run when absent (``txsink.harness.services``). Every test gets its
 own ClickHouse database and its own ZooKeeper chroot, so tests cannot see each other.
 """
 
@@ -19,7 +19,7 @@ from kazoo.retry import KazooRetry
 
 from server_ext.client import ClickHouseClient
 from server_ext.staging import STAGING_DATABASE, staging_table_name
-from txsink.services import Cluster, Services
+from txsink.harness.services import Cluster, Services
 
 # The same examples on every run: an input that crashes the shared server (as some
 # LowCardinality blocks crash 18.16) must fail every run, not one run in a few.

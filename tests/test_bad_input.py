@@ -22,8 +22,8 @@ import requests
 
 import txsink
 from txsink import cli
-from txsink.chaos.faults import private_services
-from txsink.services import READONLY_USER, SECRET_PASSWORD, SECRET_USER, Services
+from txsink.harness.chaos.faults import private_services
+from txsink.harness.services import READONLY_USER, SECRET_PASSWORD, SECRET_USER, Services
 
 PORT_BASE = 28400
 SCHEMA = "id LONG, day DATE, code STRING, small INT, name STRING"

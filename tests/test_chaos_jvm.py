@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-from txsink.chaos import jvm
+from txsink.harness.chaos import jvm
 
 
 def test_archive_is_built_once_then_reused():

@@ -4,14 +4,14 @@ The run uses a private ClickHouse + ZooKeeper pair (ports 28201..28204), because
 kills and restarts both servers, and a ReplicatedMergeTree target: on a plain MergeTree
 target a ClickHouse restart inside a publish may leave it in doubt for an operator
 (docs/reliability.md, "Limits"), which a random schedule would hit now and then.
-The soak (``python -m txsink.chaos.schedule --minutes 30``) is the same code with more
+The soak (``python -m txsink.harness.chaos.schedule --minutes 30``) is the same code with more
 faults.
 """
 
 from __future__ import annotations
 
-from txsink.chaos.faults import private_services
-from txsink.chaos.schedule import (
+from txsink.harness.chaos.faults import private_services
+from txsink.harness.chaos.schedule import (
     FAULT_KINDS,
     REPLICATED,
     ChaosRun,

@@ -17,7 +17,7 @@ import pytest
 from server_ext.client import ClickHouseClient, qualified_name, quote_identifier, split_table_name
 from server_ext.errors import ClickHouseError, ServerUnreachable
 from tests.conftest import run_sql
-from txsink.services import SECRET_PASSWORD, SECRET_USER
+from txsink.harness.services import SECRET_PASSWORD, SECRET_USER
 
 
 def free_port() -> int:

@@ -15,7 +15,7 @@ from kazoo.retry import KazooRetry
 
 from coordinator import BranchRecord, Coordinator, XidState
 from tests.test_coordinator_support import Target, prepared_branches
-from txsink.services import ServiceError, Services
+from txsink.harness.services import ServiceError, Services
 
 OUTAGE_SECONDS = 2.0
 

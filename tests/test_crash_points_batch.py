@@ -16,8 +16,8 @@ import pytest
 from kazoo.client import KazooClient
 
 from tests.conftest import run_sql
-from txsink.chaos.crashrun import CrashPointRun
 from txsink.crashpoints import CRASH_POINTS
+from txsink.harness.chaos.crashrun import CrashPointRun
 
 
 @pytest.fixture(scope="module")

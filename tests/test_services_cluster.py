@@ -14,7 +14,7 @@ import requests
 
 from tests.conftest import run_sql
 from txsink import cli
-from txsink.services import Cluster, Services, cluster_ports, port_open
+from txsink.harness.services import Cluster, Services, cluster_ports, port_open
 
 
 def replicated_table(cluster: Cluster, db: str, table: str = "t",

@@ -33,7 +33,7 @@ from server_ext.sharding import (
     parse_shard_urls,
 )
 from tests.conftest import run_sql
-from txsink.services import Cluster
+from txsink.harness.services import Cluster
 
 CLUSTER = "txsink_cluster"
 SMALL_SIGNED = ("Int8", "Int16", "Int32")

@@ -43,8 +43,8 @@ from tests.conftest import kazoo_client, run_sql
 from tests.sinkutil import assert_counts_exactly_once, events_df
 from tests.test_sink_streaming import SCHEMA, write_input_file
 from txsink.datasource import BatchWriter, ClickHouseTxDataSource
+from txsink.harness.services import Cluster, ClusterServer
 from txsink.operations import Operations
-from txsink.services import Cluster, ClusterServer
 
 EVENTS_COLUMNS = "(id UInt64, day Date, name String, value Float64)"
 LOCAL = "events"  # the local table on every shard server

@@ -23,7 +23,7 @@ import sys
 
 
 def _services(args: argparse.Namespace) -> int:
-    from txsink.services import Services
+    from txsink.harness.services import Services
 
     services = Services.from_env()
     if args.shards is not None:
@@ -90,7 +90,12 @@ def _operations(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from txsink import demo
+    try:
+        from txsink.harness import demo
+    except ImportError as exc:
+        print(f"txsink demo needs the harness extra: pip install 'txsink[harness]' ({exc})",
+              file=sys.stderr)
+        return 2
 
     return demo.main(args)
 

@@ -2,7 +2,7 @@
 
 One pipeline driver (streaming, or batch with one job per input file) runs for the whole
 sequence with every crash point armed but marked "already fired"
-(:class:`~txsink.chaos.faults.CrashArming`). For each point the runner waits until the
+(:class:`~txsink.harness.chaos.faults.CrashArming`). For each point the runner waits until the
 pipeline has caught up, arms the point, writes the next input file and waits for the
 driver to die at that point. It then records what the target holds right after the kill
 (rows may be missing, none may be doubled), restarts the driver from its checkpoint
@@ -28,10 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from txsink.chaos import checker
-from txsink.chaos.faults import CrashArming
-from txsink.chaos.launcher import DriverProcess, PipelineSpec
-from txsink.chaos.pipeline import (
+from txsink.harness.chaos import checker
+from txsink.harness.chaos.faults import CrashArming
+from txsink.harness.chaos.launcher import DriverProcess, PipelineSpec
+from txsink.harness.chaos.pipeline import (
     committed_batches,
     create_events_table,
     write_epoch_file,

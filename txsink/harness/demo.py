@@ -4,7 +4,7 @@ What it shows, in a few minutes:
 
 1. A private ClickHouse + ZooKeeper pair starts on ports 28101..28104 (its own data
    folder, so the demo may kill it without touching anything else).
-2. A streaming pipeline (:mod:`txsink.chaos.pipeline`, its own driver process) reads
+2. A streaming pipeline (:mod:`txsink.harness.chaos.pipeline`, its own driver process) reads
    uniquely keyed event files, one file per micro-batch, and writes them through
    ``clickhouse_tx`` into a plain MergeTree table. At seeded epochs, the moment that
    epoch's first rows reach the server (or become visible in the target), the chaos
@@ -33,10 +33,10 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from txsink.chaos import jvm
-from txsink.chaos.checker import CheckerError, count_in_range
-from txsink.chaos.faults import private_services
-from txsink.chaos.schedule import ChaosRun, Fault, RunReport
+from txsink.harness.chaos import jvm
+from txsink.harness.chaos.checker import CheckerError, count_in_range
+from txsink.harness.chaos.faults import private_services
+from txsink.harness.chaos.schedule import ChaosRun, Fault, RunReport
 
 PORT_BASE = 28100
 SINKS = ("clickhouse_tx", "clickhouse_plain")

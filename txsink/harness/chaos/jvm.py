@@ -14,7 +14,7 @@ cannot be built, drivers start without it.
 Usage::
 
     env = dict(os.environ, **submit_env())   # builds the archive on first use (~35 s)
-    subprocess.Popen([sys.executable, "-m", "txsink.chaos.pipeline", ...], env=env)
+    subprocess.Popen([sys.executable, "-m", "txsink.harness.chaos.pipeline", ...], env=env)
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from txsink.services import default_home
+from txsink.harness.services import default_home
 
 SUBMIT_ARGS = "PYSPARK_SUBMIT_ARGS"
 # C1 only: a driver of a fault run lives seconds to minutes; C2 compiles cost more CPU
@@ -89,7 +89,7 @@ def _build(path: Path) -> bool:
     env = dict(os.environ, **_submit_args(f"{_FAST_START} -XX:ArchiveClassesAtExit={partial}"),
                PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     try:
-        subprocess.run([sys.executable, "-m", "txsink.chaos.jvm", "--workload"], env=env,
+        subprocess.run([sys.executable, "-m", "txsink.harness.chaos.jvm", "--workload"], env=env,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=_DUMP_TIMEOUT, check=True)
         if partial.exists() and partial.stat().st_size > 0:
@@ -105,7 +105,7 @@ def _workload() -> None:
     """Session, a Python data source write, mapInArrow and a streaming JSON query."""
     import tempfile
 
-    from txsink.chaos.pipeline import SCHEMA, WarmUpDataSource, spark_session
+    from txsink.harness.chaos.pipeline import SCHEMA, WarmUpDataSource, spark_session
 
     spark = spark_session("local[2,3]")
     spark.dataSource.register(WarmUpDataSource)

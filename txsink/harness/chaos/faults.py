@@ -7,7 +7,7 @@ causes, never a polite shutdown:
   every Python worker: the pipeline is started in its own session).
 - :func:`kill_python_worker` kills one Python worker of a running driver; Spark sees a
   failed task (or a failed commit) and retries or fails the micro-batch.
-- :func:`kill_server` / :func:`restart_server` use :mod:`txsink.services` (``kill()``
+- :func:`kill_server` / :func:`restart_server` use :mod:`txsink.harness.services` (``kill()``
   then ``start()``); ZooKeeper is started before ClickHouse when both are down.
 - :class:`CrashArming` arms the named crash points of :mod:`txsink.crashpoints` in a
   driver that is already running: the driver starts with every point armed and each
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from txsink.crashpoints import CRASH_POINTS
-from txsink.services import ClickHouse, Services, ZooKeeper, port_open
+from txsink.harness.services import ClickHouse, Services, ZooKeeper, port_open
 
 SERVER_KINDS = ("clickhouse", "zookeeper")
 DISARMED = "disarmed"  # marker content written by CrashArming; a fired point's is empty

@@ -1,6 +1,6 @@
 """Start, promote, stop and kill the pipeline's driver process.
 
-The pipeline (:mod:`txsink.chaos.pipeline`) runs in a session of its own
+The pipeline (:mod:`txsink.harness.chaos.pipeline`) runs in a session of its own
 (``start_new_session=True``): its driver process, JVM and Python workers all belong to
 that session, so :meth:`DriverProcess.kill` ends every one of them at once, like a lost
 machine. PySpark's daemon moves its workers into a process group of their own, so the
@@ -24,9 +24,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from txsink.chaos import jvm
-from txsink.chaos.faults import kill_session
-from txsink.chaos.pipeline import RECOVERED_LINE, RUNNING_LINE, STANDBY_LINE
+from txsink.harness.chaos import jvm
+from txsink.harness.chaos.faults import kill_session
+from txsink.harness.chaos.pipeline import RECOVERED_LINE, RUNNING_LINE, STANDBY_LINE
 
 
 @dataclass
@@ -53,7 +53,7 @@ class PipelineSpec:
         return self.checkpoint.with_name(self.checkpoint.name + ".stop")
 
     def argv(self) -> list[str]:
-        argv = [sys.executable, "-m", "txsink.chaos.pipeline", "--source", str(self.source),
+        argv = [sys.executable, "-m", "txsink.harness.chaos.pipeline", "--source", str(self.source),
                 "--checkpoint", str(self.checkpoint), "--table", self.table,
                 "--url", self.url, "--zookeeper", self.zookeeper, "--sink", self.sink,
                 "--mode", self.mode, "--trigger", self.trigger, "--interval", self.interval,
@@ -89,7 +89,7 @@ class DriverProcess:
     :meth:`start` promotes one (a booted one first), which saves most of the ~15 s a
     Spark driver needs to start. Standbys live in sessions of their own, so killing the
     current driver spares them. Every driver's JVM starts from a class-data-sharing
-    archive (:mod:`txsink.chaos.jvm`), built on the first spawn.
+    archive (:mod:`txsink.harness.chaos.jvm`), built on the first spawn.
     """
 
     def __init__(self, spec: PipelineSpec, log_dir: Path,

@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-log = logging.getLogger("txsink.chaos.proxy")
+log = logging.getLogger("txsink.harness.chaos.proxy")
 
 _CHUNK = 65536
 _POLL = 0.05  # seconds a forwarding thread waits before re-reading the mode

@@ -2,7 +2,7 @@
 
 Run directly::
 
-    python -m txsink.chaos.pipeline --source DIR --checkpoint DIR --table db.events \\
+    python -m txsink.harness.chaos.pipeline --source DIR --checkpoint DIR --table db.events \\
         --sink clickhouse_tx --url http://127.0.0.1:8123 --zookeeper 127.0.0.1:2181 \\
         [--trigger available-now|processing-time] [--interval "1 second"] \\
         [--option timeout=10 ...] [--fail-flag FILE] [--mode stream|batch]
@@ -15,7 +15,7 @@ recovers the sink as an operator would (``txsink recover``), then skips every fi
 ids are all visible, re-runs every file with none visible, and fails loudly on a file
 that is partly visible (a job that was not atomic).
 
-:class:`txsink.chaos.launcher.DriverProcess` starts this program in a session of its own,
+:class:`txsink.harness.chaos.launcher.DriverProcess` starts this program in a session of its own,
 so that its driver, JVM and Python workers can be killed at once, like a lost machine.
 The input files and the target table are made here too, so that every harness feeds
 the job the same way.
@@ -35,7 +35,7 @@ from pathlib import Path
 import requests
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
-from txsink.chaos.faults import fired_markers, kill_session
+from txsink.harness.chaos.faults import fired_markers, kill_session
 
 #: The events every chaos run writes: a unique id per row, three monthly partitions.
 SCHEMA = "id LONG, day DATE, name STRING, value DOUBLE"
@@ -236,7 +236,7 @@ def _run_stream(spark, args: argparse.Namespace) -> None:
 
 
 def _visible(args: argparse.Namespace, ids: list[int]) -> int:
-    from txsink.chaos.checker import count_in_range
+    from txsink.harness.chaos.checker import count_in_range
 
     return count_in_range(args.url, args.table, min(ids), max(ids) + 1)
 
@@ -290,7 +290,7 @@ def _run_batch(spark, args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m txsink.chaos.pipeline",
+    p = argparse.ArgumentParser(prog="python -m txsink.harness.chaos.pipeline",
                                 description="the streaming (or batch) job under test")
     p.add_argument("--source", required=True, help="folder of events-*.json input files")
     p.add_argument("--checkpoint", required=True, help="streaming checkpoint folder")

@@ -1,11 +1,11 @@
 """Randomised fault schedules over a streaming run of many epochs, and the soak command.
 
-    python -m txsink.chaos.schedule --minutes 30 --seed 7      # the soak
-    python -m txsink.chaos.schedule --faults 8 --seed 7        # a short run
+    python -m txsink.harness.chaos.schedule --minutes 30 --seed 7      # the soak
+    python -m txsink.harness.chaos.schedule --faults 8 --seed 7        # a short run
 
 A run starts a private ClickHouse + ZooKeeper pair (its own ports and data, so killing it
-disturbs nobody), puts a :class:`~txsink.chaos.proxy.TcpProxy` in front of each, and runs
-the streaming pipeline of :mod:`txsink.chaos.pipeline` as its own process while a feeder
+disturbs nobody), puts a :class:`~txsink.harness.chaos.proxy.TcpProxy` in front of each, and runs
+the streaming pipeline of :mod:`txsink.harness.chaos.pipeline` as its own process while a feeder
 keeps adding one uniquely keyed input file per epoch. Faults are drawn from the seed:
 
 - ``driver_kill``      kill -9 of the driver's process group at a random moment
@@ -40,23 +40,23 @@ from pathlib import Path
 
 import requests
 
-from txsink.chaos import checker
-from txsink.chaos.faults import (
+from txsink.crashpoints import CRASH_POINTS
+from txsink.harness.chaos import checker
+from txsink.harness.chaos.faults import (
     CrashArming,
     kill_python_worker,
     kill_server,
     private_services,
     restart_server,
 )
-from txsink.chaos.launcher import DriverProcess, PipelineSpec
-from txsink.chaos.pipeline import (
+from txsink.harness.chaos.launcher import DriverProcess, PipelineSpec
+from txsink.harness.chaos.pipeline import (
     committed_batches,
     create_events_table,
     write_epoch_file,
 )
-from txsink.chaos.proxy import TcpProxy
-from txsink.crashpoints import CRASH_POINTS
-from txsink.services import Services
+from txsink.harness.chaos.proxy import TcpProxy
+from txsink.harness.services import Services
 
 FAULT_KINDS = (
     "driver_kill", "worker_kill", "crash_point", "clickhouse_kill", "zookeeper_kill",
@@ -551,7 +551,7 @@ def render(report: RunReport, command: str = "") -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m txsink.chaos.schedule",
+    p = argparse.ArgumentParser(prog="python -m txsink.harness.chaos.schedule",
                                 description="seeded random faults over a streaming run")
     p.add_argument("--seed", type=int, default=None, help="default: random, printed")
     p.add_argument("--minutes", type=float, default=None, help="inject faults this long")
@@ -584,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
         args.faults = 10
     count = args.faults if args.faults is not None else int(args.minutes * 60 / gap[0]) + 1
     plan = plan_faults(seed, count, kinds, (gap[0], gap[1]))
-    command = (f"python -m txsink.chaos.schedule --seed {seed} --engine {args.engine} "
+    command = (f"python -m txsink.harness.chaos.schedule --seed {seed} --engine {args.engine} "
                f"--gap {args.gap} "
                + (f"--kinds {','.join(kinds)} " if kinds != FAULT_KINDS else "")
                + (f"--minutes {args.minutes:g}" if args.minutes else f"--faults {args.faults}"))

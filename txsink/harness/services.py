@@ -46,7 +46,7 @@ from pathlib import Path
 
 import requests
 
-log = logging.getLogger("txsink.services")
+log = logging.getLogger("txsink.harness.services")
 
 CLICKHOUSE_BINARY = "/usr/sbin/clickhouse-server"
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"

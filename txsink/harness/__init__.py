@@ -1,0 +1,10 @@
+"""The project's own test and demo harness, shipped beside the sink but never imported by it.
+
+- ``services`` installs and supervises local ClickHouse and ZooKeeper servers;
+- ``chaos`` drives Spark pipelines under injected faults and checks exactly-once;
+- ``demo`` is the README's fault-injection demo.
+
+Only ``txsink services`` and ``txsink demo`` load this package; what runs in Spark
+drivers, executors and the operator commands does not (``tests/test_layers.py``).
+Its extra dependencies come with ``pip install 'txsink[harness]'``.
+"""

@@ -1,0 +1,15 @@
+"""Fault injection and an independent checker: the proof that ``clickhouse_tx`` is exactly-once.
+
+- :mod:`txsink.harness.chaos.proxy` — a TCP proxy that delays, cuts or black-holes connections.
+- :mod:`txsink.harness.chaos.faults` — process faults: kill -9 the Spark driver, a Python worker,
+  the ClickHouse server or ZooKeeper; restart them; a private server pair to kill freely.
+- :mod:`txsink.harness.chaos.pipeline` — the streaming (or batch) job under test, and the
+  uniquely keyed input files it reads.
+- :mod:`txsink.harness.chaos.launcher` — runs that job as its own driver process (own session),
+  with a warm standby for fast restarts.
+- :mod:`txsink.harness.chaos.checker` — counts every id in the target over plain HTTP.
+- :mod:`txsink.harness.chaos.crashrun` — every named crash point once, against one driver.
+- :mod:`txsink.harness.chaos.schedule` — seeded random fault schedules and the soak command.
+
+Nothing here is imported by the sink itself.
+"""
