@@ -10,13 +10,20 @@ from coordinator.callbacks import CallbackPolicy
 from coordinator.coordinator import Coordinator
 from coordinator.errors import (
     CallbackFailed,
+    CheckpointReplaced,
     CoordinatorError,
     Fenced,
     InvalidTransition,
     PublishFailed,
+    PublishInProgress,
+    PublishLeaseLost,
     RecordTooLarge,
     RecoveryIncomplete,
+    ResetRefused,
     RollbackFailed,
+    SinkStateLost,
+    SinkTakenOver,
+    StreamStateMismatch,
     UnknownBranch,
     UnknownXid,
     WinnerNotPrepared,
@@ -24,9 +31,10 @@ from coordinator.errors import (
     XidDecided,
 )
 from coordinator.ledger import Ledger
-from coordinator.records import BranchRecord, XidRecord
+from coordinator.records import BranchRecord, StreamRecord, XidRecord
 from coordinator.recovery import RecoveryAction, RecoveryReport
 from coordinator.states import BranchState, XidState
+from coordinator.stream import ResetOutcome
 
 __all__ = [
     "Anomaly",
@@ -35,17 +43,26 @@ __all__ = [
     "BranchState",
     "CallbackFailed",
     "CallbackPolicy",
+    "CheckpointReplaced",
     "Coordinator",
     "CoordinatorError",
     "Fenced",
     "InvalidTransition",
     "Ledger",
     "PublishFailed",
+    "PublishInProgress",
+    "PublishLeaseLost",
     "RecordTooLarge",
     "RecoveryAction",
     "RecoveryIncomplete",
     "RecoveryReport",
+    "ResetOutcome",
+    "ResetRefused",
     "RollbackFailed",
+    "SinkStateLost",
+    "SinkTakenOver",
+    "StreamRecord",
+    "StreamStateMismatch",
     "UnknownBranch",
     "UnknownXid",
     "WinnerNotPrepared",

@@ -158,3 +158,76 @@ def _row_count(sink_id: str, epoch: int, record: XidRecord | None,
     return [Anomaly(AnomalyKind.ROW_COUNT_MISMATCH, sink_id, epoch,
                     f"winners' manifests say {expected} rows, targets gained {gained} "
                     f"(xid is {record.state.value})")]
+
+
+# -- history for the target check -------------------------------------------------------
+# The coordinator does not read manifests or tables: it hands the caller what each decided
+# xid's winners recorded, and says which committed xids it can no longer show.
+
+
+@dataclass(frozen=True)
+class DecidedXid:
+    """A ``Committing`` or ``Committed`` xid with the records of its winners.
+
+    ``missing`` lists winners without a record (a hand edit, or retention deleting the
+    xid while it was being read): what they published is unknown.
+    """
+
+    record: XidRecord
+    winners: tuple[BranchRecord, ...]
+    missing: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SinkHistory:
+    """What a sink's retained records say it made visible.
+
+    ``decided`` are the retained ``Committing``/``Committed`` xids in epoch order;
+    ``pruned_committed`` the ``[first, last]`` ranges of committed epochs whose records
+    retention deleted (what they wrote is no longer known); ``states`` every retained
+    xid's state when read, for :func:`changed_since`.
+    """
+
+    sink_id: str
+    decided: tuple[DecidedXid, ...]
+    pruned_committed: Ranges
+    states: dict[int, XidState]
+
+
+def read_history(client: KazooClient, root: str, sink_id: str,
+                 epochs: list[int] | None = None) -> SinkHistory:
+    """The decided xids of ``sink_id`` (only ``epochs`` when given) and its pruned ranges.
+
+    The pruned ranges are read *after* the records: retention records an epoch as pruned
+    before deleting it, so an xid deleted while this runs is either read or in the ranges.
+    """
+    store = SinkStore(client, SinkLayout(root, sink_id), default_retry(client))
+    wanted = store.run(store.epochs, False) if epochs is None else epochs
+    records = store.run(store.read_xids, wanted)
+    decided = []
+    for record in records:
+        if record.state not in (XidState.COMMITTING, XidState.COMMITTED):
+            continue
+        found = store.run(store.read_branches, record.epoch, record.winners)
+        decided.append(DecidedXid(
+            record, tuple(found[b] for b in record.winners if b in found),
+            tuple(b for b in record.winners if b not in found)))
+    return SinkHistory(sink_id, tuple(decided), Retention(store).ranges()["committed"],
+                       {r.epoch: r.state for r in records})
+
+
+def changed_since(client: KazooClient, root: str, history: SinkHistory) -> list[int]:
+    """Epochs decided since ``history`` was read, or decided then and not yet Committed.
+
+    What a caller compares with a target read between the two reads: a publish of any of
+    these may or may not be in what it read.
+    """
+    store = SinkStore(client, SinkLayout(root, history.sink_id), default_retry(client))
+    now = store.run(store.read_xids, store.run(store.epochs, False))
+    changed = []
+    for record in now:
+        if record.state not in (XidState.COMMITTING, XidState.COMMITTED):
+            continue
+        if history.states.get(record.epoch) is not XidState.COMMITTED:
+            changed.append(record.epoch)
+    return changed

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpiredError
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from coordinator.errors import CallbackFailed, PublishFailed, RollbackFailed
+from coordinator.errors import CallbackFailed, PublishFailed, PublishLeaseLost, RollbackFailed
 from coordinator.records import BranchRecord
 from coordinator.states import XidState
 
@@ -60,6 +60,8 @@ class CallbackPolicy:
         )
         try:
             retrying(callback, branch)
+        except PublishLeaseLost:
+            raise  # not the callback's failure: this actor must stop finishing the xid
         except Exception as exc:  # noqa: BLE001 - any callback error becomes a typed one
             raise _failure(action, branch, exc, xid_state) from exc
 
@@ -69,7 +71,18 @@ def _failure(action: str, branch: BranchRecord, exc: Exception,
     kind = PublishFailed if action == "publish" else RollbackFailed
     return kind(
         f"xid {branch.xid}: {action} of branch {branch.branch_id} failed "
-        f"({type(exc).__name__}: {exc}); the xid stays {xid_state.value} until commit, "
-        "abort or recover is run again",
+        f"({type(exc).__name__}: {exc}); {_what_next(xid_state)}",
         xid=branch.xid, branch_id=branch.branch_id,
     )
+
+
+def _what_next(xid_state: XidState) -> str:
+    """What can still be done with an xid left in ``xid_state``: a decided xid only moves
+    in the direction it was decided, so ``Committing`` is never offered an abort."""
+    if xid_state is XidState.COMMITTING:
+        return ("the xid stays Committing: it is decided and can only be published, never "
+                "aborted; run commit or recover again once the cause is fixed (recovery "
+                "reports what can be done when it can never succeed)")
+    if xid_state is XidState.ABORTING:
+        return "the xid stays Aborting until abort or recover is run again"
+    return f"the xid stays {xid_state.value} until commit, abort or recover is run again"

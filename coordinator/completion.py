@@ -10,11 +10,14 @@ This is everything that happens *after* the decision, so it runs identically in 
   every winner again, which the publish contract (idempotent) makes harmless.
 - abort: roll back every branch, then one multi-op marks them and sets ``Aborted``.
 
-Crash safety comes from the order, not from locks: nothing here changes the decision, the
-callbacks are idempotent, and the final state is written only after every callback
-returned. A crash anywhere leaves the xid ``Committing``/``Aborting`` and the next run
-repeats the callbacks. Every write carries the fencing check, so a fenced process stops
-at its next write; if the xid was meanwhile finished by its successor, that is success.
+Crash safety comes from the order: nothing here changes the decision, the callbacks are
+idempotent, and the final state is written only after every callback returned. A crash
+anywhere leaves the xid ``Committing``/``Aborting`` and the next run repeats the
+callbacks. Overlap safety comes from the publish lease (``publish_lease.py``): the caller
+holds it for the whole call, and every write (here and in the publish ledger) carries its
+check, so an actor whose lease died stops at its next write. Finishing a decided xid is
+owned by the lease, not by the generation: a driver fenced after its decision still
+finishes what it decided, and nobody else touches it meanwhile.
 """
 
 from __future__ import annotations
@@ -28,9 +31,9 @@ from kazoo.exceptions import KazooException
 
 from coordinator.callbacks import BranchCallback, CallbackPolicy
 from coordinator.epochs import LastCommitted
-from coordinator.errors import CoordinatorError
-from coordinator.fencing import FENCE, Generation, settle
+from coordinator.errors import CoordinatorError, PublishLeaseLost
 from coordinator.multi import CHUNK_BYTES, CONFLICT_RETRIES, Multi, MultiFailed
+from coordinator.publish_lease import LEASE, PublishLease
 from coordinator.records import BranchRecord, XidRecord
 from coordinator.states import BranchState, XidState
 from coordinator.store import SinkStore
@@ -45,24 +48,25 @@ Step = Callable[[str], None]
 class Completion:
     """Roll decided xids forward or back.
 
-    Usage (inside :class:`~coordinator.Coordinator`; ``record`` is ``Committing``)::
+    Usage (inside :class:`~coordinator.Coordinator`; ``record`` is ``Committing`` and was
+    read after ``lease`` was acquired)::
 
-        completion = Completion(store, Generation(store), LastCommitted(store),
-                                CallbackPolicy(), step=lambda name: None)
-        committed = completion.finish_commit(record, token, publish, rollback)
+        completion = Completion(store, LastCommitted(store), CallbackPolicy(),
+                                step=lambda name: None)
+        committed = completion.finish_commit(record, lease, token, publish, rollback)
     """
 
-    def __init__(self, store: SinkStore, generation: Generation, last: LastCommitted,
-                 policy: CallbackPolicy, step: Step) -> None:
+    def __init__(self, store: SinkStore, last: LastCommitted, policy: CallbackPolicy,
+                 step: Step) -> None:
         self.store = store
-        self.generation = generation
         self.last = last
         self.policy = policy
         self.step = step
 
     # -- commit ----------------------------------------------------------------------
 
-    def finish_commit(self, record: XidRecord, token: int, publish: BranchCallback,
+    def finish_commit(self, record: XidRecord, lease: PublishLease, token: int,
+                      publish: BranchCallback,
                       rollback: BranchCallback, metrics: dict[str, Any] | None = None,
                       winners: dict[str, BranchRecord] | None = None) -> XidRecord:
         """Publish the winners of a ``Committing`` xid and mark it ``Committed``."""
@@ -82,7 +86,7 @@ class Completion:
             self.step("commit.after_branch_published")
         self.step("commit.after_publish")
         losers = self._roll_back_losers(record, rollback)
-        final = self.store.run(self._write_committed, record, token, branches, losers,
+        final = self.store.run(self._write_committed, record, lease, token, branches, losers,
                                metrics or {})
         log.info("xid %s committed: %d winner(s) published, %d other branch(es) rolled back",
                  record.xid, len(record.winners), len(losers))
@@ -101,7 +105,7 @@ class Completion:
                 self.policy.call(rollback, loser, "rollback", XidState.COMMITTING)
         return losers
 
-    def _write_committed(self, record: XidRecord, token: int,
+    def _write_committed(self, record: XidRecord, lease: PublishLease, token: int,
                          winners: dict[str, BranchRecord], losers: dict[str, BranchRecord],
                          metrics: dict[str, Any]) -> XidRecord:
         current = record
@@ -122,16 +126,16 @@ class Completion:
                 multi.delete(self.store.layout.open_marker(record.epoch), label="open")
 
             try:
-                return self._apply(current, final, updates, token, extra=close)
+                return self._apply(current, final, updates, lease, extra=close)
             except MultiFailed as failed:
-                current = self._after_conflict(failed, current, token)
+                current = self._after_conflict(failed, current)
                 winners = self.store.read_branches(record.epoch, record.winners)
                 losers = self.store.read_branches(record.epoch, losers.keys())
         raise CoordinatorError(f"xid {record.xid}: too much contention marking Committed")
 
     # -- abort -----------------------------------------------------------------------
 
-    def finish_abort(self, record: XidRecord, token: int,
+    def finish_abort(self, record: XidRecord, lease: PublishLease, token: int,
                      rollback: BranchCallback) -> XidRecord:
         """Roll back every branch of an ``Aborting`` xid and mark it ``Aborted``."""
         branches = self.store.run(self.store.read_branches, record.epoch)
@@ -139,11 +143,11 @@ class Completion:
             if branch.state is not BranchState.ABORTED:
                 self.policy.call(rollback, branch, "rollback", XidState.ABORTING)
         self.step("abort.after_rollback")
-        final = self.store.run(self._write_aborted, record, token, branches)
+        final = self.store.run(self._write_aborted, record, lease, token, branches)
         log.info("xid %s aborted: %d branch(es) rolled back", record.xid, len(branches))
         return final
 
-    def _write_aborted(self, record: XidRecord, token: int,
+    def _write_aborted(self, record: XidRecord, lease: PublishLease, token: int,
                        branches: dict[str, BranchRecord]) -> XidRecord:
         current = record
         for _ in range(CONFLICT_RETRIES):
@@ -153,30 +157,30 @@ class Completion:
             updates = [b.moved_to(BranchState.ABORTED) for b in branches.values()
                        if b.state is not BranchState.ABORTED]
             try:
-                return self._apply(current, final, updates, token, extra=lambda m: m.delete(
+                return self._apply(current, final, updates, lease, extra=lambda m: m.delete(
                     self.store.layout.open_marker(record.epoch), label="open"))
             except MultiFailed as failed:
-                current = self._after_conflict(failed, current, token)
+                current = self._after_conflict(failed, current)
                 branches = self.store.read_branches(record.epoch)
         raise CoordinatorError(f"xid {record.xid}: too much contention marking Aborted")
 
     # -- shared ----------------------------------------------------------------------
 
     def _apply(self, current: XidRecord, final: XidRecord, updates: list[BranchRecord],
-               token: int, extra: Callable[[Multi], object]) -> XidRecord:
+               lease: PublishLease, extra: Callable[[Multi], object]) -> XidRecord:
         """Write branch updates (in chunks if large) and then the xid's final state.
 
-        Every chunk re-checks the fence and the xid's version, so a chunk never lands
+        Every chunk re-checks the lease and the xid's version, so a chunk never lands
         after someone else changed the xid; the xid's own write comes last, so a crash
         between chunks leaves it in its decided state with some branches already marked.
         """
         layout = self.store.layout
-        multi = self.generation.guard(Multi(self.store.client), token)
+        multi = lease.guard(Multi(self.store.client))
         for branch in updates:
             data = branch.to_bytes()
             if len(multi) > 1 and multi.size + len(data) > CHUNK_BYTES:
                 multi.check(layout.xid(current.epoch), current.version, label="xid").commit()
-                multi = self.generation.guard(Multi(self.store.client), token)
+                multi = lease.guard(Multi(self.store.client))
             multi.set_data(layout.branch(branch.epoch, branch.branch_id), data,
                            branch.version, label="branch")
         multi.set_data(layout.xid(current.epoch), final.to_bytes(), current.version,
@@ -185,10 +189,9 @@ class Completion:
         multi.commit()
         return replace(final, version=current.version + 1)
 
-    def _after_conflict(self, failed: MultiFailed, current: XidRecord,
-                        token: int) -> XidRecord:
-        """Re-read the xid after a failed final write. Finished by someone else (even by
-        the writer that fenced us) is success; still undecided-by-us and fenced is not."""
+    def _after_conflict(self, failed: MultiFailed, current: XidRecord) -> XidRecord:
+        """Re-read the xid after a failed final write. Finished by someone else is
+        success; a lost lease is not (another actor may be finishing it now)."""
         fresh = self.store.read_xid(current.epoch)
         if fresh is None:
             raise CoordinatorError(f"xid {current.xid} vanished while being finished")
@@ -199,9 +202,10 @@ class Completion:
             # back so the next try deletes it together with the final write.
             self._restore_marker(current.epoch)
             return fresh
-        if failed.label == FENCE:
-            settle(failed, self.store, token, current.xid)  # raises Fenced when stale
-        elif not failed.conflict:
+        if failed.label == LEASE:
+            raise PublishLeaseLost(f"xid {current.xid}: the publish lease was lost before the "
+                                   "final write; another actor finishes the xid")
+        if not failed.conflict:
             raise failed.error
         return fresh
 

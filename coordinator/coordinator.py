@@ -18,6 +18,11 @@ lost reply, from this process or another):
   publish failures leave it ``Committing`` for ``commit`` or ``recover`` to finish, and
   the publish callback must be idempotent. Of concurrent deciders exactly one wins.
 - ``abort`` of an undecided xid rolls back every branch; of a decided one it refuses.
+- After the decision, an xid is finished by one actor at a time: the holder of its
+  publish lease (``publish_lease.py``). ``commit`` of an xid another live actor is
+  finishing waits for it (``lease_wait`` seconds) and returns its result; ``recover``
+  leaves such an xid to its holder and reports it ``in_progress``. Ledger writes and the
+  final write of a decided xid pass only while the caller's lease lives.
 
 Usage::
 
@@ -32,7 +37,10 @@ Usage::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -41,17 +49,23 @@ from kazoo.retry import KazooRetry
 from coordinator.callbacks import BranchCallback, CallbackPolicy
 from coordinator.completion import Completion
 from coordinator.epochs import EpochCounter, LastCommitted
+from coordinator.errors import PublishInProgress, PublishLeaseLost, SinkTakenOver
 from coordinator.fencing import Generation
 from coordinator.layout import SinkLayout
 from coordinator.ledger import Ledger
-from coordinator.records import BranchRecord, XidRecord
+from coordinator.publish_lease import PublishLease, actor_identity
+from coordinator.records import BranchRecord, StreamRecord, XidRecord
 from coordinator.recovery import Recovery, RecoveryReport
 from coordinator.retention import Retention
 from coordinator.states import XidState
 from coordinator.store import SinkStore, default_retry, list_sinks
+from coordinator.stream import ResetOutcome, StreamOwnership, StreamReset
 from coordinator.transitions import Transitions
 
 StepHook = Callable[[str], None]
+LEASE_RETAKES = 3  # a commit re-takes a lease lost to session expiry this many times
+
+log = logging.getLogger("coordinator")
 
 
 class Coordinator:
@@ -65,7 +79,8 @@ class Coordinator:
 
     def __init__(self, client: KazooClient, sink_id: str, root: str = "/txsink",
                  retry: KazooRetry | None = None, on_step: StepHook | None = None,
-                 callback_policy: CallbackPolicy | None = None) -> None:
+                 callback_policy: CallbackPolicy | None = None, lease_wait: float = 300.0,
+                 role: str = "driver") -> None:
         if not isinstance(sink_id, str) or not sink_id:
             raise ValueError("sink_id must be a non-empty string")
         self.client = client
@@ -76,10 +91,13 @@ class Coordinator:
         self._generation = Generation(self.store)
         self._epochs = EpochCounter(self.store)
         self._last = LastCommitted(self.store)
-        self._completion = Completion(self.store, self._generation, self._last,
+        self._completion = Completion(self.store, self._last,
                                       callback_policy or CallbackPolicy(), self._step)
         self._steps = Transitions(self.store, self._generation)
         self._token: int | None = None  # the generation this instance fenced with
+        self.lease_wait = lease_wait
+        self.role = role
+        self._leases: dict[int, PublishLease] = {}  # held while finishing an xid
 
     # -- sink ------------------------------------------------------------------------
 
@@ -101,9 +119,45 @@ class Coordinator:
         self._token = self._generation.claim(owner)
         return self._token
 
+    # -- stream ownership (coordinator/stream.py) ------------------------------------
+
+    def own_stream(self, query_id: str, epoch: int) -> StreamRecord:
+        """Refuse micro-batch ``epoch`` of streaming query ``query_id`` unless the sink's
+        state and the query's checkpoint describe the same history; call it before
+        ``claim``, ``begin`` or any staging.
+
+        :class:`CheckpointReplaced`: the sink's epochs belong to another query that
+        committed some, or the checkpoint is behind the sink. :class:`SinkStateLost`: the
+        checkpoint says batches were committed that the sink has no record of. Otherwise
+        returns the stream record (a sink owned by nobody, or by a query that committed
+        nothing, is adopted by ``query_id``).
+        """
+        return StreamOwnership(self.store).check(query_id, epoch)
+
+    def reset_stream(self, forget_epochs: bool = False, committed_through: int | None = None,
+                     by: str | None = None) -> ResetOutcome:
+        """The operator's way out of a :class:`StreamStateMismatch` (``txsink reset``):
+        forget the sink's epochs and/or record micro-batches ``0..committed_through`` as
+        committed, then leave the sink to the next query that writes. Fences every older
+        writer; :class:`ResetRefused` while xids are open."""
+        return StreamReset(self.store, self._generation).run(forget_epochs, committed_through,
+                                                             by)
+
     def generation(self) -> int:
         """The sink's current generation (0 if never fenced)."""
         return self._generation.current()
+
+    def taken_over(self, generation: int, cause: Exception | None = None
+                   ) -> SinkTakenOver | None:
+        """:class:`SinkTakenOver` if a newer writer than ``generation`` owns the sink.
+
+        Writers call it when a step is refused, to replace a low-level refusal by one
+        error that says the sink was taken over::
+
+            except (Fenced, XidDecided) as exc:
+                raise coord.taken_over(generation, exc) or exc
+        """
+        return self._generation.taken_over(generation, cause)
 
     def allocate_epoch(self) -> int:
         """A new epoch for a batch job: monotonic, never handed out twice."""
@@ -163,8 +217,9 @@ class Coordinator:
             return record
         if decided_now:
             self._step("commit.after_decision")
-        return self._completion.finish_commit(record, generation, publish, rollback,
-                                              metrics, known)
+        return self._finish(record, generation, fresh=decided_now, finish=lambda r, lease:
+                            self._completion.finish_commit(r, lease, generation, publish,
+                                                           rollback, metrics, known))
 
     def abort(self, epoch: int, generation: int, rollback: BranchCallback) -> XidRecord:
         """``Initialized → Aborting``, roll back every branch, ``Aborted``; idempotent.
@@ -176,20 +231,27 @@ class Coordinator:
             return record
         if decided_now:
             self._step("abort.after_decision")
-        return self._completion.finish_abort(record, generation, rollback)
+        return self._finish(record, generation, fresh=decided_now, finish=lambda r, lease:
+                            self._completion.finish_abort(r, lease, generation, rollback))
 
     def recover(self, publish: BranchCallback, rollback: BranchCallback,
                 older_than_generation: int | None = None,
-                raise_on_failure: bool = True) -> RecoveryReport:
+                raise_on_failure: bool = True, wait_for_holders: float = 0.0) -> RecoveryReport:
         """Finish what crashed writers left: roll every ``Committing`` xid forward, finish
         every ``Aborting`` one, roll back every ``Initialized`` xid of a generation older
         than ``older_than_generation`` (default: this writer's generation).
+
+        A decided xid whose publish lease another live actor still holds after
+        ``wait_for_holders`` seconds is left to it and reported ``in_progress``: a writer
+        starting right after a crash waits about a ZooKeeper session timeout, so that the
+        dead driver's lease expires and recovery finishes its xid.
 
         Every xid is attempted; if some could not be finished, :class:`RecoveryIncomplete`
         carries the report (or, with ``raise_on_failure=False``, the report lists them).
         """
         token = self._token if self._token is not None else self.generation()
-        recovery = Recovery(self.store, self._completion, self._abort_if_older)
+        recovery = Recovery(self.store, self._completion, self._abort_if_older,
+                            lambda epoch: self.publish_lease(epoch, token, wait_for_holders))
         return recovery.run(token, publish, rollback,
                             token if older_than_generation is None else older_than_generation,
                             raise_on_failure)
@@ -226,8 +288,44 @@ class Coordinator:
         return [found[b] for b in sorted(found)]
 
     def ledger(self, epoch: int, branch_id: str) -> Ledger:
-        """The durable key/value ledger of one branch (for the publish step)."""
-        return Ledger(self.store, epoch, branch_id)
+        """The durable key/value ledger of one branch (for the publish step).
+
+        Its writes are fenced by the publish lease this coordinator holds for ``epoch``
+        (inside ``commit``, ``abort``, ``recover`` or ``publish_lease``); outside a lease
+        they are refused.
+        """
+        return Ledger(self.store, epoch, branch_id, self._leases.get(epoch))
+
+    @contextmanager
+    def publish_lease(self, epoch: int, generation: int | None = None,
+                      wait: float = 0.0) -> Iterator[PublishLease]:
+        """Hold the xid's publish lease for the block (re-entrant in one coordinator).
+
+        Raises :class:`PublishInProgress` when another live actor still holds it after
+        ``wait`` seconds. After a wait the caller must re-read the xid (``lease.waited``):
+        its holder may have finished it.
+        """
+        held = self._leases.get(epoch)
+        if held is not None:
+            yield held
+            return
+        lease = PublishLease(self.store, epoch, actor_identity(self.role, generation))
+        deadline = time.monotonic() + wait
+        while not lease.acquire():
+            if time.monotonic() >= deadline:
+                holder = lease.holder()
+                raise PublishInProgress(
+                    f"xid {self.sink_id}/{epoch} is being finished by another live actor "
+                    f"({holder or 'unknown'}); it will publish or roll it back, nothing to do",
+                    xid=f"{self.sink_id}/{epoch}", holder=holder)
+            lease.waited = True
+            time.sleep(0.2)
+        self._leases[epoch] = lease
+        try:
+            yield lease
+        finally:
+            del self._leases[epoch]
+            lease.release()
 
     def record_metrics(self, epoch: int, metrics: dict[str, Any]) -> None:
         """Merge ``metrics`` into the xid's record (any state), for operators."""
@@ -240,6 +338,33 @@ class Coordinator:
         return Retention(self.store).prune(max_age_seconds)
 
     # -- internals -------------------------------------------------------------------
+
+    def _finish(self, record: XidRecord, generation: int, fresh: bool,
+                finish: Callable[[XidRecord, PublishLease], XidRecord]) -> XidRecord:
+        """Finish a decided xid under its lease, waiting for a live holder first.
+
+        A lease lost mid-way (this session expired) is taken again, if nobody else took
+        it meanwhile, and the xid finished from its records: every step is idempotent.
+        """
+        state = record.state
+        for attempt in range(LEASE_RETAKES + 1):
+            try:
+                with self.publish_lease(record.epoch, generation, self.lease_wait) as lease:
+                    if lease.waited or not fresh or attempt:
+                        record = self._reread(record)
+                    if record.state is not state:
+                        return record  # finished by the actor we waited for
+                    return finish(record, lease)
+            except PublishLeaseLost:
+                if attempt == LEASE_RETAKES:
+                    raise
+                log.warning("xid %s/%d: publish lease lost; taking it again",
+                            self.sink_id, record.epoch)
+        raise AssertionError("unreachable")
+
+    def _reread(self, record: XidRecord) -> XidRecord:
+        fresh = self.store.run(self.store.read_xid, record.epoch)
+        return fresh if fresh is not None else record
 
     def _step(self, name: str) -> None:
         if self.on_step is not None:
@@ -255,4 +380,8 @@ class Coordinator:
             self._step("abort.after_decision")
         if record.state is XidState.ABORTED:
             return record
-        return self._completion.finish_abort(record, token, rollback)
+        with self.publish_lease(epoch, token) as lease:
+            record = self._reread(record)
+            if record.state is not XidState.ABORTING:
+                return record
+            return self._completion.finish_abort(record, lease, token, rollback)

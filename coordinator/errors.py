@@ -22,6 +22,28 @@ class Fenced(CoordinatorError):
     """
 
 
+class SinkTakenOver(Fenced):
+    """Another writer of the same sink (a newer batch job, a restarted stream, a second
+    driver) took the sink over; this writer's work was or will be rolled back.
+
+    Raised instead of the lower-level refusal (:class:`Fenced`, :class:`XidAborted`,
+    :class:`XidDecided`) whenever the sink's generation moved past the writer's, so a
+    superseded job fails with one message saying who took over and what to do.
+    """
+
+    def __init__(self, sink_id: str, generation: int, current: int, by: str,
+                 cause: Exception | None = None) -> None:
+        super().__init__(
+            f"sink {sink_id} was taken over by another writer (generation {current}, "
+            f"started by {by}); this writer (generation {generation}) stops and its "
+            "undecided rows are rolled back. Only one job or stream may write a sink id "
+            "at a time: if the other writer is unintended, stop it; otherwise nothing to do"
+            + (f" ({type(cause).__name__}: {cause})" if cause else ""))
+        self.sink_id = sink_id
+        self.generation = generation
+        self.current = current
+
+
 class XidDecided(CoordinatorError):
     """The xid is no longer ``Initialized``: its outcome is decided and cannot change.
 
@@ -48,6 +70,26 @@ class UnknownBranch(InvalidTransition):
 
 class WinnerNotPrepared(InvalidTransition):
     """A branch chosen as winner is not ``Prepared`` in the xid's current attempt."""
+
+
+class PublishInProgress(CoordinatorError):
+    """Another live actor holds the xid's publish lease and is finishing it.
+
+    Not a failure: the xid is in good hands. ``holder`` says who (role, host, pid).
+    """
+
+    def __init__(self, message: str, *, xid: str, holder: str | None) -> None:
+        super().__init__(message)
+        self.xid = xid
+        self.holder = holder
+
+
+class PublishLeaseLost(CoordinatorError):
+    """This actor's publish lease died (its ZooKeeper session expired) while it published.
+
+    It must stop at once: another actor may already be finishing the xid. Nothing it wrote
+    is lost; the xid stays decided and its next holder finishes it.
+    """
 
 
 class RecordTooLarge(CoordinatorError):
@@ -81,3 +123,40 @@ class RecoveryIncomplete(CoordinatorError):
     def __init__(self, report: object) -> None:
         super().__init__(f"recovery incomplete: {report}")
         self.report = report
+
+
+class StreamStateMismatch(CoordinatorError):
+    """A streaming query's checkpoint and the sink's state disagree; nothing was written.
+
+    The sink's epochs are one query's micro-batch ids. When the checkpoint and the sink no
+    longer describe the same history, writing would either skip new rows (taken for
+    batches already committed) or write committed rows again, so the micro-batch is
+    refused before anything is claimed, staged or decided. The message says what happened
+    and what to do; ``txsink reset`` is the explicit way out. Attributes: ``sink_id``,
+    ``query_id`` (the writing query), ``epoch`` (its micro-batch), ``owner`` (the query
+    the sink's epochs belong to, if known) and ``last_committed``.
+    """
+
+    def __init__(self, message: str, *, sink_id: str, query_id: str, epoch: int,
+                 owner: str | None, last_committed: int | None) -> None:
+        super().__init__(message)
+        self.sink_id = sink_id
+        self.query_id = query_id
+        self.epoch = epoch
+        self.owner = owner
+        self.last_committed = last_committed
+
+
+class CheckpointReplaced(StreamStateMismatch):
+    """The sink has committed epochs of another query, or more epochs than the checkpoint
+    knows: the checkpoint was deleted, replaced or restored from an older copy."""
+
+
+class SinkStateLost(StreamStateMismatch):
+    """The checkpoint says micro-batches were committed that the sink has no record of:
+    the sink's ZooKeeper state was deleted or restored from an older copy."""
+
+
+class ResetRefused(CoordinatorError):
+    """``txsink reset`` cannot run now (open xids, or a request that contradicts the
+    sink's state); nothing was changed."""

@@ -15,7 +15,7 @@ import time
 
 from kazoo.exceptions import BadVersionError, NoNodeError
 
-from coordinator.errors import Fenced
+from coordinator.errors import Fenced, SinkTakenOver
 from coordinator.multi import Multi, MultiFailed
 from coordinator.records import decode, encode
 from coordinator.store import SinkStore
@@ -61,6 +61,18 @@ class Generation:
     def current(self) -> int:
         """The sink's current token (0 if no writer ever fenced it)."""
         return self.store.run(self._current)
+
+    def taken_over(self, token: int, cause: Exception | None = None) -> SinkTakenOver | None:
+        """The error for a writer of generation ``token`` if a newer writer took the sink
+        over (None while ``token`` is still current)."""
+        found = self.store.run(self.store.read_json, self.path)
+        if found is None or found[1] <= token:
+            return None
+        record, current = found
+        by = record.get("by") or "unknown"
+        if record.get("owner"):
+            by = f"{by}, run {record['owner']}"
+        return SinkTakenOver(self.store.sink_id, token, current, by, cause)
 
     def guard(self, multi: Multi, token: int) -> Multi:
         """Add the fencing check: the multi applies only while ``token`` is current."""

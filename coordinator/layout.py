@@ -7,15 +7,18 @@ One sink's tree (``root`` defaults to ``/txsink``; a kazoo chroot may sit above 
       last_committed  {"epoch": 41, "at": ...}
       next_epoch      {"next": 42}            batch epoch allocation
       pruned          {"committed": [[0, 30]], "aborted": [[12, 12]]}
+      stream          {"query_id": "...", ...}  streaming query owning the epochs (stream.py)
       open/<epoch>    (empty) index of unfinished xids: all that recovery reads
       xids/<epoch>    xid record (state, generation, attempt, winners, metrics, history)
+        publisher/<lock node>        publish lease (ephemeral; coordinator/publish_lease.py)
         branches/<branch>            branch record (state, attempt, owner, manifest)
           ledger/<key>               publish ledger entry
 
 Names are escaped (:func:`escape`) so any sink id, branch id or ledger key is one valid
 znode name; epochs are zero-padded to 20 digits so that child order is epoch order.
-Only plain persistent znodes are used (no containers, no TTL nodes), so ClickHouse Keeper
-serves the same tree.
+Records are plain persistent znodes; the one ephemeral node is the publish lease, which
+must die with its holder's session. No containers or TTL nodes: ClickHouse Keeper serves
+the same tree.
 """
 
 from __future__ import annotations
@@ -78,12 +81,16 @@ class SinkLayout:
         self.pruned = f"{self.sink}/pruned"
         self.open = f"{self.sink}/open"
         self.xids = f"{self.sink}/xids"
+        self.stream = f"{self.sink}/stream"  # absent until a streaming query writes
 
     def xid(self, epoch: int) -> str:
         return f"{self.xids}/{epoch_name(epoch)}"
 
     def open_marker(self, epoch: int) -> str:
         return f"{self.open}/{epoch_name(epoch)}"
+
+    def publisher(self, epoch: int) -> str:
+        return f"{self.xid(epoch)}/publisher"
 
     def branches(self, epoch: int) -> str:
         return f"{self.xid(epoch)}/branches"

@@ -5,9 +5,13 @@ a partition into a plain MergeTree: running it twice duplicates the rows) writes
 and a completion per partition here, next to the branch it publishes. The ledger lives and
 dies with its branch: pruning the xid removes it.
 
-Contract: ``put`` is durable when it returns and is an upsert (the last write wins; a
-retried ``put`` of the same value is harmless); ``get`` returns what the last ``put``
-stored, or None. Values are JSON objects.
+Contract: ``put`` is durable when it returns and is a compare-and-set against the version
+this ledger last read or wrote (a key never read is read first), in one multi-op with the
+check of the caller's publish lease. So an actor whose lease died, or that lost a race to
+another writer of the same entry, cannot pass a write that leads to an ATTACH: it gets
+:class:`PublishLeaseLost` or :class:`LedgerConflict` and stops. Without a lease (a
+coordinator outside commit/recover/``publish_lease``) writes are refused. ``get`` returns
+what the last ``put`` stored, or None. Values are JSON objects.
 """
 
 from __future__ import annotations
@@ -16,35 +20,62 @@ from typing import Any
 
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from coordinator.errors import UnknownBranch
+from coordinator.errors import CoordinatorError, PublishLeaseLost, UnknownBranch
 from coordinator.layout import unescape
+from coordinator.multi import Multi, MultiFailed
+from coordinator.publish_lease import LEASE, PublishLease
 from coordinator.records import decode, encode
 from coordinator.store import SinkStore
+
+
+class LedgerConflict(CoordinatorError):
+    """A ledger entry changed between this publisher's read and its write.
+
+    Under a publish lease only a writer without the lease (an older release, a manual
+    edit) can cause it; the publish stops rather than act on a stale record.
+    """
 
 
 class Ledger:
     """Per-branch durable records (the ``ledger`` protocol ``server_ext.publish`` takes).
 
-    Usage::
+    Usage (inside ``coord.publish_lease(41)``, or a commit/recover callback)::
 
         ledger = coord.ledger(41, "p0-a0-1f2e3d4c")
         if ledger.get("202401") is None:
             ledger.put("202401", {"intent": "attach", "watermark": 118})
     """
 
-    def __init__(self, store: SinkStore, epoch: int, branch_id: str) -> None:
+    def __init__(self, store: SinkStore, epoch: int, branch_id: str,
+                 lease: PublishLease | None = None) -> None:
         self.store = store
         self.epoch = epoch
         self.branch_id = branch_id
+        self.lease = lease
         self.path = store.layout.ledger(epoch, branch_id)
+        self._versions: dict[str, int | None] = {}  # None: read, absent
+        self._node_exists = False
 
     def get(self, key: str) -> dict[str, Any] | None:
         found = self.store.run(self.store.read_json, self._entry(key))
+        self._versions[key] = found[1] if found is not None else None
         return found[0] if found is not None else None
 
     def put(self, key: str, value: dict[str, Any]) -> None:
+        if self.lease is None:
+            raise PublishLeaseLost(
+                f"ledger of branch {self.branch_id} (xid {self.store.sink_id}/{self.epoch}): "
+                "a write needs the xid's publish lease")
+        if key not in self._versions:
+            self.get(key)
         data = encode(value, f"ledger entry {key!r} of branch {self.branch_id}")
-        self.store.run(self._put, self._entry(key), data)
+        self._versions[key] = self.store.run(self._put, key, data, self._versions[key])
+
+    def confirm(self) -> None:
+        """Raise :class:`PublishLeaseLost` unless the caller's lease lives right now."""
+        if self.lease is None:
+            raise PublishLeaseLost(f"xid {self.store.sink_id}/{self.epoch}: no publish lease")
+        self.lease.check()
 
     def items(self) -> dict[str, dict[str, Any]]:
         """Every entry, for operators and the audit."""
@@ -53,20 +84,34 @@ class Ledger:
     def _entry(self, key: str) -> str:
         return self.store.layout.ledger_entry(self.epoch, self.branch_id, key)
 
-    def _put(self, path: str, data: bytes) -> None:
-        client = self.store.client
-        while True:
-            try:
-                client.create(path, data)
-                return
-            except NodeExistsError:
-                try:
-                    client.set(path, data)
-                    return
-                except NoNodeError:
-                    continue  # deleted in between (pruned); create again
-            except NoNodeError:
-                self._create_ledger_node()
+    def _put(self, key: str, data: bytes, version: int | None) -> int:
+        """One fenced compare-and-set; returns the entry's new version."""
+        assert self.lease is not None
+        path = self._entry(key)
+        if not self._node_exists:
+            self._create_ledger_node()
+            self._node_exists = True
+        multi = self.lease.guard(Multi(self.store.client))
+        if version is None:
+            multi.create(path, data, label="entry")
+        else:
+            multi.set_data(path, data, version, label="entry")
+        try:
+            multi.commit()
+        except MultiFailed as failed:
+            if failed.label == LEASE:
+                raise PublishLeaseLost(
+                    f"xid {self.store.sink_id}/{self.epoch}: publish lease lost before writing "
+                    f"ledger entry {key!r} of branch {self.branch_id}") from None
+            if failed.conflict:
+                found = self.store.read_json(path)
+                if found is not None and encode(found[0], key) == data:
+                    return found[1]  # our own write, whose reply was lost
+                raise LedgerConflict(
+                    f"ledger entry {key!r} of branch {self.branch_id} (xid "
+                    f"{self.store.sink_id}/{self.epoch}) was changed by another writer") from None
+            raise failed.error from None
+        return 0 if version is None else version + 1
 
     def _create_ledger_node(self) -> None:
         try:

@@ -1,4 +1,5 @@
-"""The xid and branch records as stored in ZooKeeper (compact JSON, one znode each).
+"""The xid, branch and stream records as stored in ZooKeeper (compact JSON, one znode
+each).
 
 Records are immutable values: a change is a new record written with a versioned
 compare-and-set against the ``version`` it was read at. ``version`` is the znode's data
@@ -156,3 +157,52 @@ class BranchRecord:
             manifest=raw.get("manifest"), created=float(raw.get("created", 0.0)),
             updated=float(raw.get("updated", 0.0)), version=version,
         )
+
+
+STREAM_PAST_KEPT = 16  # earlier owners and resets kept in a stream record, newest last
+
+
+@dataclass(frozen=True)
+class StreamRecord:
+    """Which streaming query a sink's epochs belong to (``<sink>/stream``).
+
+    A streaming sink's epochs are a query's micro-batch ids, and those mean something only
+    within the checkpoint that numbered them. Spark keeps a query id in the checkpoint
+    (the same on every restart of it, new for a new checkpoint), so the sink records the
+    id of the query whose batches its epochs are. ``query_id`` None means "the next query
+    to write adopts the sink" (after ``txsink reset``). ``since_epoch`` is the micro-batch
+    at which the owner took the sink; ``past`` lists earlier owners and resets (who, when,
+    the last committed epoch then), newest last, at most :data:`STREAM_PAST_KEPT`.
+    """
+
+    sink_id: str
+    query_id: str | None
+    since_epoch: int | None = None
+    updated: float = 0.0
+    past: tuple[dict[str, Any], ...] = ()
+    version: int = field(default=-1, compare=False)
+
+    def handed_to(self, query_id: str | None, since_epoch: int | None,
+                  event: dict[str, Any]) -> StreamRecord:
+        """A copy owned by ``query_id``; ``event`` (why, by whom, the state then) joins
+        ``past`` together with the owner it replaces. The caller writes it with a CAS."""
+        now = time.time()
+        entry = {"query_id": self.query_id, "since_epoch": self.since_epoch,
+                 "until": now, **event}
+        past = (*self.past, entry)[-STREAM_PAST_KEPT:]
+        return replace(self, query_id=query_id, since_epoch=since_epoch, updated=now,
+                       past=past)
+
+    def to_bytes(self) -> bytes:
+        return encode({"query_id": self.query_id, "since_epoch": self.since_epoch,
+                       "updated": self.updated, "past": list(self.past)},
+                      f"stream record of sink {self.sink_id}")
+
+    @classmethod
+    def from_bytes(cls, sink_id: str, data: bytes, version: int) -> StreamRecord:
+        raw = decode(data)
+        since = raw.get("since_epoch")
+        return cls(sink_id=sink_id, query_id=raw.get("query_id"),
+                   since_epoch=int(since) if since is not None else None,
+                   updated=float(raw.get("updated", 0.0)), past=tuple(raw.get("past", ())),
+                   version=version)

@@ -7,6 +7,11 @@ and an undecided one is aborted if its owner is gone, i.e. it belongs to a gener
 older than the recovering writer's. Undecided xids of the current generation are live
 work and are left alone.
 
+Recovery never takes a decided xid from a live actor: it finishes an xid only while it
+holds the xid's publish lease, and reports an xid whose lease another live actor holds as
+``in_progress`` (the driver that decided it, another recovery, an operator). That is what
+makes ``txsink recover`` safe to run while writers run.
+
 Only the open index (``<sink>/open``) is read, so recovery costs O(open xids), not
 O(history). Every xid is attempted even if an earlier one fails; failures are reported,
 never skipped silently.
@@ -16,11 +21,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from coordinator.callbacks import BranchCallback
 from coordinator.completion import Completion
-from coordinator.errors import CoordinatorError, Fenced, RecoveryIncomplete
+from coordinator.errors import CoordinatorError, Fenced, PublishInProgress, RecoveryIncomplete
+from coordinator.publish_lease import PublishLease
 from coordinator.records import XidRecord
 from coordinator.states import XidState
 from coordinator.store import SinkStore
@@ -29,11 +36,13 @@ log = logging.getLogger("coordinator")
 
 ROLLED_FORWARD = "rolled_forward"
 ROLLED_BACK = "rolled_back"
+IN_PROGRESS = "in_progress"  # another live actor holds the publish lease and finishes it
 FAILED = "failed"
 
 _ORDER = {XidState.COMMITTING: 0, XidState.ABORTING: 1, XidState.INITIALIZED: 2}
 
 AbortIfOlder = Callable[[int, int, int, BranchCallback], "XidRecord | None"]
+LeaseFor = Callable[[int], AbstractContextManager[PublishLease]]
 
 
 @dataclass(frozen=True)
@@ -42,7 +51,7 @@ class RecoveryAction:
 
     xid: str
     from_state: XidState
-    action: str  # rolled_forward | rolled_back | failed
+    action: str  # rolled_forward | rolled_back | in_progress | failed
     epoch: int
     detail: str = ""
 
@@ -77,15 +86,16 @@ class Recovery:
 
     Usage (what :meth:`Coordinator.recover` does)::
 
-        report = Recovery(store, completion, abort_if_older).run(
+        report = Recovery(store, completion, abort_if_older, lease_for).run(
             token, publish, rollback, older_than=token, raise_on_failure=True)
     """
 
     def __init__(self, store: SinkStore, completion: Completion,
-                 abort_if_older: AbortIfOlder) -> None:
+                 abort_if_older: AbortIfOlder, lease_for: LeaseFor) -> None:
         self.store = store
         self.completion = completion
         self.abort_if_older = abort_if_older
+        self.lease_for = lease_for
 
     def run(self, token: int, publish: BranchCallback, rollback: BranchCallback,
             older_than: int, raise_on_failure: bool) -> RecoveryReport:
@@ -104,21 +114,32 @@ class Recovery:
     def _recover_one(self, record: XidRecord, token: int, publish: BranchCallback,
                      rollback: BranchCallback, older_than: int) -> RecoveryAction | None:
         try:
-            if record.state is XidState.COMMITTING:
-                self.completion.finish_commit(record, token, publish, rollback)
-                return self._action(record, ROLLED_FORWARD)
-            if record.state is XidState.ABORTING:
-                self.completion.finish_abort(record, token, rollback)
-                return self._action(record, ROLLED_BACK)
+            if record.state in (XidState.COMMITTING, XidState.ABORTING):
+                return self._finish(record, token, publish, rollback)
             if record.state is XidState.INITIALIZED and record.generation < older_than:
                 done = self.abort_if_older(record.epoch, token, older_than, rollback)
                 return None if done is None else self._action(
                     record, ROLLED_BACK, f"undecided, generation {record.generation}")
         except Fenced:
             raise  # a newer writer took over: it recovers, not us
+        except PublishInProgress as exc:
+            return self._action(record, IN_PROGRESS, f"held by {exc.holder}")
         except CoordinatorError as exc:
             return self._action(record, FAILED, f"{type(exc).__name__}: {exc}")
         return None
+
+    def _finish(self, record: XidRecord, token: int, publish: BranchCallback,
+                rollback: BranchCallback) -> RecoveryAction | None:
+        """Finish a decided xid under its lease, from a record read after taking it."""
+        with self.lease_for(record.epoch) as lease:
+            fresh = self.store.run(self.store.read_xid, record.epoch)
+            if fresh is None or not fresh.state.is_open:
+                return None  # its previous holder finished it
+            if fresh.state is XidState.COMMITTING:
+                self.completion.finish_commit(fresh, lease, token, publish, rollback)
+                return self._action(fresh, ROLLED_FORWARD)
+            self.completion.finish_abort(fresh, lease, token, rollback)
+            return self._action(fresh, ROLLED_BACK)
 
     @staticmethod
     def _action(record: XidRecord, action: str, detail: str = "") -> RecoveryAction:

@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from server_ext.chtypes import DATE_MAX_DAYS, DATETIME_MAX_SECONDS, ValueRanges
 from server_ext.client import qualified_name, quote_identifier
 from server_ext.errors import ClickHouseError
 
@@ -62,6 +63,7 @@ class Capabilities:
     insert_deduplication_token: bool  # per-insert dedup token setting
     non_replicated_deduplication_window: bool  # dedup for plain MergeTree exists
     keeper: bool  # the server has a ZooKeeper/Keeper configured (Replicated tables work)
+    value_ranges: ValueRanges  # Date/DateTime values it stores and reads back unchanged
 
     def with_overrides(self, **changes: object) -> Capabilities:
         """A copy with some detected values replaced (unknown names raise TypeError)."""
@@ -100,6 +102,117 @@ def choose_strategy(caps: Capabilities, target: ReplicatedTarget) -> Strategy:
     return "move" if caps.move_partition else "attach_marked"
 
 
+# -- checking a strategy against a server and a target (before anything is staged) --------
+
+MOVE_STATEMENT = "ALTER TABLE ... MOVE PARTITION ... TO TABLE"
+
+
+class DescribedTarget(ReplicatedTarget, Protocol):
+    """A target as ``describe_table`` reports it (``TargetTable`` is one)."""
+
+    engine: str
+    engine_full: str
+
+
+@dataclass(frozen=True)
+class StrategyProblem:
+    """Why ``strategy`` cannot publish into a target on a server, and what to use instead.
+
+    ``statement_runs`` says whether the server would still execute the strategy's
+    publishing statement. False means it refuses that statement outright (or publish
+    refuses before sending it), so a publish with this strategy can never have made a
+    row visible: that is what lets ``txsink recover --strategy`` switch a stuck xid to
+    ``instead`` without reading the failed strategy's ledger intent as evidence of an
+    attach. True (``attach_marked`` on a Replicated target) means rows may be attached,
+    only the strategy's reasoning about a repeat is unsound there.
+    """
+
+    strategy: str
+    lacks: str  # a sentence: what the server or the target lacks
+    instead: Strategy  # the strategy to use instead
+    statement_runs: bool
+
+
+def strategy_problem(caps: Capabilities, target: DescribedTarget | None,
+                     strategy: str) -> StrategyProblem | None:
+    """None if ``strategy`` can publish into ``target`` on the server of ``caps``.
+
+    ``target=None`` asks about the server alone (any target): what a multi-table
+    transaction can check before it knows its tables. The rules, each measured or read
+    from the server's behaviour:
+
+    - ``move`` needs MOVE PARTITION (probed, absent on 18.16) and a non-Replicated target:
+      MOVE PARTITION needs source and destination of the same engine family and staging
+      is a plain MergeTree (the server refuses the statement, NOT_IMPLEMENTED).
+    - ``attach_replicated`` needs a Replicated target (its repeat relies on the
+      replication log's block ids; publish refuses a plain target before any statement)
+      and hence a server with ZooKeeper/Keeper.
+    - ``attach_marked`` needs a non-Replicated target: a Replicated table numbers blocks
+      per partition in ZooKeeper and may drop attached parts as duplicates, so the
+      watermark cannot decide a repeat (the ATTACH itself would run).
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown publish strategy {strategy!r}; expected one of {STRATEGIES}")
+    replicated = target is not None and target.replicated
+    engine = f" ({target.engine})" if target is not None else ""
+    if strategy == "move":
+        fallback: Strategy = "attach_replicated" if replicated else "attach_marked"
+        if not caps.move_partition:
+            return StrategyProblem(strategy, f"the server (ClickHouse {caps.version_text}) has "
+                                   f"no {MOVE_STATEMENT}", fallback, statement_runs=False)
+        if replicated:
+            return StrategyProblem(strategy, f"the target is Replicated{engine} and "
+                                   f"{MOVE_STATEMENT} needs source and target of one engine "
+                                   "family (staging is a plain MergeTree)", fallback,
+                                   statement_runs=False)
+        return None
+    if strategy == "attach_replicated":
+        fallback = "move" if caps.move_partition else "attach_marked"
+        if target is None and not caps.keeper:
+            return StrategyProblem(strategy, "the server has no ZooKeeper/Keeper configured, "
+                                   "so none of its tables is Replicated", fallback,
+                                   statement_runs=False)
+        if target is not None and not replicated:
+            return StrategyProblem(strategy, f"the target is not Replicated{engine}; "
+                                   "attach_replicated relies on the replication log to "
+                                   "deduplicate a repeated attach", fallback,
+                                   statement_runs=False)
+        return None
+    if replicated:
+        return StrategyProblem(strategy, f"the target is Replicated{engine}: its block numbers "
+                               "are allocated per partition and it may drop attached parts as "
+                               "duplicates, so the attach_marked watermark cannot decide a "
+                               "repeat", "attach_replicated", statement_runs=True)
+    return None
+
+
+def supported_strategies(caps: Capabilities, target: DescribedTarget) -> list[Strategy]:
+    """Every strategy that can publish into ``target`` on this server, the one
+    :func:`choose_strategy` picks first."""
+    first = choose_strategy(caps, target)
+    ordered = [first, *(s for s in STRATEGIES if s != first)]
+    return [s for s in ordered if strategy_problem(caps, target, s) is None]
+
+
+def engine_problem(target: DescribedTarget) -> str | None:
+    """None if staged partitions can be published into a table of this engine.
+
+    Publishing hands whole partitions of a staging MergeTree to the target (ATTACH, MOVE
+    or REPLACE PARTITION), which only a MergeTree-family table accepts (measured on 18.16
+    and the 26.x engine: Replacing/Summing/Collapsing/Aggregating targets accept a plain
+    MergeTree's partitions). The deprecated ``MergeTree(date, key, granularity)`` syntax
+    has another part format and cannot be staged.
+    """
+    if not target.engine.endswith("MergeTree"):
+        return (f"its engine is {target.engine}; clickhouse_tx publishes whole partitions, "
+                "which only a MergeTree-family table (or a Distributed table over such "
+                "tables) accepts")
+    if " ORDER BY " not in f" {target.engine_full} ":
+        return ("it uses the deprecated MergeTree(date, key, granularity) syntax, whose "
+                "parts have another format; recreate it with PARTITION BY / ORDER BY")
+    return None
+
+
 def _probe(client: SqlClient) -> Capabilities:
     version_text = client.query_value("SELECT version()", purpose="read server version")
     formats = _input_formats(client)
@@ -118,6 +231,7 @@ def _probe(client: SqlClient) -> Capabilities:
             client, "non_replicated_deduplication_window"
         ),
         keeper=_has_keeper(client),
+        value_ranges=_probe_value_ranges(client, version_text),
     )
 
 
@@ -197,3 +311,74 @@ def _probe_move_partition(client: SqlClient) -> bool:
         for table in (source, dest):
             client.execute(f"DROP TABLE IF EXISTS {table}", purpose="drop probe table")
 
+
+# -- value ranges: which Date / DateTime values the server reads back unchanged -----------
+# Measured by round trips on the server, because its calendar, not the storage width,
+# bounds them (see ``chtypes.ValueRanges``). Each search is a coarse pass over every
+# _GRID-th value and a fine pass over the _GRID values before the first change, so a few
+# queries of at most ~65k generated rows each cover the 2^32 DateTime values.
+
+_GRID = 65_536
+# Fixed-offset zones at the extreme offsets (no DST, so a text round trip is exact): the
+# earliest wall-clock time is probed west, the latest east, where storage reaches furthest.
+_WEST, _WEST_OFFSET = "Etc/GMT+12", -12 * 3600
+_EAST, _EAST_OFFSET = "Etc/GMT-14", 14 * 3600
+_DATE_READS_BACK = "toUInt16(toDate(toString(CAST(toUInt16(n) AS Date)))) = n"
+
+
+def _datetime_reads_back(zone: str) -> str:
+    return (f"toUInt32(toDateTime(toString(toDateTime(toUInt32(n), '{zone}')), '{zone}')) "
+            "= n")
+
+
+def _probe_value_ranges(client: SqlClient, version_text: str) -> ValueRanges:
+    """The server's Date and DateTime ranges, from text round trips of every candidate.
+
+    A value counts only if the server shows it as text and parses that text back to the
+    same stored number; 0 is the zero value (18.16 shows it as 0000-00-00 and parses it
+    back), which is why the DateTime searches start at 1.
+    """
+    first_day = _run_start(client, _DATE_READS_BACK, 0, DATE_MAX_DAYS)
+    last_day = _run_end(client, _DATE_READS_BACK, first_day, DATE_MAX_DAYS)
+    west = _run_start(client, _datetime_reads_back(_WEST), 1, DATETIME_MAX_SECONDS)
+    east_ok = _datetime_reads_back(_EAST)
+    east = _run_end(client, east_ok, _run_start(client, east_ok, 1, DATETIME_MAX_SECONDS),
+                    DATETIME_MAX_SECONDS)
+    wall = (None if west == 1 else west + _WEST_OFFSET,
+            None if east == DATETIME_MAX_SECONDS else east + _EAST_OFFSET)
+    timezone = client.query_value("SELECT timezone()", purpose="read server time zone")
+    return ValueRanges(f"ClickHouse {version_text}", (first_day, last_day), wall, timezone)
+
+
+def _run_start(client: SqlClient, reads_back: str, start: int, top: int) -> int:
+    """The smallest n in start..top for which ``reads_back`` holds."""
+    hit = _first(client, reads_back, True, start, _GRID, top)
+    if hit is None:
+        raise ClickHouseError(f"the server reads back no value of `{reads_back}`",
+                              name="UNSUPPORTED_SERVER", purpose="probe value ranges")
+    if hit == start:
+        return start
+    found = _first(client, reads_back, True, max(start, hit - _GRID + 1), 1, top)
+    return hit if found is None else found
+
+
+def _run_end(client: SqlClient, reads_back: str, start: int, top: int) -> int:
+    """The largest n such that ``reads_back`` holds for every value of start..n."""
+    miss = _first(client, reads_back, False, start, _GRID, top)
+    if miss is None:
+        return top
+    found = _first(client, reads_back, False, max(start, miss - _GRID + 1), 1, top)
+    return (miss if found is None else found) - 1
+
+
+def _first(client: SqlClient, reads_back: str, wanted: bool, start: int, step: int,
+           top: int) -> int | None:
+    """The first n = start + i * step (i < _GRID + 1, capped at ``top``) where
+    ``reads_back`` is ``wanted``, or None."""
+    rows = client.query_rows(
+        f"SELECT count() AS hits, min(n) AS first FROM (SELECT least(toUInt64({start}) + "
+        f"number * {step}, toUInt64({top})) AS n FROM system.numbers LIMIT {_GRID + 1}) "
+        f"WHERE {'' if wanted else 'NOT '}({reads_back})",
+        purpose="probe value ranges",
+    )
+    return int(rows[0]["first"]) if rows and int(rows[0]["hits"]) else None

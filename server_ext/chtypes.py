@@ -8,8 +8,12 @@ value range. Parsing the server's type text once, here, keeps those three in agr
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 # name -> (numpy dtype of the Native layout, min, max)
 INTEGER_TYPES: dict[str, tuple[str, int, int]] = {
@@ -24,7 +28,8 @@ INTEGER_TYPES: dict[str, tuple[str, int, int]] = {
 }
 FLOAT_TYPES: dict[str, str] = {"Float32": "<f4", "Float64": "<f8"}
 WRAPPERS = ("Nullable", "Array", "LowCardinality")
-# Date is UInt16 days and DateTime UInt32 seconds since 1970-01-01 on every server version.
+# Date is stored as UInt16 days and DateTime as UInt32 seconds since 1970-01-01 on every
+# server version; which of those values a server reads back is narrower (``ValueRanges``).
 DATE_MAX_DAYS = 2**16 - 1
 DATETIME_MAX_SECONDS = 2**32 - 1
 _DECIMAL_ALIASES = {"Decimal32": 9, "Decimal64": 18, "Decimal128": 38, "Decimal256": 76}
@@ -75,6 +80,81 @@ class ChType:
         """Bytes per value of a Decimal: 4, 8, 16 (or 32) by precision."""
         p = self.precision
         return 4 if p <= 9 else 8 if p <= 18 else 16 if p <= 38 else 32
+
+
+@dataclass(frozen=True)
+class ValueRanges:
+    """The Date and DateTime values one server stores *and reads back unchanged*.
+
+    Why per server: storage is the same on every version, but a server shows and parses
+    dates through its calendar, and a stored value outside that calendar reads back as
+    another value (ClickHouse 18.16 shows a Date after 2106-02-07 as 1970-01-01, and cannot
+    parse its own text of any day after 2105-12-31). ``capabilities`` measures these
+    bounds on the server itself by round trips of boundary values; nothing here is assumed
+    from a version number. The default instance holds the storage limits alone.
+
+    - ``date_days``: first and last Date, as days since 1970-01-01.
+    - ``datetime_wall``: first and last wall-clock time the server's DateTime calendar
+      holds, as seconds since 1970-01-01 00:00:00 *in the column's time zone*; None where
+      the calendar reaches past storage in every zone (UTC-12 .. UTC+14). A column's
+      range in instants therefore depends on its zone (``datetime_seconds``).
+    - ``timezone``: the server's default zone, that of a ``DateTime`` without one.
+    - ``server``: how messages name the server ("" when no server was asked).
+    """
+
+    server: str = ""
+    date_days: tuple[int, int] = (0, DATE_MAX_DAYS)
+    datetime_wall: tuple[int | None, int | None] = (None, None)
+    timezone: str = "UTC"
+
+    def datetime_seconds(self, ch: ChType) -> tuple[int, int]:
+        """First and last instant (seconds since the epoch) a DateTime column ``ch`` holds."""
+        zone = str(ch.params[0]) if ch.params else self.timezone
+        return _instant_bounds(self.datetime_wall, zone)
+
+
+STORAGE_RANGES = ValueRanges()
+# UTC offsets lie within -12 h .. +14 h: a wall-clock bound is within this of its instant.
+_MAX_OFFSET = 15 * 3600
+
+
+@functools.lru_cache(maxsize=256)
+def _instant_bounds(wall: tuple[int | None, int | None], zone: str) -> tuple[int, int]:
+    """The instants in storage whose wall-clock time in ``zone`` lies within ``wall``.
+
+    An unknown zone gets the narrowest range any offset allows, so it is never too wide.
+    """
+    low_wall, high_wall = wall
+    try:
+        tz = ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError):
+        tz = None
+
+    def wall_of(instant: int) -> int:
+        offset = datetime.fromtimestamp(instant, tz).utcoffset() if tz else None
+        return instant + int(offset.total_seconds()) if offset is not None else instant
+
+    low, high = 0, DATETIME_MAX_SECONDS
+    if low_wall is not None:
+        low = (low_wall + _MAX_OFFSET if tz is None else
+               _first_true(lambda x: wall_of(x) >= low_wall, low_wall - _MAX_OFFSET,
+                           low_wall + _MAX_OFFSET))
+    if high_wall is not None:
+        high = (high_wall - _MAX_OFFSET if tz is None else
+                _first_true(lambda x: wall_of(x) > high_wall, high_wall - _MAX_OFFSET,
+                            high_wall + _MAX_OFFSET) - 1)
+    return max(low, 0), min(high, DATETIME_MAX_SECONDS)
+
+
+def _first_true(predicate: Callable[[int], bool], low: int, high: int) -> int:
+    """Smallest x in low..high with ``predicate`` (false then true across the range)."""
+    while low < high:
+        middle = (low + high) // 2
+        if predicate(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def parse_type(text: str) -> ChType:

@@ -9,6 +9,8 @@ caller handles them through the validity bitmap.
 
 from __future__ import annotations
 
+from datetime import UTC, date, datetime, timedelta
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -41,3 +43,13 @@ def to_seconds(array: pa.Array) -> np.ndarray:
     per_second = _PER_SECOND[array.type.unit]
     raw = _int64(array)
     return raw if per_second == 1 else raw // per_second
+
+
+def day_text(days: int) -> str:
+    """``YYYY-MM-DD`` of a day number (days since 1970-01-01), for messages."""
+    return (date(1970, 1, 1) + timedelta(days=days)).isoformat()
+
+
+def instant_text(seconds: int) -> str:
+    """``YYYY-MM-DD hh:mm:ss`` in UTC of seconds since the epoch, for messages."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S")

@@ -20,12 +20,17 @@ ATTACHING = "attaching"
 class Ledger(Protocol):
     """Durable publish records, backed by the caller (e.g. ZooKeeper).
 
-    ``put`` must be durable when it returns; values are small JSON-safe dicts.
+    ``put`` must be durable when it returns; values are small JSON-safe dicts. It may
+    refuse (raise) when the caller is no longer the xid's only publisher. ``confirm``
+    raises unless the caller still is; publish calls it right before every statement
+    that makes rows visible.
     """
 
     def get(self, key: str) -> dict | None: ...
 
     def put(self, key: str, value: dict) -> None: ...
+
+    def confirm(self) -> None: ...
 
 
 class MemoryLedger:
@@ -40,6 +45,9 @@ class MemoryLedger:
 
     def put(self, key: str, value: dict) -> None:
         self._records[key] = json.dumps(value, sort_keys=True)
+
+    def confirm(self) -> None:
+        """A memory ledger has one publisher: always confirmed."""
 
     def keys(self) -> list[str]:
         return sorted(self._records)

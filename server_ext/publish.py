@@ -219,6 +219,7 @@ class _Publisher:
                                    "attaching": [p.partition_id for p in attaching],
                                    "published": sorted(published), **extra})
         self.on_step(STEP_AFTER_INTENT)
+        self.ledger.confirm()  # every caller sends the statement that makes rows visible next
 
     def mark_published(self) -> None:
         self.ledger.put(self.key, {"state": PUBLISHED})

@@ -14,6 +14,10 @@ reject it rejects one problem at a time, after staging already exists. So:
   a non-Nullable column, an integer out of the column's range, a string longer than
   FixedString(N), a Date/DateTime outside what the server can store, a decimal that does
   not fit Decimal(P, S) exactly.
+- Date and DateTime are checked against the ranges of the server being written to
+  (``ValueRanges``, measured by ``capabilities``), not against the storage width alone: a
+  value the server stores but cannot read back unchanged (a Date after 2105-12-31 on
+  ClickHouse 18.16 reads back as 1970-01-01 or not at all) is refused like an overflow.
 
 Conventions (stated once, relied on by the encoder): a missing Nullable column is filled
 with NULL by the server, so it needs no default; timestamps are instants (a timestamp
@@ -34,15 +38,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from server_ext.chtypes import (
-    DATE_MAX_DAYS,
-    DATETIME_MAX_SECONDS,
     FLOAT_TYPES,
     INTEGER_TYPES,
+    STORAGE_RANGES,
     ChType,
+    ValueRanges,
     parse_type,
 )
 from server_ext.client import qualified_name, split_table_name
-from server_ext.conversions import to_days, to_seconds
+from server_ext.conversions import day_text, instant_text, to_days, to_seconds
 from server_ext.errors import ClickHouseError, InvalidValue, SchemaMismatch
 
 UNWRITABLE_DEFAULT_KINDS = ("MATERIALIZED", "ALIAS", "EPHEMERAL")
@@ -263,22 +267,27 @@ _ACCEPTS = {
 # -- value checks --------------------------------------------------------------------------
 
 
-def check_batch(target_columns: list[Column], batch: pa.RecordBatch) -> None:
+def check_batch(target_columns: list[Column], batch: pa.RecordBatch,
+                ranges: ValueRanges = STORAGE_RANGES) -> None:
     """Raise ``InvalidValue`` for the first value of ``batch`` that its column cannot hold.
 
     ``target_columns`` is what ``check_arrow_schema`` returned; the batch's fields are
-    found by name. Nothing is sent by this function: call it before encoding.
+    found by name. ``ranges`` are the Date/DateTime ranges of the server the batch goes to
+    (``Capabilities.value_ranges``); the default checks the storage limits only, which
+    some servers cannot read back. Nothing is sent by this function: call it before
+    encoding.
     """
     for column in target_columns:
         array = batch.column(column.name)
-        _check_array(column.name, array, column.chtype, _identity_rows)
+        _check_array(column.name, array, column.chtype, _identity_rows, ranges)
 
 
 def _identity_rows(index: int) -> int:
     return index
 
 
-def _check_array(name: str, array: pa.Array, target: ChType, row_of: RowOf) -> None:
+def _check_array(name: str, array: pa.Array, target: ChType, row_of: RowOf,
+                 ranges: ValueRanges) -> None:
     if pa.types.is_dictionary(array.type):
         array = array.dictionary_decode()
     nullable = target.unwrap_low_cardinality().is_nullable
@@ -286,7 +295,7 @@ def _check_array(name: str, array: pa.Array, target: ChType, row_of: RowOf) -> N
         _fail(name, array, pc.is_null(array), row_of, f"null value into non-Nullable {target}")
     ch = target.value_type()
     if ch.base == "Array":
-        _check_list(name, array, ch, row_of)
+        _check_list(name, array, ch, row_of, ranges)
     elif ch.base in INTEGER_TYPES:
         _check_integer_range(name, array, ch, row_of)
     elif ch.base == "Decimal":
@@ -294,18 +303,26 @@ def _check_array(name: str, array: pa.Array, target: ChType, row_of: RowOf) -> N
     elif ch.base == "FixedString":
         _check_fixed_string(name, array, ch, row_of)
     elif ch.base == "Date":
-        if not _extremes_fit(array, to_days, DATE_MAX_DAYS):
-            _check_range(name, to_days(array), 0, DATE_MAX_DAYS, array, row_of,
-                         f"date outside the range of {ch} (1970-01-01 .. 2149-06-06)")
+        low, high = ranges.date_days
+        if not _extremes_fit(array, to_days, low, high):
+            _check_range(name, to_days(array), low, high, array, row_of,
+                         f"date outside the range of {ch}{_on(ranges)} "
+                         f"({day_text(low)} .. {day_text(high)})")
     elif ch.base == "DateTime":
-        if not _extremes_fit(array, to_seconds, DATETIME_MAX_SECONDS):
-            _check_range(name, to_seconds(array), 0, DATETIME_MAX_SECONDS, array, row_of,
-                         f"timestamp outside the range of {ch} (1970-01-01 .. 2106-02-07 UTC)")
+        low, high = ranges.datetime_seconds(ch)
+        if not _extremes_fit(array, to_seconds, low, high):
+            _check_range(name, to_seconds(array), low, high, array, row_of,
+                         f"timestamp outside the range of {ch}{_on(ranges)} "
+                         f"({instant_text(low)} .. {instant_text(high)} UTC)")
 
 
-def _extremes_fit(array: pa.Array, convert: Callable[[pa.Array], np.ndarray], high: int
-                   ) -> bool:
-    """Fast path: the converted smallest and largest values (nulls ignored) lie in 0..high.
+def _on(ranges: ValueRanges) -> str:
+    return f" on {ranges.server}" if ranges.server else ""
+
+
+def _extremes_fit(array: pa.Array, convert: Callable[[pa.Array], np.ndarray], low: int,
+                  high: int) -> bool:
+    """Fast path: the converted smallest and largest values (nulls ignored) lie in low..high.
 
     The conversions are monotonic, so checking the two extremes checks every value.
     """
@@ -315,10 +332,11 @@ def _extremes_fit(array: pa.Array, convert: Callable[[pa.Array], np.ndarray], hi
     width = np.int32 if array.type.bit_width == 32 else np.int64  # date32 / the others
     raw = np.array([extremes["min"].value, extremes["max"].value], width)
     low_high = convert(pa.Array.from_buffers(array.type, 2, [None, pa.py_buffer(raw)]))
-    return bool(low_high[0] >= 0 and low_high[1] <= high)
+    return bool(low_high[0] >= low and low_high[1] <= high)
 
 
-def _check_list(name: str, array: pa.Array, ch: ChType, row_of: RowOf) -> None:
+def _check_list(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
+                ranges: ValueRanges) -> None:
     if ch.inner is None or len(array) == 0:
         return
     offsets = _list_offsets(array)
@@ -329,7 +347,7 @@ def _check_list(name: str, array: pa.Array, ch: ChType, row_of: RowOf) -> None:
     def element_row(index: int) -> int:
         return row_of(int(np.searchsorted(ends, index, side="right")) - 1)
 
-    _check_array(name, values, ch.inner, element_row)
+    _check_array(name, values, ch.inner, element_row, ranges)
 
 
 def _list_offsets(array: pa.Array) -> pa.Array:

@@ -6,13 +6,24 @@ hands the staged parts to the target with one partition-level statement (MOVE, A
 REPLACE PARTITION), which makes a partition visible all at once.
 
 Contract:
-- ``staging_table_name(sink_id, epoch, branch_id)`` is deterministic and unique per
-  (sink id, epoch, branch id) (up to a 2^-48 hash collision); ``parse_staging_table_name``
-  gives back the sink key, the epoch and the branch key, so the sweeper can attribute any
-  staging table to its xid. Sink ids and branch ids may hold any characters: the name keeps
-  a readable lowercase slug of each plus a hash of the full text. The sink id itself is not
-  recoverable from the name: a caller that wants to map a table to a sink compares
-  ``sink_key(sink_id)`` for the sink ids it knows.
+- ``staging_table_name(sink_id, epoch, branch_id, root=...)`` is deterministic and unique
+  per (root, sink id, epoch, branch id) (up to a 2^-48 hash collision per part);
+  ``parse_staging_table_name`` gives back the sink key, the epoch, the branch key and the
+  root tag, so the sweeper can attribute any staging table to its xid *and* to the
+  coordinator root that owns that xid. Every root's sinks share ``txsink_staging``, and
+  only the owning root can tell whether a table is still live, so the root is part of the
+  name rather than guessed. ``root`` is an opaque identity string (the sink passes the
+  absolute znode path of its coordinator root, chroot included); the name carries
+  ``root_tag(root)``, a hash of it. Sink ids and branch ids may hold any characters: the
+  name keeps a readable lowercase slug of each plus a hash of the full text. The sink id
+  and the root are not recoverable from the name: a caller compares ``sink_key(sink_id)``
+  and ``root_tag(root)`` for the ones it knows.
+- Layout: ``txs_<sink slug>_<sink hash>_e<epoch>_<branch slug>_<branch hash>_r<root tag>``,
+  at most 103 characters of ``[a-z0-9_]`` for epochs below 10^20 (ClickHouse uses the
+  name as a directory name: file-name limit 255). The root tag is last so that
+  ``txs_<sink key>_`` stays a prefix of every table of a sink. Names written before the
+  root tag existed (no ``_r<tag>``) still parse, with ``root_tag=None``: no root can
+  claim them.
 - ``create_staging`` is idempotent (IF NOT EXISTS). The table has the target's columns
   (types, defaults, materialized and alias columns included), partition key, sorting key,
   primary key and MergeTree settings (index_granularity first of all), so that ATTACH /
@@ -54,18 +65,35 @@ STAGING_SETTINGS: dict[str, str] = {
     "parts_to_throw_insert": "100000",
 }
 
+#: The root identity of a sink with default options (``zk_root=/txsink``, no chroot).
+DEFAULT_ROOT = "/txsink"
+
 _PREFIX = "txs"
 _SINK_SLUG_LEN, _SINK_HASH_LEN = 24, 12
 _BRANCH_SLUG_LEN, _BRANCH_HASH_LEN = 16, 8
+_ROOT_HASH_LEN = 12
 _NAME_RE = re.compile(
     rf"^{_PREFIX}_(?P<sink>[a-z0-9]{{0,{_SINK_SLUG_LEN}}}_[0-9a-f]{{{_SINK_HASH_LEN}}})"
     r"_e(?P<epoch>\d+)"
-    rf"_(?P<branch>[a-z0-9]{{0,{_BRANCH_SLUG_LEN}}}_[0-9a-f]{{{_BRANCH_HASH_LEN}}})$"
+    rf"_(?P<branch>[a-z0-9]{{0,{_BRANCH_SLUG_LEN}}}_[0-9a-f]{{{_BRANCH_HASH_LEN}}})"
+    rf"(?:_r(?P<root>[0-9a-f]{{{_ROOT_HASH_LEN}}}))?$"
 )
 
 
 class UnsupportedTarget(ValueError):
     """The target table cannot get a staging table whose parts it would accept."""
+
+
+def _digest(text: str, length: int) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:length]
+
+
+def root_tag(root: str) -> str:
+    """The root's part of a staging table name: a hash of the root identity."""
+    return _digest(root, _ROOT_HASH_LEN)
+
+
+_DEFAULT_ROOT_TAG = root_tag(DEFAULT_ROOT)
 
 
 @dataclass(frozen=True)
@@ -75,16 +103,18 @@ class StagingName:
     sink_key: str  # sink_key(sink_id) of the owning sink
     epoch: int
     branch_key: str  # branch_key(branch_id) of the owning branch
+    # root_tag(root) of the owning coordinator root; None: a name without a root tag
+    root_tag: str | None = _DEFAULT_ROOT_TAG
 
     @property
     def table(self) -> str:
-        return f"{_PREFIX}_{self.sink_key}_e{self.epoch}_{self.branch_key}"
+        name = f"{_PREFIX}_{self.sink_key}_e{self.epoch}_{self.branch_key}"
+        return name if self.root_tag is None else f"{name}_r{self.root_tag}"
 
 
 def _key(text: str, slug_len: int, hash_len: int) -> str:
     slug = re.sub(r"[^a-z0-9]", "", text.lower())[:slug_len]
-    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:hash_len]
-    return f"{slug}_{digest}"
+    return f"{slug}_{_digest(text, hash_len)}"
 
 
 def sink_key(sink_id: str) -> str:
@@ -97,19 +127,27 @@ def branch_key(branch_id: str) -> str:
     return _key(branch_id, _BRANCH_SLUG_LEN, _BRANCH_HASH_LEN)
 
 
-def staging_table_name(sink_id: str, epoch: int, branch_id: str) -> str:
-    """Unquoted name (in ``STAGING_DATABASE``) of the staging table of one branch."""
+def staging_table_name(sink_id: str, epoch: int, branch_id: str, *,
+                       root: str = DEFAULT_ROOT) -> str:
+    """Unquoted name (in ``STAGING_DATABASE``) of the staging table of one branch.
+
+    ``root`` identifies the coordinator root the branch's xid lives under; writers always
+    pass theirs (the default is the root of a sink with default options).
+    """
     if epoch < 0:
         raise ValueError(f"epoch must be >= 0, got {epoch}")
-    return StagingName(sink_key(sink_id), epoch, branch_key(branch_id)).table
+    return StagingName(sink_key(sink_id), epoch, branch_key(branch_id), root_tag(root)).table
 
 
 def parse_staging_table_name(name: str) -> StagingName | None:
-    """The owner encoded in a staging table name; None for any other table name."""
+    """The owner encoded in a staging table name; None for any other table name.
+
+    A name without a root tag (written before the tag existed) gives ``root_tag=None``.
+    """
     match = _NAME_RE.match(name)
     if match is None:
         return None
-    return StagingName(match["sink"], int(match["epoch"]), match["branch"])
+    return StagingName(match["sink"], int(match["epoch"]), match["branch"], match["root"])
 
 
 def staging_qualified(table: str) -> str:

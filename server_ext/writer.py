@@ -93,6 +93,7 @@ class BranchWriter:
         self.target = target
         self.staging_table = staging_table
         self.format = "ArrowStream" if caps.arrow_stream else "Native"
+        self.value_ranges = caps.value_ranges  # Date/DateTime are checked against this server
         self.block_rows = block_rows
         self.chunk_rows = min(chunk_rows, block_rows)
         self.rows_sent = 0
@@ -114,7 +115,7 @@ class BranchWriter:
         """Check ``batch``, buffer it, and hand every full block to the sending thread."""
         self._ensure_usable()
         columns = self._columns_for(batch.schema)
-        check_batch(columns, batch)
+        check_batch(columns, batch, self.value_ranges)
         if batch.num_rows == 0:
             return
         self._pending.append(batch)

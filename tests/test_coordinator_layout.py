@@ -50,9 +50,10 @@ def test_ledger_returns_what_was_put_and_none_for_a_missing_key(zk: KazooClient)
     coord, generation = new_coordinator(zk)
     coord.begin(0, generation)
     coord.register_branch(0, "p0-a0-aaaa0000", generation, owner={})
-    ledger = coord.ledger(0, "p0-a0-aaaa0000")
-    assert ledger.get("202401") is None
-    ledger.put("202401", {"intent": "attach", "watermark": 118})
+    with coord.publish_lease(0):
+        ledger = coord.ledger(0, "p0-a0-aaaa0000")
+        assert ledger.get("202401") is None
+        ledger.put("202401", {"intent": "attach", "watermark": 118})
     assert ledger.get("202401") == {"intent": "attach", "watermark": 118}
 
 
@@ -60,9 +61,10 @@ def test_ledger_put_overwrites_the_previous_value(zk: KazooClient) -> None:
     coord, generation = new_coordinator(zk)
     coord.begin(0, generation)
     coord.register_branch(0, "p0-a0-aaaa0000", generation, owner={})
-    ledger = coord.ledger(0, "p0-a0-aaaa0000")
-    ledger.put("all", {"state": "intent"})
-    ledger.put("all", {"state": "done"})
+    with coord.publish_lease(0):
+        ledger = coord.ledger(0, "p0-a0-aaaa0000")
+        ledger.put("all", {"state": "intent"})
+        ledger.put("all", {"state": "done"})
     assert ledger.get("all") == {"state": "done"}
     assert ledger.items() == {"all": {"state": "done"}}
 
@@ -71,12 +73,13 @@ def test_ledger_keys_may_hold_any_character(zk: KazooClient) -> None:
     coord, generation = new_coordinator(zk)
     coord.begin(0, generation)
     coord.register_branch(0, "p0-a0-aaaa0000", generation, owner={})
-    coord.ledger(0, "p0-a0-aaaa0000").put("(2024, 'a/b')", {"ok": 1})
+    with coord.publish_lease(0):
+        coord.ledger(0, "p0-a0-aaaa0000").put("(2024, 'a/b')", {"ok": 1})
     assert coord.ledger(0, "p0-a0-aaaa0000").get("(2024, 'a/b')") == {"ok": 1}
 
 
 def test_ledger_of_an_unregistered_branch_is_refused(zk: KazooClient) -> None:
     coord, generation = new_coordinator(zk)
     coord.begin(0, generation)
-    with pytest.raises(UnknownBranch):
+    with pytest.raises(UnknownBranch), coord.publish_lease(0):
         coord.ledger(0, "p0-a0-nobody00").put("all", {"ok": 1})

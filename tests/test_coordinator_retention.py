@@ -113,7 +113,8 @@ def test_prune_removes_branches_and_their_ledgers(zk: KazooClient) -> None:
     coord, generation = new_coordinator(zk)
     coord.begin(0, generation)
     (branch,) = prepared_branches(coord, 0, generation, 1)
-    coord.ledger(0, branch).put("202401", {"state": "published"})
+    with coord.publish_lease(0):
+        coord.ledger(0, branch).put("202401", {"state": "published"})
     coord.commit(0, generation, [branch], Target().publish, Target().rollback)
     time.sleep(0.05)
     assert coord.prune(0.01) == [0]

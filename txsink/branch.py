@@ -12,7 +12,10 @@ Contract (what Spark's ``DataWriter`` asks, made exactly-once):
 - The manifest is recorded (branch ``Prepared``) before the commit message is returned,
   so a driver that crashes after the decision can publish from ZooKeeper alone.
 - In streaming, a task of a replayed micro-batch whose xid is already ``Committed``
-  writes nothing and returns :class:`SkippedMessage`.
+  writes nothing and returns :class:`SkippedMessage`. Before that, every task checks
+  that the sink's epochs are this query's micro-batches (``Coordinator.own_stream``): a
+  deleted or replaced checkpoint, or a sink whose state was lost, is refused with
+  ``StreamStateMismatch`` before anything is claimed or staged.
 - On a sharded target each branch stages on one replica of its shard (``pick_replica``)
   and records that server; its publish and rollback go to the same server.
 """
@@ -29,7 +32,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 import server_ext
-from coordinator import XidState
+from coordinator import Coordinator, XidState
 from server_ext.sharding import Shard, ShardRouter
 from txsink import connections, crashpoints
 from txsink.messages import BranchMessage, SkippedMessage
@@ -70,6 +73,18 @@ def streaming_epoch() -> int:
     return int(batch_id)
 
 
+def streaming_query_id() -> str:
+    """The running streaming query's id: kept in its checkpoint, so the same on every
+    restart of that checkpoint and new for a new one (the run id changes every restart)."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    query_id = ctx.getLocalProperty("sql.streaming.queryId") if ctx else None
+    if not query_id:
+        raise RuntimeError("sql.streaming.queryId is not set: not a streaming task")
+    return query_id
+
+
 def pick_replica(shard: Shard, partition: int, attempt: int, choice: str,
                  overwrite: bool) -> str:
     """The replica a branch stages on (and is later published from).
@@ -93,18 +108,22 @@ class _ShardBranch:
         self.epoch = epoch
         self.branch_id = branch_id
         self.server = server
-        self.staging = server_ext.staging_table_name(plan.sink_id, epoch, branch_id)
+        self.staging = server_ext.staging_table_name(plan.sink_id, epoch, branch_id,
+                                                     root=plan.options.root_identity)
         self.client = connections.clickhouse(plan.options, server)
         self.writer: server_ext.BranchWriter | None = None
 
     def write(self, batch: pa.RecordBatch) -> None:
         if self.writer is None:
             target = self.plan.table or server_ext.describe_table(self.client, self.plan.target)
+            caps = server_ext.detect_capabilities(self.client)
+            columns = send_columns(target, self.plan.columns)
+            # values out of this server's ranges fail before its staging table exists
+            server_ext.check_batch(columns, batch, caps.value_ranges)
             qualified = server_ext.create_staging(self.client, target, self.staging)
             self.writer = server_ext.BranchWriter(
-                self.client, target, qualified, server_ext.detect_capabilities(self.client),
-                block_rows=self.plan.options.insert_block_rows,
-                target_columns=send_columns(target, self.plan.columns),
+                self.client, target, qualified, caps,
+                block_rows=self.plan.options.insert_block_rows, target_columns=columns,
             )
         self.writer.write(batch)
 
@@ -183,9 +202,26 @@ def write_branch(
     generation = plan.generation
     if generation is None:  # streaming: the first task of a run fences older runs
         _, _, owner = _task_identity()
+        # Before anything is claimed, begun or staged: the sink's epochs must be this
+        # query's micro-batches (StreamStateMismatch otherwise; coordinator/stream.py).
+        coord.own_stream(streaming_query_id(), epoch)
         generation = coord.claim(str(owner.get("run_id") or owner["host"]))
+    try:
+        return _write_branch(plan, coord, epoch, generation, batches)
+    except Exception as exc:
+        # A refused step, or staging dropped under us, after another writer took the
+        # sink over: say so instead of the low-level error.
+        taken = coord.taken_over(generation, exc)
+        if taken is None:
+            raise
+        raise taken from exc
+
+
+def _write_branch(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
+                  batches: Iterator[pa.RecordBatch]) -> BranchMessage | SkippedMessage:
     state = coord.begin(epoch, generation)
-    if state == XidState.COMMITTED:
+    if state in (XidState.COMMITTED, XidState.COMMITTING):
+        # Decided by an earlier run: the replay adds nothing; its commit finishes the xid.
         return SkippedMessage(epoch, generation)
     if state != XidState.INITIALIZED:
         raise XidNotWritable(f"xid {plan.sink_id}/{epoch} is {state.value}; not writable")

@@ -4,9 +4,15 @@
         [--shards N --replicas M]       ... plus an N×M ClickHouse cluster (txsink_cluster)
     txsink status  --zookeeper H        sinks, last committed epoch, open xids, metrics
     txsink recover --zookeeper H --url U   roll committing xids forward, undecided back
-    txsink resolve ...                  an operator's decision on an in-doubt partition
+        [--sink S --epoch E] [--strategy T]  ... one xid; publish with T where the
+                                        recorded strategy cannot run on the server
+    txsink resolve ... --attached yes|no   an operator's decision on an in-doubt partition
+    txsink resolve ... --give-up           give up partitions that can never be published
     txsink gc      --zookeeper H --url U   drop staging tables of finished xids
-    txsink verify  --zookeeper H        audit every sink's history for anomalies
+    txsink verify  --zookeeper H --url U   audit every sink's history, and its targets'
+                                        rows against what its committed xids put there
+    txsink reset   --sink S --forget-epochs | --committed-through N
+                                        way out of a stream state mismatch (stop the query)
     txsink demo                         the exactly-once demo under injected faults
 
 ClickHouse credentials come from TXSINK_CLICKHOUSE_USER / TXSINK_CLICKHOUSE_PASSWORD,
@@ -62,7 +68,10 @@ def _operations(args: argparse.Namespace) -> int:
         if args.command == "status":
             result = ops.status(args.sink)
         elif args.command == "recover":
-            result = ops.recover(args.sink)
+            result = ops.recover(args.sink, args.epoch, args.strategy)
+        elif args.command == "resolve" and args.give_up:
+            result = ops.give_up(args.sink, args.epoch, args.branch, args.partition,
+                                 reason=args.reason or "")
         elif args.command == "resolve":
             result = ops.resolve(args.sink, args.epoch, args.branch, args.partition,
                                  attached=args.attached == "yes")
@@ -72,8 +81,13 @@ def _operations(args: argparse.Namespace) -> int:
             servers = ([url for shard in parse_shard_urls(args.shards) for url in shard]
                        if args.shards else None)
             result = ops.gc(args.grace, args.prune_older_than, servers)
+        elif args.command == "reset":
+            result = ops.reset(args.sink, args.forget_epochs, args.committed_through)
         else:
-            result = ops.verify(args.sink, args.committing_older_than)
+            writers = ("exclusive" if args.exclusive_target else
+                       "shared" if args.shared_target else "unknown")
+            result = ops.verify(args.sink, args.committing_older_than,
+                                target=not args.no_target, writers=writers)
     finally:
         ops.close()
     if args.json:
@@ -128,13 +142,28 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--sink", help="only this sink id")
     recover = ops_parser("recover", "finish or roll back unfinished xids", url=True)
     recover.add_argument("--sink", help="only this sink id")
-    resolve = ops_parser("resolve", "record a decision on an in-doubt partition", url=True)
+    recover.add_argument("--epoch", type=int, default=None,
+                         help="only this xid of --sink")
+    recover.add_argument("--strategy", choices=["move", "attach_replicated", "attach_marked"],
+                         default=None,
+                         help="publish the winners of --sink's Committing xids (or --epoch's) "
+                              "whose recorded strategy the server cannot run with this one "
+                              "(recorded; see docs/operations.md)")
+    resolve = ops_parser("resolve", "decide an in-doubt partition, or give partitions up",
+                         url=True)
     resolve.add_argument("--sink", required=True)
     resolve.add_argument("--epoch", type=int, required=True)
     resolve.add_argument("--branch", required=True)
-    resolve.add_argument("--partition", required=True, help="partition id")
-    resolve.add_argument("--attached", choices=["yes", "no"], required=True,
-                         help="are the partition's rows in the target? (look first)")
+    resolve.add_argument("--partition", required=True, action="append",
+                         help="partition id (repeat for several)")
+    decision = resolve.add_mutually_exclusive_group(required=True)
+    decision.add_argument("--attached", choices=["yes", "no"],
+                          help="are the partition's rows in the target? (look first)")
+    decision.add_argument("--give-up", action="store_true",
+                          help="the partitions' rows can never be published: record that, "
+                               "skip them and finish the xid (their staged rows are dropped)")
+    resolve.add_argument("--reason", default=None,
+                         help="with --give-up: why, recorded with the decision")
     gc = ops_parser("gc", "drop staging of finished xids; prune old xids", url=True)
     gc.add_argument("--shards", default=None,
                     help="sweep every server of a sharded target: 'u1,u2;u3,u4' (as the "
@@ -143,9 +172,32 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds a staging table of an unknown xid is kept (default 3600)")
     gc.add_argument("--prune-older-than", type=float, default=None,
                     help="also remove finished xids older than this many seconds")
-    verify = ops_parser("verify", "audit the transaction history for anomalies", url=False)
+    verify = ops_parser("verify", "audit the history; compare targets with committed rows",
+                        url=True)
     verify.add_argument("--sink", help="only this sink id")
     verify.add_argument("--committing-older-than", type=float, default=300.0)
+    verify.add_argument("--no-target", action="store_true",
+                        help="audit the ZooKeeper history only; do not read the targets")
+    writers = verify.add_mutually_exclusive_group()
+    writers.add_argument("--exclusive-target", action="store_true",
+                         help="the sinks under --zk-root are their targets' only writers: "
+                              "extra rows are duplicates")
+    writers.add_argument("--shared-target", action="store_true",
+                         help="the targets have other writers: extra rows are not judged")
+
+    reset = ops_parser(
+        "reset", "way out of a stream state mismatch: forget a streaming sink's epochs "
+        "and/or record micro-batches 0..N as committed; the next query to write adopts "
+        "the sink (stop the query first; refused while xids are open)", url=False)
+    reset.add_argument("--sink", required=True, help="the sink id the error named")
+    reset.add_argument("--forget-epochs", action="store_true",
+                       help="the checkpoint was deleted or replaced: forget every epoch "
+                            "the sink committed, so a new query takes the sink over with "
+                            "its micro-batches counted from 0")
+    reset.add_argument("--committed-through", type=int, default=None, metavar="N",
+                       help="the sink's state was lost: micro-batches 0..N are in the "
+                            "target (look first), so a replay of N writes nothing and the "
+                            "query goes on at N+1")
 
     demo = sub.add_parser("demo", help="exactly-once demo under injected faults")
     demo.add_argument("--epochs", type=int, default=12)

@@ -9,6 +9,7 @@ immutable :class:`~txsink.plan.WritePlan` travels with it.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -21,10 +22,12 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from coordinator import Fenced
 from txsink import driver
 from txsink.branch import streaming_epoch, write_branch
+from txsink.operations import explain_blocked
 from txsink.options import OptionError, parse_options
-from txsink.plan import WritePlan, check_target
+from txsink.plan import WritePlan, check_publish, check_target
 
 
 class ClickHouseTxDataSource(DataSource):
@@ -44,9 +47,11 @@ class ClickHouseTxDataSource(DataSource):
             )
         return StreamWriter(self._plan(schema, overwrite, streaming=True))
 
+    @explain_blocked
     def _plan(self, schema: StructType, overwrite: bool, streaming: bool) -> WritePlan:
         options = parse_options(self.options)
         checked = check_target(options, schema)
+        checked = replace(checked, strategy=check_publish(options, checked))  # before any open
         sink_id = options.resolved_sink_id(streaming)
         if options.in_transaction():
             generation, epoch = options.tx_generation, options.tx_epoch
@@ -56,7 +61,13 @@ class ClickHouseTxDataSource(DataSource):
         else:
             coord, generation = driver.open_sink(options, sink_id)
             epoch = coord.allocate_epoch()
-            coord.begin(epoch, generation)
+            try:
+                coord.begin(epoch, generation)
+            except Fenced as exc:  # another job of the sink started right after us
+                taken = coord.taken_over(generation, exc)
+                if taken is None:
+                    raise
+                raise taken from exc
         return WritePlan(options, sink_id, generation, checked.strategy, overwrite,
                          checked.columns, epoch, checked.layout, checked.table)
 

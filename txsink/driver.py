@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 
 import server_ext
-from coordinator import Coordinator, Fenced, XidDecided
+from coordinator import Coordinator, Fenced, UnknownXid, XidDecided
 from txsink import connections
 from txsink.messages import BranchMessage, SkippedMessage
 from txsink.options import SinkOptions
@@ -29,6 +29,10 @@ from txsink.plan import WritePlan
 from txsink.publisher import BranchPublisher
 
 log = logging.getLogger("txsink")
+
+# A writer starting after a crash waits this long for the dead driver's publish lease to
+# expire with its ZooKeeper session (10 s), then finishes its xid; a live holder keeps it.
+HOLDER_WAIT_SECONDS = 15.0
 
 
 def publisher_for(options: SinkOptions, coord: Coordinator) -> BranchPublisher:
@@ -51,6 +55,10 @@ def open_stream(options: SinkOptions, sink_id: str) -> Coordinator:
     so nothing here may fence or roll back: the query's tasks fence once per run
     (:meth:`Coordinator.claim` with the run id), and an undecided xid is adopted by the
     replay of its micro-batch, whose commit rolls back the dead run's branches.
+
+    Nor can it check that the sink's epochs belong to this query's checkpoint: this
+    process sees only the options (no query id, no batch id). The tasks do, before
+    anything is claimed or staged (:meth:`Coordinator.own_stream` in ``txsink/branch.py``).
     """
     coord = connections.coordinator(options, sink_id)
     if options.recover_on_start:
@@ -61,7 +69,8 @@ def open_stream(options: SinkOptions, sink_id: str) -> Coordinator:
 def _recover(options: SinkOptions, coord: Coordinator, older_than_generation: int | None) -> None:
     publisher = publisher_for(options, coord)
     report = coord.recover(publish=publisher.publish, rollback=publisher.rollback,
-                           older_than_generation=older_than_generation)
+                           older_than_generation=older_than_generation,
+                           wait_for_holders=HOLDER_WAIT_SECONDS)
     if report.actions:
         log.warning("txsink sink=%s recovered: %s", coord.sink_id, report)
 
@@ -96,7 +105,8 @@ def _overwrite_branches(plan: WritePlan, coord: Coordinator, epoch: int, generat
     for server, branch_ids in sorted(by_server.items(), key=lambda item: str(item[0])):
         digest = hashlib.sha1(",".join(sorted(branch_ids)).encode()).hexdigest()[:8]
         branch_id = f"overwrite-{digest}"
-        staging = server_ext.staging_table_name(plan.sink_id, epoch, branch_id)
+        staging = server_ext.staging_table_name(plan.sink_id, epoch, branch_id,
+                                                root=plan.options.root_identity)
         coord.register_branch(epoch, branch_id, generation,
                               owner={"staging": staging, "server": server})
         coord.prepare_branch(epoch, branch_id, {
@@ -133,19 +143,25 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> Non
         return
     started = time.time()
     generation = generation_of(plan, coord, messages)
-    coord.begin(epoch, generation)  # a micro-batch with no task still gets its xid
-    winners = [b for m in branch_messages for b in m.branch_ids]
-    if plan.overwrite and winners:
-        winners = _overwrite_branches(plan, coord, epoch, generation, winners)
-    if plan.options.in_transaction():
-        coord.select(epoch, generation, winners)
-        return
-    publisher = publisher_for(plan.options, coord)
-    coord.commit(epoch, generation, winners, publish=publisher.publish,
-                 rollback=publisher.rollback)
+    try:
+        coord.begin(epoch, generation)  # a micro-batch with no task still gets its xid
+        winners = [b for m in branch_messages for b in m.branch_ids]
+        if plan.overwrite and winners:
+            winners = _overwrite_branches(plan, coord, epoch, generation, winners)
+        if plan.options.in_transaction():
+            coord.select(epoch, generation, winners)
+            return
+        publisher = publisher_for(plan.options, coord)
+        coord.commit(epoch, generation, winners, publish=publisher.publish,
+                     rollback=publisher.rollback)
+    except (Fenced, XidDecided) as exc:
+        taken = coord.taken_over(generation, exc)
+        if taken is None:
+            raise
+        raise taken from exc
     metrics = epoch_metrics(branch_messages, started)
     coord.record_metrics(epoch, metrics)
-    log.warning(
+    log.info(
         "txsink sink=%s epoch=%d committed rows=%d branches=%d partitions=%d "
         "stage_ms=%.0f seal_ms=%.0f commit_ms=%.0f latency_ms=%.0f",
         plan.sink_id, epoch, metrics["rows"], metrics["branches"], metrics["partitions"],
@@ -162,5 +178,7 @@ def abort_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> None
     try:
         coord.abort(epoch, generation_of(plan, coord, messages), rollback=publisher.rollback)
         log.warning("txsink sink=%s epoch=%d aborted", plan.sink_id, epoch)
+    except UnknownXid:
+        return  # refused before its xid began: nothing to roll back
     except (XidDecided, Fenced) as exc:
         log.warning("txsink sink=%s epoch=%d not aborted: %s", plan.sink_id, epoch, exc)

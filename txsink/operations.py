@@ -4,21 +4,108 @@ Each returns plain data (for ``--json``) and :func:`render` turns it into the te
 operator reads. None of them fences a sink: ``recover`` finishes ``Committing`` xids and
 rolls back undecided xids of generations older than the sink's current one, so it is
 safe while a writer runs; the writer's own in-flight xid is left alone.
+
+A ``Committing`` xid is decided: it is never aborted, only published. When its publish
+can never succeed, the operator has two recorded ways out (``recover`` prints which one
+applies): ``recover --strategy`` publishes branches whose recorded strategy the server
+cannot run with one it can (:meth:`Operations.recover`, where the switch is argued), and
+``resolve --give-up`` gives up partitions whose rows cannot be published at all
+(:meth:`Operations.give_up`). Both are written in the branch's ledger and the xid's
+metrics, and ``status`` shows them.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
+from functools import wraps
+from typing import Any, ParamSpec, TypeVar
 
 from kazoo.client import KazooClient
 
 import server_ext
-from coordinator import Coordinator, XidState, audit
-from server_ext.client import ClickHouseClient
-from txsink.publisher import BranchPublisher
+from coordinator import (
+    BranchRecord,
+    Coordinator,
+    PublishInProgress,
+    RecoveryIncomplete,
+    XidState,
+    audit,
+)
+from coordinator.recovery import FAILED, IN_PROGRESS, ROLLED_BACK, ROLLED_FORWARD, RecoveryAction
+from server_ext.capabilities import strategy_problem
+from server_ext.client import ClickHouseClient, qualified_name
+from server_ext.ledger import ATTACHING, PUBLISHED, ledger_key
+from server_ext.seal import read_staged_partitions
+from server_ext.staging import root_tag
+from server_ext.sweeper import sweep
+from txsink.options import root_identity
+from txsink.publisher import BranchPublisher, server_of
+from txsink.verify_target import Writers, check_targets
 
 OPEN_STATES = (XidState.INITIALIZED, XidState.COMMITTING, XidState.ABORTING)
+
+#: Ledger entries of an operator's decisions, next to the publish records (which are keyed
+#: by staging table names, ``txs_...``, so these keys never collide with them).
+SWITCH_KEY = "operator.strategy_switch"
+GIVEN_UP_KEY = "operator.given_up"
+UNCHANGED = "unchanged"  # a recover action that left the xid as it was, and why
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class RecoverRefused(ValueError):
+    """``recover --epoch/--strategy`` or ``resolve --give-up`` refused before writing
+    anything: the message says why and what to do instead."""
+
+
+def strategy_switches(coord: Coordinator) -> Callable[[BranchRecord], str | None]:
+    """``BranchPublisher(strategy_for=...)``: the strategy an operator switched a branch to
+    (``txsink recover --strategy``), None for a branch never switched."""
+    def strategy_for(record: BranchRecord) -> str | None:
+        entry = coord.ledger(record.epoch, record.branch_id).get(SWITCH_KEY)
+        return entry.get("to") if entry else None
+    return strategy_for
+
+
+def explain_blocked(call: Callable[P, R]) -> Callable[P, R]:
+    """Decorate a writer's start-up: a sink blocked by an xid its recovery cannot finish
+    fails with what to run, instead of a bare ``RecoveryIncomplete``.
+
+    A decided xid is never rolled back, so a writer cannot skip it; only an operator can
+    finish it (see ``docs/operations.md``, "Stuck Committing xids").
+    """
+    @wraps(call)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return call(*args, **kwargs)
+        except RecoveryIncomplete as exc:
+            report = exc.report
+            sink_id = getattr(report, "sink_id", "?")
+            epochs = sorted({a.epoch for a in getattr(report, "failed", [])})
+            where = f" --epoch {epochs[0]}" if epochs else ""
+            raise _Blocked(
+                f"{exc}. The sink cannot start while a decided xid of it is unfinished; a "
+                f"decided xid is never aborted. Run `txsink recover --sink {sink_id}{where}` "
+                "(with this sink's --zookeeper and --zk-root): it retries the publish and "
+                "prints what can be done (docs/operations.md, \"Stuck Committing xids\")",
+                report) from exc
+    return wrapper
+
+
+class _Blocked(RecoveryIncomplete):
+    """``RecoveryIncomplete`` whose message says what the operator can run."""
+
+    def __init__(self, message: str, report: object) -> None:
+        Exception.__init__(self, message)
+        self.report = report
+
+
+def _operator() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class Operations:
@@ -27,6 +114,7 @@ class Operations:
     def __init__(self, zookeeper: str, zk_root: str = "/txsink", url: str | None = None,
                  user: str | None = None, password: str | None = None) -> None:
         self.root = zk_root
+        self.root_identity = root_identity(zookeeper, zk_root)  # what gc may judge
         self.zk = KazooClient(hosts=zookeeper)
         self.zk.start(timeout=15)
         self.url = url
@@ -52,7 +140,7 @@ class Operations:
         return [s for s in sinks if only is None or s == only]
 
     def _coordinator(self, sink_id: str) -> Coordinator:
-        return Coordinator(self.zk, sink_id, root=self.root)
+        return Coordinator(self.zk, sink_id, root=self.root, role="txsink operator")
 
     def status(self, sink: str | None = None, recent: int = 5) -> dict[str, Any]:
         now = time.time()
@@ -60,7 +148,8 @@ class Operations:
         for sink_id in self._sinks(sink):
             coord = self._coordinator(sink_id)
             open_xids = coord.xids(states=OPEN_STATES)
-            committed = coord.xids(states=(XidState.COMMITTED,))[-recent:]
+            every_committed = coord.xids(states=(XidState.COMMITTED,))
+            committed = every_committed[-recent:]
             sinks.append({
                 "sink_id": sink_id,
                 "generation": coord.generation(),
@@ -72,23 +161,263 @@ class Operations:
                 ],
                 "in_doubt": [x.epoch for x in open_xids if x.state == XidState.COMMITTING],
                 "recent": [{"epoch": x.epoch, **x.metrics} for x in committed],
+                "operator_decisions": _decisions(open_xids, every_committed),
             })
         return {"sinks": sinks}
 
-    def recover(self, sink: str | None = None) -> dict[str, Any]:
+    def recover(self, sink: str | None = None, epoch: int | None = None,
+                strategy: str | None = None) -> dict[str, Any]:
+        """Finish unfinished xids; with ``epoch`` only that xid of ``sink``; with
+        ``strategy`` publish its winners whose recorded strategy the server cannot run
+        with ``strategy`` instead.
+
+        Every publish honours the strategy switches operators recorded earlier. For each
+        ``Committing`` xid that stays unfinished, ``way_out`` says what can be done (a
+        decided xid is never aborted): which ``--strategy`` to publish with, or how to
+        resolve or give up partitions.
+
+        Why switching the strategy of a decided xid is safe: the decision (the winners)
+        stands and their staged parts are still in staging (publish checks them by name
+        before any statement). The switch is allowed only for a branch whose current
+        strategy the server refuses to run for its target (``strategy_problem`` with
+        ``statement_runs`` False: ``move`` without MOVE PARTITION or into a Replicated
+        table, ``attach_replicated`` into a plain one). Such a publish failed at the
+        statement that makes rows visible, or before it, so it made no row visible: a
+        failed ``move`` moved nothing. Its ledger intent ("attaching" these partitions)
+        therefore says nothing the new strategy must believe, and the new strategy must
+        not read it as its own (``attach_marked`` would take an intent without a
+        watermark as "attached above block 0"). So the intent is cleared, keeping the
+        partitions an operator already resolved, before the switch is recorded; a repeat
+        of this command after a crash finds the switch and leaves the new strategy's own
+        records alone. One case where the old strategy did run: a ``move`` that worked on
+        a server since replaced by one without MOVE PARTITION. ``move`` takes the parts
+        out of staging, so a partition its intent names that staging no longer holds was
+        moved (``move``'s own repeat rule) and is recorded as published, never attached
+        again; any other partition missing from staging fails the new strategy's check
+        (``StagingChanged``) instead of publishing it. The switch and the cleared intent
+        are recorded in the branch's ledger (``operator.strategy_switch``) and the xid's
+        metrics. A branch whose strategy can run is never switched: its failure has
+        another cause, and a switch could publish rows a repeat of the old strategy would
+        publish again. Everything is checked before anything is written; the writes and
+        the publish run under the xid's publish lease, so no other actor publishes it
+        meanwhile. Writers' own recovery at start-up still uses the recorded strategy
+        until this command has finished the xid: it fails before any statement runs, and
+        the worst it can do to an interrupted switch is overwrite its intent, which turns
+        the next repeat into "in doubt" (``txsink resolve``), never a duplicate.
+        """
+        if (epoch is not None or strategy is not None) and sink is None:
+            raise RecoverRefused("--epoch and --strategy need --sink")
+        sinks = self._sinks(sink)
+        if (epoch is not None or strategy is not None) and not sinks:
+            raise RecoverRefused(f"no sink {sink!r} under {self.root}")
         reports = []
-        for sink_id in self._sinks(sink):
+        for sink_id in sinks:
             coord = self._coordinator(sink_id)
-            publisher = BranchPublisher(self.client_for, coord)
-            report = coord.recover(publish=publisher.publish, rollback=publisher.rollback,
-                                   raise_on_failure=False)
-            reports.append({"sink_id": sink_id, "actions": [str(a) for a in report.actions],
-                            "failed": [str(a) for a in report.failed]})
+            if epoch is None and strategy is None:
+                publisher = BranchPublisher(self.client_for, coord, strategy_switches(coord))
+                actions = list(coord.recover(publish=publisher.publish,
+                                             rollback=publisher.rollback,
+                                             raise_on_failure=False).actions)
+            else:
+                actions = self._finish_decided(coord, epoch, strategy)
+            failed = [a for a in actions if a.action == FAILED]
+            reports.append({
+                "sink_id": sink_id, "actions": [str(a) for a in actions],
+                "failed": [str(a) for a in failed],
+                "way_out": [hint for a in failed if a.from_state is XidState.COMMITTING
+                            for hint in self.way_out(coord, a.epoch)],
+            })
         return {"sinks": reports}
 
-    def resolve(self, sink_id: str, epoch: int, branch_id: str, partition_id: str,
-                attached: bool) -> dict[str, Any]:
-        """Record an operator's decision on an in-doubt partition, then recover the sink.
+    def _finish_decided(self, coord: Coordinator, epoch: int | None,
+                        strategy: str | None) -> list[RecoveryAction]:
+        """``recover --epoch/--strategy``: check everything, then finish each xid."""
+        if epoch is not None:
+            record = coord.xid(epoch)
+            if record is None:
+                raise RecoverRefused(f"xid {coord.sink_id}/{epoch} has no record (never "
+                                     "begun, or pruned)")
+            records = [record]
+        else:
+            records = coord.xids(states=(XidState.COMMITTING,))
+        switches: dict[int, list[_Switch]] = {}
+        if strategy is not None:
+            for record in records:
+                if record.state is not XidState.COMMITTING:
+                    raise RecoverRefused(
+                        f"xid {record.xid} is {record.state.value}: --strategy is for a "
+                        "Committing xid whose publish cannot succeed (run txsink recover "
+                        "without it)")
+                switches[record.epoch] = self._plan_switch(coord, record.epoch, strategy)
+        return [self._finish_one(coord, record.epoch, switches.get(record.epoch, []))
+                for record in records]
+
+    def _finish_one(self, coord: Coordinator, epoch: int,
+                    switches: list[_Switch]) -> RecoveryAction:
+        generation = coord.generation()
+        record = coord.xid(epoch)
+        assert record is not None
+        try:
+            with coord.publish_lease(epoch, generation, wait=False):
+                record = coord.xid(epoch) or record
+                if record.state is XidState.COMMITTING:
+                    self._apply_switches(coord, epoch, switches)
+                    publisher = BranchPublisher(self.client_for, coord, strategy_switches(coord))
+                    coord.commit(epoch, generation, None, publish=publisher.publish,
+                                 rollback=publisher.rollback)
+                    detail = "; ".join(str(s) for s in switches)
+                    return RecoveryAction(record.xid, record.state, ROLLED_FORWARD, epoch, detail)
+                if record.state is XidState.ABORTING:
+                    publisher = BranchPublisher(self.client_for, coord)
+                    coord.abort(epoch, generation, rollback=publisher.rollback)
+                    return RecoveryAction(record.xid, record.state, ROLLED_BACK, epoch)
+        except PublishInProgress as exc:
+            return RecoveryAction(record.xid, record.state, IN_PROGRESS, epoch,
+                                  f"held by {exc.holder}")
+        except Exception as exc:  # noqa: BLE001 - reported per xid, like recovery does
+            return RecoveryAction(record.xid, record.state, FAILED, epoch,
+                                  f"{type(exc).__name__}: {exc}")
+        why = ("undecided: txsink recover without --epoch rolls it back once its writer is "
+               "gone" if record.state is XidState.INITIALIZED else "finished already")
+        return RecoveryAction(record.xid, record.state, UNCHANGED, epoch, why)
+
+    def _plan_switch(self, coord: Coordinator, epoch: int, strategy: str) -> list[_Switch]:
+        """The branches of a ``Committing`` xid to switch to ``strategy``; refuses (before
+        anything is written) a strategy some such branch's server cannot run, and a switch
+        that applies to no branch."""
+        record = coord.xid(epoch)
+        assert record is not None
+        winners = [b for b in coord.branches(epoch) if b.branch_id in record.winners]
+        current = strategy_switches(coord)
+        planned: list[_Switch] = []
+        kept: list[str] = []
+        for branch in winners:
+            payload = branch.manifest or {}
+            if payload.get("overwrite_of") or not payload.get("manifest"):
+                continue  # a dynamic overwrite publishes with REPLACE PARTITION, whatever
+            manifest = server_ext.Manifest.from_dict(payload["manifest"])
+            if not manifest.partitions:
+                continue
+            now = current(branch) or payload["strategy"]
+            if now == strategy:
+                continue  # switched earlier (a repeat after a crash) or recorded so
+            server = server_of(branch) or self.url or "?"
+            caps, target = self._server_view(branch, manifest)
+            refused = strategy_problem(caps, target, strategy)
+            if refused is not None:
+                raise RecoverRefused(
+                    f"cannot publish branch {branch.branch_id} of {record.xid} with "
+                    f"strategy={strategy!r} on {server} into {target.qualified}: "
+                    f"{refused.lacks}; use --strategy {refused.instead}")
+            problem = strategy_problem(caps, target, now)
+            if problem is None or problem.statement_runs:
+                kept.append(f"{branch.branch_id} ({now})")
+                continue
+            planned.append(_Switch(branch.branch_id, manifest, server_of(branch), now,
+                                   strategy, f"{server}: {problem.lacks}"))
+        if not planned and kept:
+            raise RecoverRefused(
+                f"no winner of {record.xid} needs another strategy: the server runs the "
+                f"strategies of {', '.join(kept)} for their targets, so their publish fails "
+                "for another reason. `txsink recover --sink "
+                f"{coord.sink_id} --epoch {epoch}` shows it; a switch could publish rows "
+                "twice")
+        return planned
+
+    def _apply_switches(self, coord: Coordinator, epoch: int, switches: list[_Switch]) -> None:
+        """Clear each switched branch's failed intent, then record the switch (order: a
+        crash in between repeats the clearing; see :meth:`recover`). Under the lease."""
+        switched: dict[str, dict[str, str]] = {}
+        for switch in switches:
+            ledger = coord.ledger(epoch, switch.branch_id)
+            key = ledger_key(switch.manifest.staging_table)
+            publish_record = ledger.get(key) or {}
+            cleared = (publish_record.get("attaching", [])
+                       if publish_record.get("state") == ATTACHING else [])
+            moved: list[str] = []
+            if cleared and switch.old == "move":
+                staged = read_staged_partitions(
+                    self.client_for(switch.server), switch.manifest.staging_database,
+                    switch.manifest.staging_table, purpose="read staging before a switch")
+                moved = sorted(p for p in cleared if p not in staged)
+            if cleared:
+                done = {*publish_record.get("published", []), *moved}
+                ledger.put(key, {"state": ATTACHING, "attaching": [], "published": sorted(done)})
+            entry = ledger.get(SWITCH_KEY) or {}
+            history = [*entry.get("history", []), {
+                "from": switch.old, "to": switch.new, "why": switch.why,
+                "cleared_intent": cleared, "moved_before": moved,
+                "at": round(time.time(), 3), "by": _operator()}]
+            ledger.put(SWITCH_KEY, {"to": switch.new, "history": history})
+            switched[switch.branch_id] = {"from": switch.old, "to": switch.new}
+        if switched:
+            record = coord.xid(epoch)
+            known = dict((record.metrics if record else {}).get("strategy_switches", {}))
+            coord.record_metrics(epoch, {"strategy_switches": {**known, **switched}})
+
+    def _server_view(self, branch: BranchRecord, manifest: server_ext.Manifest
+                     ) -> tuple[server_ext.Capabilities, server_ext.TargetTable]:
+        """Capabilities of the branch's server and its target as that server describes it."""
+        client = self.client_for(server_of(branch))
+        target = server_ext.describe_table(
+            client, qualified_name(manifest.target_database, manifest.target_table))
+        return server_ext.detect_capabilities(client), target
+
+    def way_out(self, coord: Coordinator, epoch: int) -> list[str]:
+        """What an operator can do about a ``Committing`` xid that recovery cannot finish.
+
+        Per winner: a recorded strategy the server cannot run → the ``--strategy`` to
+        publish with; a target table that is gone → recreate it or give up. Otherwise the
+        general answer: fix the cause and run recover again, resolve what is in doubt,
+        give up what can never be published. Never "abort": the xid is decided.
+        """
+        record = coord.xid(epoch)
+        if record is None or record.state is not XidState.COMMITTING:
+            return []
+        xid, current = f"--sink {coord.sink_id} --epoch {epoch}", strategy_switches(coord)
+        found: dict[str, list[str]] = {}
+        staged: list[str] = []
+        for branch in coord.branches(epoch):
+            payload = branch.manifest or {}
+            if branch.branch_id not in record.winners or payload.get("overwrite_of") \
+                    or not payload.get("manifest"):
+                continue
+            manifest = server_ext.Manifest.from_dict(payload["manifest"])
+            server = server_of(branch) or self.url or "?"
+            staged.append(f"{branch.branch_id}: {manifest.staging_database}."
+                          f"{manifest.staging_table} on {server}")
+            try:
+                caps, target = self._server_view(branch, manifest)
+            except server_ext.ClickHouseError as exc:
+                if exc.code in (60, 81):  # unknown table / database
+                    hint = (f"the target {manifest.target_database}.{manifest.target_table} is "
+                            f"gone on {server}: recreate it as it was and run txsink recover "
+                            f"{xid} again, or give its partitions up: txsink resolve {xid} "
+                            "--branch B --partition P --give-up")
+                    found.setdefault(hint, []).append(branch.branch_id)
+                continue
+            now = current(branch) or payload["strategy"]
+            problem = strategy_problem(caps, target, now)
+            if problem is not None and not problem.statement_runs:
+                hint = (f"strategy {now} cannot run on {server} for {target.qualified} "
+                        f"({problem.lacks}); publish with a strategy the server supports: "
+                        f"txsink recover {xid} --strategy {problem.instead}")
+                found.setdefault(hint, []).append(branch.branch_id)
+        hints = [f"branch(es) {', '.join(ids)}: {hint}" for hint, ids in found.items()]
+        hints = hints or [
+            f"xid {record.xid} is decided: it cannot be aborted, only published. Fix the "
+            f"cause above and run txsink recover {xid} again; a partition in doubt: look at "
+            f"the target, then txsink resolve {xid} --branch B --partition P --attached "
+            f"yes|no; rows that can never be published: txsink resolve {xid} --branch B "
+            "--partition P --give-up (recorded; txsink status shows it)"]
+        if staged and any("--give-up" in hint for hint in hints):
+            hints.append("staged rows (copy them out before giving them up; they are "
+                         "dropped when the xid finishes): " + "; ".join(staged))
+        return hints
+
+    def resolve(self, sink_id: str, epoch: int, branch_id: str,
+                partition_id: str | Sequence[str], attached: bool) -> dict[str, Any]:
+        """Record an operator's decision on in-doubt partitions, then recover the sink.
 
         Only for what ``recover`` reported as in doubt: look at the target first.
         ``attached=True`` means the partition's rows are in the target; ``False`` that
@@ -99,12 +428,89 @@ class Operations:
         if record is None or not record.manifest:
             raise ValueError(f"no prepared branch {branch_id} in xid {sink_id}/{epoch}")
         manifest = server_ext.Manifest.from_dict(record.manifest["manifest"])
-        server_ext.resolve_partition(manifest, partition_id, coord.ledger(epoch, branch_id),
-                                     attached=attached)
+        ids = [partition_id] if isinstance(partition_id, str) else list(partition_id)
+        with coord.publish_lease(epoch):  # PublishInProgress while another actor publishes
+            ledger = coord.ledger(epoch, branch_id)
+            for pid in ids:
+                server_ext.resolve_partition(manifest, pid, ledger, attached=attached)
         return self.recover(sink_id)
 
+    def give_up(self, sink_id: str, epoch: int, branch_id: str, partition_ids: Sequence[str],
+                reason: str = "") -> dict[str, Any]:
+        """Give up partitions of a ``Committing`` xid whose rows can never be published,
+        then finish the xid.
+
+        The decision stands for everything else: the partitions are recorded as given up
+        (branch ledger ``operator.given_up`` and the xid's ``given_up`` metric, shown by
+        ``txsink status``), marked so that publish skips them, and their staged rows are
+        dropped with the branch's staging when the xid finishes (copy them out of the
+        staging table first if they are wanted). Refused, before anything is written, for
+        an xid that is not ``Committing``, a branch that is not a winner, a partition the
+        branch did not stage or one already published.
+        """
+        coord = self._coordinator(sink_id)
+        record = coord.xid(epoch)
+        xid = f"{sink_id}/{epoch}"
+        if record is None or record.state is not XidState.COMMITTING:
+            state = record.state.value if record else "unknown"
+            raise RecoverRefused(f"xid {xid} is {state}: only a Committing xid has partitions "
+                                 "to give up (an undecided xid is rolled back by txsink "
+                                 "recover; nothing of an aborted one is published)")
+        branch = next((b for b in coord.branches(epoch) if b.branch_id == branch_id), None)
+        if branch is None or branch_id not in record.winners:
+            raise RecoverRefused(f"branch {branch_id} is not a winner of {xid} (winners: "
+                                 f"{', '.join(record.winners)})")
+        payload = branch.manifest or {}
+        if payload.get("overwrite_of") or not payload.get("manifest"):
+            raise RecoverRefused(f"branch {branch_id} of {xid} is a dynamic overwrite; its "
+                                 "partitions are replaced as a whole and cannot be given up "
+                                 "one by one")
+        manifest = server_ext.Manifest.from_dict(payload["manifest"])
+        staged = {p.partition_id: p for p in manifest.partitions}
+        unknown = [p for p in partition_ids if p not in staged]
+        if unknown or not partition_ids:
+            raise RecoverRefused(f"branch {branch_id} of {xid} staged partitions "
+                                 f"{sorted(staged)}, not {unknown or 'none given'}")
+        key = ledger_key(manifest.staging_table)
+        with coord.publish_lease(epoch, coord.generation(), wait=False):
+            ledger = coord.ledger(epoch, branch_id)
+            publish_record = ledger.get(key) or {}
+            done = (set(staged) if publish_record.get("state") == PUBLISHED
+                    else set(publish_record.get("published", [])))
+            published = sorted(set(partition_ids) & done)
+            if published:
+                raise RecoverRefused(f"partition(s) {published} of branch {branch_id} are "
+                                     "recorded as published already; nothing to give up")
+            now, by = round(time.time(), 3), _operator()
+            given = {pid: {"rows": staged[pid].rows, "reason": reason, "at": now, "by": by}
+                     for pid in partition_ids}
+            entry = ledger.get(GIVEN_UP_KEY) or {}
+            ledger.put(GIVEN_UP_KEY, {"partitions": {**entry.get("partitions", {}), **given}})
+            for pid in partition_ids:
+                server_ext.resolve_partition(manifest, pid, ledger, attached=True)
+            target = f"{manifest.target_database}.{manifest.target_table}"
+            listed = [g for g in (coord.xid(epoch) or record).metrics.get("given_up", [])
+                      if not (g["branch"] == branch_id and g["partition"] in given)]
+            listed += [{"branch": branch_id, "partition": pid, "table": target,
+                        "rows": given[pid]["rows"], "reason": reason, "at": now}
+                       for pid in partition_ids]
+            coord.record_metrics(epoch, {"given_up": listed})
+        result = self.recover(sink_id, epoch=epoch)
+        result["given_up"] = [{"sink_id": sink_id, "epoch": epoch, "branch": branch_id,
+                               "partition": pid, "table": target, "rows": given[pid]["rows"],
+                               "staging": manifest.staging_table}
+                              for pid in partition_ids]
+        return result
+
     def _is_live(self, name: server_ext.StagingName) -> bool:
-        """A staging table is live while its xid may still publish or roll it back."""
+        """A staging table is live while its xid may still publish or roll it back.
+
+        Answers for this root only: an xid this root does not know (no such sink or
+        epoch) is not live here. The sweeper asks only about this root's tables; a table
+        of any other root is treated as live, so it can never be dropped from here.
+        """
+        if name.root_tag != root_tag(self.root_identity):
+            return True
         for sink_id in Coordinator.sinks(self.zk, self.root):
             if server_ext.staging_sink_key(sink_id) != name.sink_key:
                 continue
@@ -115,33 +521,126 @@ class Operations:
 
     def gc(self, grace_seconds: float, prune_older_than: float | None,
            servers: list[str] | None = None) -> dict[str, Any]:
-        """Sweep ``servers`` (every server of a sharded target; default ``--url``)."""
-        dropped = []
+        """Sweep ``servers`` (every server of a sharded target; default ``--url``).
+
+        Drops only this root's staging (see ``server_ext.sweeper``); every table of the
+        staging database that belongs to another root, has no root tag or is not a
+        staging name is listed under ``foreign_staging`` and left alone.
+        """
+        dropped: list[str] = []
+        foreign: list[dict[str, Any]] = []
         for url in servers or [None]:
-            dropped += server_ext.sweep(self.client_for(url), self._is_live, grace_seconds)
+            result = sweep(self.client_for(url), self.root_identity, self._is_live,
+                           grace_seconds)
+            dropped += result.dropped
+            foreign += [{"server": url or self.url, "table": f.table, "reason": f.reason,
+                         "root_tag": f.root_tag, "age_s": round(f.age_seconds)}
+                        for f in result.foreign]
         pruned: dict[str, list[int]] = {}
         if prune_older_than is not None:
             for sink_id in self._sinks(None):
                 pruned[sink_id] = self._coordinator(sink_id).prune(prune_older_than)
-        return {"dropped_staging": dropped, "pruned": pruned}
+        return {"root": self.root_identity, "root_tag": root_tag(self.root_identity),
+                "dropped_staging": dropped, "foreign_staging": foreign, "pruned": pruned}
 
-    def verify(self, sink: str | None = None,
-               committing_older_than: float = 300.0) -> dict[str, Any]:
-        return {"sinks": [
-            {"sink_id": sink_id, "anomalies": [
-                str(a) for a in audit(self.zk, self.root, sink_id,
-                                      committing_older_than=committing_older_than)
-            ]}
-            for sink_id in self._sinks(sink)
-        ]}
+    def verify(self, sink: str | None = None, committing_older_than: float = 300.0,
+               target: bool = True, writers: Writers = "unknown") -> dict[str, Any]:
+        """Audit each sink's history and, with ``target``, compare its target partitions
+        with what its committed xids put there (``txsink.verify_target``).
+
+        ``anomalies`` lists every finding as a sentence (history and target alike: any
+        makes the command fail); ``target`` has the target findings as data, the
+        partitions it could not judge and why, and how many matched.
+        """
+        sinks = self._sinks(sink)
+        reports = (check_targets(self.zk, self.root, sinks, self.client_for, self.url, writers)
+                   if target and sinks else {})
+        result = []
+        for sink_id in sinks:
+            anomalies = [str(a) for a in audit(self.zk, self.root, sink_id,
+                                               committing_older_than=committing_older_than)]
+            report = reports.get(sink_id)
+            if report is not None:
+                anomalies += [a["detail"] for a in report["anomalies"]]
+            result.append({"sink_id": sink_id, "anomalies": anomalies,
+                           "target": report or {"checked": False}})
+        return {"sinks": result}
+
+    def reset(self, sink_id: str, forget_epochs: bool = False,
+              committed_through: int | None = None) -> dict[str, Any]:
+        """The way out of a stream state mismatch (``coordinator/stream.py``).
+
+        ``forget_epochs``: a new query (new or deleted checkpoint) takes the sink over,
+        its micro-batches counted from 0. ``committed_through=N``: the sink's state was
+        lost and micro-batches ``0..N`` are in the target; the query goes on at ``N+1``.
+        Refused while the sink has open xids. Stop the query first.
+        """
+        if not forget_epochs and committed_through is None:
+            raise ValueError("reset needs --forget-epochs, --committed-through N, or both")
+        outcome = self._coordinator(sink_id).reset_stream(forget_epochs, committed_through)
+        return {"sinks": [outcome.to_dict()]}
+
+
+_FOREIGN_REASONS = {
+    "other_root": "another root's (tag r{tag}): run gc with that root",
+    "untagged": "no root tag (older name format): check its xid, then drop it by hand",
+    "unparseable": "not a staging table name",
+}
+
+
+def _decisions(*groups: list[Any]) -> list[dict[str, Any]]:
+    """Operators' recorded decisions (given-up partitions, strategy switches), per xid."""
+    found = []
+    for record in sorted((x for g in groups for x in g), key=lambda x: x.epoch):
+        given_up = record.metrics.get("given_up", [])
+        switches = record.metrics.get("strategy_switches", {})
+        if given_up or switches:
+            found.append({"epoch": record.epoch, "state": record.state.value,
+                          "given_up": given_up, "strategy_switches": switches})
+    return found
+
+
+def _render_decisions(decisions: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for d in decisions:
+        for g in d["given_up"]:
+            why = f": {g['reason']}" if g.get("reason") else ""
+            lines.append(f"epoch {d['epoch']} ({d['state']}): GIVEN UP partition "
+                         f"{g['partition']} of branch {g['branch']}, {g['rows']} rows for "
+                         f"{g['table']} never published{why}")
+        for branch, switch in d["strategy_switches"].items():
+            lines.append(f"epoch {d['epoch']} ({d['state']}): branch {branch} published with "
+                         f"{switch['to']} instead of {switch['from']} (operator)")
+    return lines
+
+
+class _Switch:
+    """One branch to publish with ``new`` instead of ``old`` (see ``recover``)."""
+
+    def __init__(self, branch_id: str, manifest: server_ext.Manifest, server: str | None,
+                 old: str, new: str, why: str) -> None:
+        self.branch_id, self.manifest, self.server = branch_id, manifest, server
+        self.old, self.new, self.why = old, new, why
+
+    def __str__(self) -> str:
+        return f"branch {self.branch_id} published with {self.new} instead of {self.old}"
 
 
 def render(command: str, result: dict[str, Any]) -> str:
     """Human-readable text for one command's result."""
+    if command == "reset":
+        return _render_reset(result)
     lines: list[str] = []
     if command == "gc":
-        lines.append(f"dropped {len(result['dropped_staging'])} staging table(s)")
+        lines.append(f"root {result['root']} (staging tag r{result['root_tag']}): "
+                     f"dropped {len(result['dropped_staging'])} staging table(s)")
         lines += [f"  {name}" for name in result["dropped_staging"]]
+        if result["foreign_staging"]:
+            lines.append(f"left {len(result['foreign_staging'])} table(s) of the staging "
+                         "database that this root does not own (not dropped):")
+            lines += [f"  {f['server']}  {f['table']}  "
+                      + _FOREIGN_REASONS[f["reason"]].format(tag=f["root_tag"])
+                      for f in result["foreign_staging"]]
         for sink_id, epochs in result["pruned"].items():
             lines.append(f"pruned {len(epochs)} finished xid(s) of {sink_id}")
         return "\n".join(lines)
@@ -160,12 +659,56 @@ def render(command: str, result: dict[str, Any]) -> str:
                     f"{m.get('branches', '?')} branches, commit {m.get('commit_ms', '?')} ms, "
                     f"latency {m.get('latency_ms', '?')} ms"
                 )
+            lines += [f"  {line}" for line in _render_decisions(sink.get("operator_decisions",
+                                                                         []))]
         elif command in ("recover", "resolve"):
             lines.append(f"{sink['sink_id']}: " + ("; ".join(sink["actions"]) or "nothing to do"))
             lines += [f"  NOT FINISHED: {a}" for a in sink["failed"]]
+            lines += [f"  WHAT TO DO: {hint}" for hint in sink.get("way_out", [])]
         else:
-            found = sink["anomalies"]
-            verdict = f"{len(found)} anomalies" if found else "ok"
-            lines.append(f"{sink['sink_id']}: {verdict}")
-            lines += [f"  {a}" for a in found]
+            lines += _render_verify(sink)
+    lines += [f"gave up partition {g['partition']} of branch {g['branch']} "
+              f"({g['rows']} rows for {g['table']}; staging {g['staging']} is dropped with "
+              "the xid)" for g in result.get("given_up", [])]
+    return "\n".join(lines)
+
+
+def _render_verify(sink: dict[str, Any]) -> list[str]:
+    """``ok`` only when nothing is anomalous *and* nothing went unjudged."""
+    found, target = sink["anomalies"], sink.get("target") or {"checked": False}
+    unjudged, unknown = target.get("not_judged", []), target.get("unknown_history", [])
+    spans = [f"{u['first']}..{u['last']}" if u["first"] != u["last"] else str(u["first"])
+             for u in unknown]
+    epochs = ", ".join(spans)
+    if found:
+        verdict = f"{len(found)} anomalies"
+    elif unjudged:
+        verdict = f"no anomaly found, but {len(unjudged)} target partition(s) not judged"
+    elif unknown:
+        verdict = f"no anomaly found, but what committed epochs {epochs} wrote is not checked"
+    else:
+        verdict = "ok" if target["checked"] else "ok (history only; target not checked)"
+    lines = [f"{sink['sink_id']}: {verdict}"] + [f"  {a}" for a in found]
+    if target["checked"]:
+        lines.append(f"  target ({target['writers']} writers): {target['partitions_ok']} "
+                     f"partition(s) match, {len(target['anomalies'])} anomalous, "
+                     f"{len(unjudged)} not judged")
+        lines += [f"    not judged: {n['detail']}" for n in unjudged]
+        lines += [f"    not checked: committed epoch(s) {span}: {u['reason']}; what they "
+                  "wrote is unknown" for span, u in zip(spans, unknown, strict=True)]
+    return lines
+
+
+def _render_reset(result: dict[str, Any]) -> str:
+    lines = []
+    for sink in result["sinks"]:
+        done = []
+        if sink["forget_epochs"]:
+            done.append(f"forgot {sink['forgotten_epochs']} xid(s) (last committed epoch "
+                        f"was {sink['last_committed_before']})")
+        if sink["committed_through"] is not None:
+            done.append(f"micro-batches 0..{sink['committed_through']} count as committed")
+        lines.append(f"{sink['sink_id']}: " + "; ".join(done) + f"; generation "
+                     f"{sink['generation']}; the next streaming query to write adopts the "
+                     f"sink (was {sink['previous_owner'] or 'not recorded'})")
     return "\n".join(lines)

@@ -65,6 +65,11 @@ class SinkOptions:
     def with_table(self, table: str) -> SinkOptions:
         return replace(self, table=table)
 
+    @property
+    def root_identity(self) -> str:
+        """The coordinator root this sink's xids live under (see :func:`root_identity`)."""
+        return root_identity(self.zookeeper, self.zk_root)
+
     def in_transaction(self) -> bool:
         return self.tx_epoch is not None
 
@@ -83,6 +88,20 @@ class SinkOptions:
             digest = hashlib.sha1(self.checkpoint_location.rstrip("/").encode()).hexdigest()
             return f"stream-{digest[:16]}"
         return f"batch-{uuid.uuid4().hex[:16]}"
+
+
+def root_identity(zookeeper: str, zk_root: str) -> str:
+    """The absolute znode path of a coordinator root: the connection's chroot + ``zk_root``.
+
+    Staging table names carry a hash of it so that ``txsink gc`` of one root never judges
+    another root's staging. The host list is left out (the same ensemble may be named by
+    different host lists); ``127.0.0.1:2181/prod`` with ``/txsink`` and ``127.0.0.1:2181``
+    with ``/prod/txsink`` are the same znodes and so the same root. The chroot is split
+    off as kazoo does (everything from the first ``/``).
+    """
+    chroot = zookeeper.partition("/")[2]
+    parts = [p for p in f"{chroot}/{zk_root}".split("/") if p]
+    return "/" + "/".join(parts)
 
 
 #: The options users set (documented in docs/usage.md).

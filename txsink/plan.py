@@ -4,6 +4,11 @@ The plan is built on the driver, pickled into every task and into ``commit``/``a
 Everything that can be checked without data (options, target table, schema, strategy,
 fencing generation) is checked while building it, so bad input fails the job before
 anything is staged.
+
+Options a server must honour are checked against that server, every shard of it, before
+the sink is opened (:func:`check_publish`, :func:`check_server_options`): a strategy the
+server cannot run would otherwise be found only by the publish after the decision, and a
+decided xid can never be rolled back, so one wrong option would block the sink.
 """
 
 from __future__ import annotations
@@ -15,6 +20,12 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 
 import server_ext
+from server_ext.capabilities import (
+    StrategyProblem,
+    engine_problem,
+    strategy_problem,
+    supported_strategies,
+)
 from server_ext.sharding import (
     Shard,
     ShardLayout,
@@ -65,12 +76,16 @@ def send_columns(target, names: tuple[str, ...]) -> list:
 
 @dataclass(frozen=True)
 class CheckedTarget:
-    """What :func:`check_target` found: the (first shard's) table, columns, strategy."""
+    """What :func:`check_target` found: the (first shard's) table, columns, strategy.
+
+    ``shard_tables`` holds, per shard, the local table and the server that described it.
+    """
 
     table: server_ext.TargetTable
     columns: tuple[str, ...]
     strategy: str
     layout: ShardLayout
+    shard_tables: tuple[tuple[server_ext.TargetTable, str], ...] = ()
 
 
 def single_server(options: SinkOptions) -> ShardLayout:
@@ -102,17 +117,21 @@ def describe_shards(options: SinkOptions,
     reachable replica fails the job up front, naming the shard. Returns shard 1's table
     and the URL of the replica that answered for it.
     """
-    first: tuple[server_ext.TargetTable, str] | None = None
+    return describe_every_shard(options, layout)[0]
+
+
+def describe_every_shard(options: SinkOptions, layout: ShardLayout
+                         ) -> list[tuple[server_ext.TargetTable, str]]:
+    """:func:`describe_shards` for every shard: (table, replica that answered), in order."""
+    found: list[tuple[server_ext.TargetTable, str]] = []
     for shard in layout.shards:
         table, url = _describe_on_some_replica(options, layout.local_table, shard)
-        if first is None:
-            first = (table, url)
-        elif [(c.name, c.type) for c in table.columns] != \
-                [(c.name, c.type) for c in first[0].columns]:
+        if found and [(c.name, c.type) for c in table.columns] != \
+                [(c.name, c.type) for c in found[0][0].columns]:
             raise server_ext.SchemaMismatch(layout.local_table, [
                 f"shard {shard.index + 1} has other columns or types than shard 1"])
-    assert first is not None
-    return first
+        found.append((table, url))
+    return found
 
 
 def _describe_on_some_replica(options: SinkOptions, table: str,
@@ -137,12 +156,85 @@ def check_target(options: SinkOptions, spark_schema) -> CheckedTarget:
     client = connections.clickhouse(options)
     table = server_ext.describe_table(client, options.table)
     layout = resolve_layout(options, client, table)
-    server = options.url
+    shard_tables = [(table, options.url)]
     if layout.local_table != options.table or layout.shards[0].replicas != (options.url,):
-        table, server = describe_shards(options, layout)
+        shard_tables = describe_every_shard(options, layout)
+    table, server = shard_tables[0]
     columns = server_ext.check_arrow_schema(table, arrow_schema(spark_schema))
     caps = server_ext.detect_capabilities(connections.clickhouse(options, server))
     strategy = options.strategy
     if strategy == "auto":
         strategy = server_ext.choose_strategy(caps, table)
-    return CheckedTarget(table, tuple(c.name for c in columns), strategy, layout)
+    return CheckedTarget(table, tuple(c.name for c in columns), strategy, layout,
+                         tuple(shard_tables))
+
+
+def check_publish(options: SinkOptions, checked: CheckedTarget) -> str:
+    """Check the target's engine and the ``strategy`` option against every shard's server;
+    return the strategy the branches record.
+
+    Runs before the sink is opened (no fence, no xid, no staging). Refuses, naming the
+    table, the server and what to do instead:
+
+    - a target no staged partition can be published into (not MergeTree-family, or the
+      deprecated MergeTree syntax): ``server_ext.UnsupportedTarget``;
+    - shards whose local tables disagree on being Replicated (no one strategy serves
+      both): ``UnsupportedTarget``;
+    - a ``strategy`` some shard's server cannot run for its table
+      (``capabilities.strategy_problem``): :class:`OptionError` naming the option, the
+      value, what the server lacks and the strategy to use.
+
+    ``auto`` picks the strategy ``choose_strategy`` prefers for shard 1 if every shard
+    supports it, else the next one every shard supports, so a cluster whose servers
+    differ (one without MOVE PARTITION) gets a strategy all of them can run.
+    """
+    shards = checked.shard_tables or ((checked.table, options.url),)
+    several = len(shards) > 1
+    for index, (table, server) in enumerate(shards):
+        problem = engine_problem(table)
+        if problem:
+            raise server_ext.UnsupportedTarget(
+                f"cannot write into {table.qualified}{_on_shard(index, server, several)}: "
+                f"{problem}")
+    if len({table.replicated for table, _ in shards}) > 1:
+        kinds = ", ".join(f"shard {i + 1}: {t.engine}" for i, (t, _) in enumerate(shards))
+        raise server_ext.UnsupportedTarget(
+            f"the shards of {checked.layout.local_table} disagree on being Replicated "
+            f"({kinds}); one publish strategy cannot serve both kinds")
+    caps = [(table, server, server_ext.detect_capabilities(connections.clickhouse(
+        options, server))) for table, server in shards]
+    if options.strategy == "auto":
+        first_table, _, first_caps = caps[0]
+        for candidate in supported_strategies(first_caps, first_table):
+            if all(strategy_problem(c, t, candidate) is None for t, _, c in caps):
+                return candidate
+        raise OptionError(f"option strategy='auto' finds no publish strategy that every "
+                          f"shard of {checked.layout.local_table} supports")
+    for index, (table, server, server_caps) in enumerate(caps):
+        found = strategy_problem(server_caps, table, options.strategy)
+        if found is not None:
+            raise OptionError(strategy_refusal(
+                found, f"{table.qualified}{_on_shard(index, server, several)}"))
+    return options.strategy
+
+
+def check_server_options(options: SinkOptions) -> None:
+    """The checks that need no table, against the ``url`` server: for a multi-table
+    transaction before it begins its xid (each write then checks its own table)."""
+    if options.strategy == "auto":
+        return
+    caps = server_ext.detect_capabilities(connections.clickhouse(options))
+    found = strategy_problem(caps, None, options.strategy)
+    if found is not None:
+        raise OptionError(strategy_refusal(found, f"any table on {options.url}"))
+
+
+def strategy_refusal(problem: StrategyProblem, where: str) -> str:
+    """The refusal of a ``strategy`` option: option, value, what is lacking, what instead."""
+    return (f"option strategy={problem.strategy!r} cannot publish into {where}: "
+            f"{problem.lacks}; use strategy={problem.instead!r} (or 'auto', which picks a "
+            "strategy the server supports). Nothing was staged")
+
+
+def _on_shard(index: int, server: str, several: bool) -> str:
+    return f" on shard {index + 1} ({server})" if several else f" on {server}"

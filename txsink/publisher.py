@@ -35,9 +35,13 @@ class BranchPublisher:
     """
 
     def __init__(self, client_for: Callable[[str | None], ClickHouseClient],
-                 coord: Coordinator) -> None:
+                 coord: Coordinator,
+                 strategy_for: Callable[[BranchRecord], str | None] | None = None) -> None:
         self.client_for = client_for
         self.coord = coord
+        # An operator's override of a branch's recorded strategy (None: the recorded one);
+        # see txsink.operations, "txsink recover --strategy", for when a switch is safe.
+        self.strategy_for = strategy_for
 
     def publish(self, record: BranchRecord) -> None:
         payload = record.manifest or {}
@@ -51,8 +55,9 @@ class BranchPublisher:
         else:
             manifest = server_ext.Manifest.from_dict(payload["manifest"])
             if manifest.partitions:
+                strategy = (self.strategy_for and self.strategy_for(record)) or payload["strategy"]
                 server_ext.publish(
-                    client, manifest, payload["strategy"], ledger, on_step=crashpoints.hit,
+                    client, manifest, strategy, ledger, on_step=crashpoints.hit,
                 )
         self.rollback(record)
 

@@ -5,6 +5,11 @@ rows and *selects* its winning branches in the shared xid without deciding it. L
 the ``with`` block normally commits every selected branch of every table as one xid;
 an exception inside the block aborts all of them and re-raises.
 
+Options the server must honour are checked before the xid begins: ``strategy`` against
+the ``url`` server here (:func:`txsink.plan.check_server_options`), everything that
+depends on a table by each ``tx.write`` before it stages anything. A write refused for its
+table raises inside the block, which aborts the transaction: nothing of it is published.
+
 Usage::
 
     with txsink.transaction(spark, url=url, zookeeper=zk, sink_id="nightly") as tx:
@@ -21,7 +26,9 @@ from contextlib import contextmanager
 from pyspark.sql import DataFrame, SparkSession
 
 from txsink import driver
+from txsink.operations import explain_blocked
 from txsink.options import TX_EPOCH, TX_GENERATION, TX_SINK_ID, parse_options
+from txsink.plan import check_server_options
 
 log = logging.getLogger("txsink")
 
@@ -29,11 +36,13 @@ log = logging.getLogger("txsink")
 class Transaction:
     """One xid spanning several writes; created by :func:`transaction`."""
 
+    @explain_blocked
     def __init__(self, spark: SparkSession, options: dict[str, str], sink_id: str) -> None:
         self.spark = spark
         self.options = options
         self.sink_id = sink_id
         parsed = parse_options({**options, TX_SINK_ID: sink_id}, require_table=False)
+        check_server_options(parsed)  # before the sink is fenced and the xid begun
         self.coord, self.generation = driver.open_sink(parsed, sink_id)
         self.epoch = self.coord.allocate_epoch()
         self.coord.begin(self.epoch, self.generation)

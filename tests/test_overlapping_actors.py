@@ -1,0 +1,265 @@
+"""Overlapping actors on one sink: every row once, or a clear refusal with nothing lost.
+
+A batch job of the sink runs through the real data source (``ClickHouseTxDataSource``:
+driver plan with fence and recovery, task writes, commit) against the real 18.16 server
+and ZooKeeper; Spark's scheduling is left out so that the interleaving is exact. The job
+is held at a named step of its commit while another actor runs in its own ZooKeeper
+session: ``txsink recover``, a second driver of the same sink (fence + recovery, as at job
+start), or the job's own session expires and someone else takes over. Then the job goes
+on. An independent checker counts every id in the target over HTTP.
+
+The free-running race at the end lets a recover loop and repeated second drivers hammer
+the sink while jobs commit, and judges each job by the outcome of its xid.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pyarrow as pa
+import pytest
+from kazoo.client import KazooClient
+from pyspark.sql.types import DateType, DoubleType, LongType, StringType, StructField, StructType
+
+import txsink.crashpoints
+from coordinator import Coordinator, SinkTakenOver, XidState
+from tests.conftest import kazoo_client, run_sql
+from tests.sinkutil import assert_exactly_once, id_counts
+from txsink import driver
+from txsink.datasource import ClickHouseTxDataSource
+from txsink.operations import Operations
+from txsink.options import parse_options
+
+SCHEMA = StructType([StructField("id", LongType()), StructField("day", DateType()),
+                     StructField("name", StringType()), StructField("value", DoubleType())])
+TASKS = 3
+ROWS_PER_TASK = 400
+ENGINES = {
+    "attach_marked": "MergeTree()",
+    "attach_replicated": "ReplicatedMergeTree('/clickhouse/tables/{db}/events', '{{replica}}')",
+}
+
+
+def task_batch(start: int, count: int) -> pa.RecordBatch:
+    """What Spark hands one task: rows with ids from ``start`` over three months."""
+    ids = list(range(start, start + count))
+    days = pa.array([20454 + i % 90 for i in ids], pa.int32()).cast(pa.date32())
+    return pa.RecordBatch.from_arrays(
+        [pa.array(ids, pa.int64()), days, pa.array([f"e{i}" for i in ids]),
+         pa.array([i * 0.5 for i in ids], pa.float64())],
+        names=["id", "day", "name", "value"])
+
+
+class Sink:
+    """One sink of the target table, and the ways actors reach it."""
+
+    def __init__(self, url: str, zk_hosts: str, table: str) -> None:
+        self.url = url
+        self.zk_hosts = zk_hosts
+        self.options = {"url": url, "table": table, "zookeeper": zk_hosts,
+                        "sink_id": f"race-{uuid.uuid4().hex[:8]}",
+                        "zk_root": f"/txsink-race-{uuid.uuid4().hex[:8]}"}
+        self.table = table
+
+    def run_job(self, first_id: int) -> int:
+        """One batch job: plan (fence + recovery), TASKS task attempts, commit. Its epoch."""
+        writer = ClickHouseTxDataSource(self.options).writer(SCHEMA, False)
+        messages = [writer.write(iter([task_batch(first_id + t * ROWS_PER_TASK,
+                                                  ROWS_PER_TASK)]))
+                    for t in range(TASKS)]
+        writer.commit(messages)
+        return writer.plan.epoch
+
+    def recover(self) -> dict:
+        """``txsink recover --sink S``: its own ZooKeeper session, as the command has."""
+        ops = Operations(self.zk_hosts, zk_root=self.options["zk_root"], url=self.url)
+        try:
+            return ops.recover(self.options["sink_id"])
+        finally:
+            ops.close()
+
+    def second_driver(self) -> list[str]:
+        """A second driver of the sink starting: fence, then recover (own session).
+
+        It waits 1 s for a lease holder instead of the driver's 15 s: the holder here is
+        alive and held until this actor returns."""
+        client = started_client(self.zk_hosts)
+        try:
+            coord = Coordinator(client, self.options["sink_id"], root=self.options["zk_root"],
+                                role="second driver")
+            coord.fence()
+            publisher = driver.publisher_for(parse_options(self.options), coord)
+            report = coord.recover(publish=publisher.publish, rollback=publisher.rollback,
+                                   wait_for_holders=1.0)
+            return [a.action for a in report.actions]
+        finally:
+            client.stop()
+            client.close()
+
+    def coordinator(self, client: KazooClient) -> Coordinator:
+        return Coordinator(client, self.options["sink_id"], root=self.options["zk_root"])
+
+
+def started_client(hosts: str) -> KazooClient:
+    client = kazoo_client(hosts)
+    client.start(timeout=15)
+    return client
+
+
+def run_in_other_thread(action: Callable[[], object], timeout: float = 120) -> object:
+    """Run ``action`` to its end in another thread (its own actor) and return its result."""
+    result: list[object] = []
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(action())
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), "the other actor did not finish"
+    if errors:
+        raise errors[0]
+    return result[0]
+
+
+@pytest.fixture
+def hold_at(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, Callable[[], object]], list]:
+    """``hold_at(step, action)``: when this thread's commit reaches ``step``, ``action``
+    runs to its end in another actor, then the commit goes on. Returns the results."""
+    results: list[object] = []
+
+    def arm(step: str, action: Callable[[], object]) -> list:
+        owner = threading.current_thread()
+        fired = threading.Event()
+        original = txsink.crashpoints.hit
+
+        def hit(name: str) -> None:
+            if name == step and threading.current_thread() is owner and not fired.is_set():
+                fired.set()
+                results.append(run_in_other_thread(action))
+            original(name)
+
+        monkeypatch.setattr(txsink.crashpoints, "hit", hit)
+        return results
+
+    return arm
+
+
+@pytest.fixture(params=sorted(ENGINES))
+def sink(request, clickhouse_url: str, zk_hosts: str, ch_db: str) -> Iterator[Sink]:
+    engine = ENGINES[request.param].format(db=ch_db)
+    run_sql(clickhouse_url, f"CREATE TABLE `{ch_db}`.`events` (id UInt64, day Date, "
+                            f"name String, value Float64) ENGINE = {engine} "
+                            "PARTITION BY toYYYYMM(day) ORDER BY id")
+    yield Sink(clickhouse_url, zk_hosts, f"{ch_db}.events")
+
+
+def expire_session(client: KazooClient, hosts: str) -> None:
+    """End ``client``'s session the way the server does after a long pause."""
+    session_id, password = client.client_id
+    thief = KazooClient(hosts=hosts, client_id=(session_id, password))
+    thief.start(timeout=15)
+    thief.stop()
+    thief.close()
+
+
+# -- a second actor while the job is held at a step of its commit -------------------------
+
+PUBLISH_STEPS = ["commit.after_decision", "publish.before_partition", "publish.after_intent",
+                 "publish.after_attach", "commit.after_publish"]
+
+
+@pytest.mark.parametrize("step", PUBLISH_STEPS)
+def test_txsink_recover_while_the_job_is_at_step_leaves_every_row_once(
+        sink: Sink, hold_at, step: str) -> None:
+    reports = hold_at(step, sink.recover)
+    sink.run_job(0)
+    assert_exactly_once(sink.url, sink.table, range(TASKS * ROWS_PER_TASK))
+    (report,) = reports
+    actions = report["sinks"][0]["actions"] if report["sinks"] else []
+    if step != "commit.after_decision":  # the job holds the publish lease from then on
+        assert actions and all("in_progress" in a for a in actions), actions
+
+
+@pytest.mark.parametrize("step", PUBLISH_STEPS)
+def test_second_driver_starting_while_the_job_is_at_step_leaves_every_row_once(
+        sink: Sink, hold_at, step: str) -> None:
+    hold_at(step, sink.second_driver)
+    sink.run_job(0)  # decided before the fence: the job finishes it and succeeds
+    assert_exactly_once(sink.url, sink.table, range(TASKS * ROWS_PER_TASK))
+
+
+@pytest.mark.parametrize("step", ["publish.after_intent", "publish.after_attach"])
+def test_job_whose_session_expired_at_step_yields_to_recover_and_rows_appear_once(
+        sink: Sink, hold_at, step: str) -> None:
+    from txsink import connections
+
+    def expire_then_recover() -> dict:
+        expire_session(connections.zookeeper(sink.zk_hosts), sink.zk_hosts)
+        return sink.recover()
+
+    reports = hold_at(step, expire_then_recover)
+    epoch = sink.run_job(0)
+    assert_exactly_once(sink.url, sink.table, range(TASKS * ROWS_PER_TASK))
+    (report,) = reports
+    assert any("rolled_forward" in a for a in report["sinks"][0]["actions"])
+    client = started_client(sink.zk_hosts)
+    try:
+        assert sink.coordinator(client).xid(epoch).state is XidState.COMMITTED
+    finally:
+        client.stop()
+        client.close()
+
+
+# -- free-running: recover loop and second drivers against committing jobs ----------------
+
+RACE_JOBS = 6
+
+
+def test_recover_loop_and_second_drivers_racing_committing_jobs_never_duplicate(
+        sink: Sink) -> None:
+    stop = threading.Event()
+    rounds = {"recover": 0, "second_driver": 0}
+
+    def loop(name: str, action: Callable[[], object], pause: float) -> None:
+        while not stop.is_set():
+            action()
+            rounds[name] += 1
+            time.sleep(pause)
+
+    actors = [threading.Thread(target=loop, args=("recover", sink.recover, 0.0), daemon=True),
+              threading.Thread(target=loop, args=("second_driver", sink.second_driver, 0.4),
+                               daemon=True)]
+    for actor in actors:
+        actor.start()
+    outcomes: dict[int, str] = {}
+    try:
+        for job in range(RACE_JOBS):
+            try:
+                sink.run_job(job * 10_000)
+                outcomes[job] = "succeeded"
+            except SinkTakenOver as exc:  # a second driver took the sink before the decision
+                assert sink.options["sink_id"] in str(exc)
+                outcomes[job] = "taken over"
+    finally:
+        stop.set()
+        for actor in actors:
+            actor.join(timeout=120)
+    sink.recover()  # what the last second driver left undecided is rolled back
+    counts = id_counts(sink.url, sink.table)
+    assert max(counts.values(), default=1) == 1, "an id is visible twice"
+    for job, outcome in outcomes.items():
+        ids = range(job * 10_000, job * 10_000 + TASKS * ROWS_PER_TASK)
+        seen = sum(1 for i in ids if i in counts)
+        if outcome == "succeeded":
+            assert seen == len(ids), f"job {job} succeeded but lost rows"
+        else:
+            assert seen in (0, len(ids)), f"job {job} is half visible"
+    assert rounds["recover"] > 0 and rounds["second_driver"] > 0

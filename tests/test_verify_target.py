@@ -1,0 +1,350 @@
+"""``txsink verify`` compares what the targets hold with what committed xids put there.
+
+Every xid here goes through the real protocol on ClickHouse 18.16 and ZooKeeper: a
+branch is registered, staged, sealed into a manifest, recorded ``Prepared`` in the
+branch record format of ``txsink/branch.py`` and published by ``BranchPublisher``. The
+anomalies are then made behind the sink's back with plain SQL, as a race or an operator
+would.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from kazoo.client import KazooClient
+
+import server_ext
+from coordinator import Coordinator
+from server_ext.client import ClickHouseClient
+from server_ext.target_rows import table_rows
+from tests.conftest import run_sql
+from txsink import cli
+from txsink.operations import Operations, render
+from txsink.publisher import BranchPublisher
+
+ROOT = "/txsink-verify"
+SINK = "verify-sink"
+
+
+class Writer:
+    """One sink writing ``table`` the way a batch job does, one branch per xid."""
+
+    def __init__(self, zk: KazooClient, url: str, table: str, sink: str = SINK,
+                 **coordinator_options: object) -> None:
+        self.url = url
+        self.sink = sink
+        self.client = ClickHouseClient(url)
+        self.coord = Coordinator(zk, sink, root=ROOT, **coordinator_options)  # type: ignore[arg-type]
+        self.generation = self.coord.fence()
+        self.target = server_ext.describe_table(self.client, table)
+        self.strategy = server_ext.choose_strategy(
+            server_ext.detect_capabilities(self.client), self.target)
+        self.publisher = BranchPublisher(lambda u: ClickHouseClient(u or url), self.coord)
+
+    def commit(self, rows: dict[str, range], overwrite: bool = False) -> int:
+        """Commit one xid putting ``rows[month]`` (ids) into each month's partition."""
+        epoch = self.coord.allocate_epoch()
+        self.coord.begin(epoch, self.generation)
+        branch_id, payload = self._stage(epoch, rows)
+        winner = branch_id
+        if overwrite:  # as txsink/driver.py: a synthetic branch replaces the partitions
+            winner = f"overwrite-{uuid.uuid4().hex[:8]}"
+            staging = server_ext.staging_table_name(self.sink, epoch, winner)
+            self.coord.register_branch(epoch, winner, self.generation,
+                                       owner={"staging": staging, "server": self.url})
+            self.coord.prepare_branch(epoch, winner, {
+                "overwrite_of": [payload["manifest"]], "staging": staging,
+                "strategy": self.strategy, "server": self.url, "rows": payload["rows"]})
+        self.coord.commit(epoch, self.generation, [winner], publish=self.publisher.publish,
+                          rollback=self.publisher.rollback)
+        return epoch
+
+    def _stage(self, epoch: int, rows: dict[str, range]) -> tuple[str, dict]:
+        branch_id = f"p0-a0-s0-{uuid.uuid4().hex[:8]}"
+        staging = server_ext.staging_table_name(self.sink, epoch, branch_id)
+        self.coord.register_branch(epoch, branch_id, self.generation,
+                                   owner={"staging": staging, "server": self.url, "shard": 0})
+        qualified = server_ext.create_staging(self.client, self.target, staging)
+        for month, ids in rows.items():
+            run_sql(self.url, f"INSERT INTO {qualified} SELECT number, toDate('{month}-15'), "
+                              f"'x' FROM system.numbers WHERE number >= {ids.start} "
+                              f"LIMIT {len(ids)}")
+        total = sum(len(ids) for ids in rows.values())
+        manifest = server_ext.seal(self.client, self.target, qualified, expected_rows=total)
+        payload = {"manifest": manifest.to_dict(), "strategy": self.strategy,
+                   "overwrite": False, "staging": staging, "server": self.url, "rows": total}
+        self.coord.prepare_branch(epoch, branch_id, payload)
+        return branch_id, payload
+
+
+@pytest.fixture
+def zk_address(zk_hosts: str, zk_chroot: str) -> str:
+    return zk_hosts + zk_chroot
+
+
+@pytest.fixture
+def ops(zk_address: str, clickhouse_url: str) -> Iterator[Operations]:
+    operations = Operations(zk_address, zk_root=ROOT, url=clickhouse_url)
+    yield operations
+    operations.close()
+
+
+def create_table(url: str, db: str, engine: str = "MergeTree()") -> str:
+    run_sql(url, f"CREATE TABLE `{db}`.`events` (id UInt64, day Date, name String) "
+                 f"ENGINE = {engine} PARTITION BY toYYYYMM(day) ORDER BY id")
+    return f"{db}.events"
+
+
+@pytest.fixture
+def table(clickhouse_url: str, ch_db: str) -> str:
+    return create_table(clickhouse_url, ch_db)
+
+
+@pytest.fixture
+def writer(zk: KazooClient, clickhouse_url: str, table: str) -> Writer:
+    return Writer(zk, clickhouse_url, table)
+
+
+def target_report(ops: Operations, **options: object) -> dict:
+    (sink,) = ops.verify(SINK, **options)["sinks"]  # type: ignore[arg-type]
+    return sink
+
+
+def run_cli(zk_address: str, url: str, capsys: pytest.CaptureFixture, *flags: str
+            ) -> tuple[int, dict]:
+    code = cli.main(["verify", "--zookeeper", zk_address, "--zk-root", ROOT, "--url", url,
+                     "--json", *flags])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_after_normal_jobs_verify_is_ok(ops: Operations, writer: Writer) -> None:
+    writer.commit({"2026-01": range(0, 100), "2026-02": range(100, 150)})
+    writer.commit({"2026-02": range(150, 180)})
+    sink = target_report(ops)
+    assert sink["anomalies"] == []
+    assert (sink["target"]["partitions_ok"], sink["target"]["not_judged"]) == (2, [])
+    assert render("verify", {"sinks": [sink]}).splitlines()[0] == f"{SINK}: ok"
+
+
+def test_rows_duplicated_behind_the_sinks_back_are_a_duplicate_naming_partition_and_xid(
+        ops: Operations, writer: Writer, table: str, clickhouse_url: str) -> None:
+    writer.commit({"2026-01": range(0, 100), "2026-02": range(100, 150)})
+    second = writer.commit({"2026-02": range(150, 180)})
+    run_sql(clickhouse_url, f"INSERT INTO {table} SELECT * FROM {table} WHERE id >= 150")
+    sink = target_report(ops, writers="exclusive")
+    (finding,) = sink["target"]["anomalies"]
+    assert (finding["kind"], finding["table"], finding["partition_id"]) == (
+        "duplicate_rows", table, "202602")
+    assert (finding["rows"], finding["expected"]) == (110, 80)
+    assert f"equal what {SINK}/{second} put there" in finding["detail"]
+    assert sink["anomalies"] == [finding["detail"]]
+
+
+def test_a_duplicate_makes_the_command_fail(
+        writer: Writer, table: str, clickhouse_url: str, zk_address: str,
+        capsys: pytest.CaptureFixture) -> None:
+    writer.commit({"2026-01": range(0, 100)})
+    assert run_cli(zk_address, clickhouse_url, capsys, "--exclusive-target")[0] == 0
+    run_sql(clickhouse_url, f"INSERT INTO {table} SELECT * FROM {table}")
+    code, result = run_cli(zk_address, clickhouse_url, capsys, "--exclusive-target")
+    assert code == 1
+    assert [a["kind"] for a in result["sinks"][0]["target"]["anomalies"]] == ["duplicate_rows"]
+
+
+def test_extra_rows_without_a_writers_statement_are_unexplained_and_fail(
+        writer: Writer, table: str, clickhouse_url: str, zk_address: str,
+        capsys: pytest.CaptureFixture) -> None:
+    writer.commit({"2026-01": range(0, 100)})
+    run_sql(clickhouse_url, f"INSERT INTO {table} VALUES (1000, '2026-01-20', 'other')")
+    code, result = run_cli(zk_address, clickhouse_url, capsys)
+    (finding,) = result["sinks"][0]["target"]["anomalies"]
+    assert (code, finding["kind"], finding["rows"], finding["expected"]) == (
+        1, "unexplained_rows", 101, 100)
+
+
+def test_extra_rows_in_a_shared_target_are_not_judged(
+        writer: Writer, table: str, clickhouse_url: str, zk_address: str,
+        capsys: pytest.CaptureFixture) -> None:
+    writer.commit({"2026-01": range(0, 100)})
+    run_sql(clickhouse_url, f"INSERT INTO {table} VALUES (1000, '2026-01-20', 'other')")
+    code, result = run_cli(zk_address, clickhouse_url, capsys, "--shared-target")
+    target = result["sinks"][0]["target"]
+    assert (code, target["anomalies"], len(target["not_judged"])) == (0, [], 1)
+    assert "other writers" in target["not_judged"][0]["reason"]
+
+
+def test_a_dropped_partition_is_a_loss_that_fails_the_command(
+        writer: Writer, table: str, clickhouse_url: str, zk_address: str,
+        capsys: pytest.CaptureFixture) -> None:
+    writer.commit({"2026-01": range(0, 100), "2026-02": range(100, 150)})
+    run_sql(clickhouse_url, f"ALTER TABLE {table} DROP PARTITION 202601")
+    code, result = run_cli(zk_address, clickhouse_url, capsys, "--exclusive-target")
+    (finding,) = result["sinks"][0]["target"]["anomalies"]
+    assert (code, finding["kind"], finding["partition_id"]) == (1, "missing_rows", "202601")
+    assert (finding["rows"], finding["expected"]) == (0, 100)
+    assert result["sinks"][0]["target"]["partitions_ok"] == 1
+
+
+def test_a_partition_with_pruned_history_is_not_judged(
+        ops: Operations, writer: Writer, table: str, clickhouse_url: str) -> None:
+    writer.commit({"2026-01": range(0, 100), "2026-02": range(100, 150)})
+    time.sleep(0.3)
+    assert writer.coord.prune(0.2) == [0]
+    writer.commit({"2026-02": range(150, 180)})
+    run_sql(clickhouse_url, f"INSERT INTO {table} SELECT * FROM {table} WHERE id >= 150")
+    sink = target_report(ops, writers="exclusive")
+    assert sink["anomalies"] == []
+    unjudged = {n["partition_id"]: n["reason"] for n in sink["target"]["not_judged"]}
+    assert sorted(unjudged) == ["202601", "202602"]
+    assert f"{SINK} epochs 0 (pruned by retention)" in unjudged["202602"]
+    assert sink["target"]["unknown_history"] == [
+        {"first": 0, "last": 0, "reason": "pruned by retention"}]
+    text = render("verify", {"sinks": [sink]})
+    assert text.splitlines()[0] == f"{SINK}: no anomaly found, but 2 target partition(s) not judged"
+
+
+def test_a_sink_whose_whole_history_is_pruned_is_not_reported_ok(
+        ops: Operations, writer: Writer) -> None:
+    writer.commit({"2026-01": range(0, 100)})
+    writer.commit({"2026-02": range(100, 150)})
+    time.sleep(0.3)
+    writer.coord.prune(0.2)
+    text = render("verify", {"sinks": [target_report(ops)]})
+    assert text.splitlines()[0] == (
+        f"{SINK}: no anomaly found, but what committed epochs 0..1 wrote is not checked")
+
+
+def test_a_loss_below_what_retained_xids_put_there_is_reported_despite_pruning(
+        ops: Operations, writer: Writer, table: str, clickhouse_url: str) -> None:
+    writer.commit({"2026-01": range(0, 100)})
+    time.sleep(0.3)
+    writer.coord.prune(0.2)
+    writer.commit({"2026-02": range(100, 150)})
+    run_sql(clickhouse_url, f"ALTER TABLE {table} DROP PARTITION 202602")
+    (finding,) = target_report(ops)["target"]["anomalies"]
+    assert (finding["kind"], finding["partition_id"], finding["rows"]) == (
+        "missing_rows", "202602", 0)
+
+
+def test_an_overwrite_resets_what_the_partition_should_hold(
+        ops: Operations, writer: Writer) -> None:
+    writer.commit({"2026-01": range(0, 100), "2026-02": range(100, 150)})
+    writer.commit({"2026-01": range(500, 540)}, overwrite=True)
+    writer.commit({"2026-01": range(600, 610)})
+    sink = target_report(ops, writers="exclusive")
+    assert (sink["anomalies"], sink["target"]["partitions_ok"]) == ([], 2)
+
+
+def test_an_overwrite_after_the_pruned_epochs_makes_the_partition_judgeable(
+        ops: Operations, writer: Writer) -> None:
+    writer.commit({"2026-01": range(0, 100), "2026-02": range(100, 150)})
+    time.sleep(0.3)
+    writer.coord.prune(0.2)
+    writer.commit({"2026-01": range(500, 540)}, overwrite=True)
+    target = target_report(ops, writers="exclusive")["target"]
+    assert target["partitions_ok"] == 1
+    assert [n["partition_id"] for n in target["not_judged"]] == ["202602"]
+
+
+def test_another_sinks_commits_into_the_same_partition_are_expected_rows(
+        ops: Operations, zk: KazooClient, writer: Writer, table: str,
+        clickhouse_url: str) -> None:
+    writer.commit({"2026-01": range(0, 100)})
+    Writer(zk, clickhouse_url, table, sink="other-sink").commit({"2026-01": range(100, 130)})
+    sink = target_report(ops, writers="exclusive")
+    assert (sink["anomalies"], sink["target"]["partitions_ok"]) == ([], 1)
+
+
+def test_a_partition_an_xid_is_still_publishing_is_not_judged(
+        ops: Operations, zk: KazooClient, clickhouse_url: str, table: str) -> None:
+    class Crash(Exception):
+        pass
+
+    def crash(step: str) -> None:
+        if step == "commit.after_decision":
+            raise Crash(step)
+
+    stuck = Writer(zk, clickhouse_url, table, on_step=crash)
+    with pytest.raises(Crash):
+        stuck.commit({"2026-01": range(0, 100)})
+    (unjudged,) = target_report(ops, writers="exclusive")["target"]["not_judged"]
+    assert "being published" in unjudged["reason"]
+
+
+def test_an_engine_that_collapses_rows_is_not_judged(
+        ops: Operations, zk: KazooClient, clickhouse_url: str, ch_db: str) -> None:
+    table = create_table(clickhouse_url, ch_db, "ReplacingMergeTree()")
+    Writer(zk, clickhouse_url, table).commit({"2026-01": range(0, 100)})
+    (unjudged,) = target_report(ops, writers="exclusive")["target"]["not_judged"]
+    assert "ReplacingMergeTree" in unjudged["reason"]
+
+
+def test_a_dropped_table_is_a_loss(
+        ops: Operations, writer: Writer, table: str, clickhouse_url: str) -> None:
+    writer.commit({"2026-01": range(0, 100)})
+    run_sql(clickhouse_url, f"DROP TABLE {table}")
+    (finding,) = target_report(ops)["target"]["anomalies"]
+    assert (finding["kind"], finding["rows"], finding["expected"]) == ("missing_rows", 0, 100)
+    assert "the table does not exist" in finding["detail"]
+
+
+def test_replicas_of_one_replicated_table_share_an_identity(
+        client: ClickHouseClient, ch_db: str) -> None:
+    for name in ("a", "b"):
+        run_sql(client.url, f"CREATE TABLE `{ch_db}`.`{name}` (id UInt64) ENGINE = "
+                            f"ReplicatedMergeTree('/clickhouse/tables/{ch_db}/t', '{name}') "
+                            "ORDER BY id")
+    run_sql(client.url, f"INSERT INTO `{ch_db}`.`a` VALUES (1), (2)")
+    a, b = (table_rows(client, ch_db, name) for name in ("a", "b"))
+    assert a.identity == b.identity == f"replicated:/clickhouse/tables/{ch_db}/t"
+    assert a.partitions == {"all": 2}
+
+
+def test_rows_masked_by_a_lightweight_delete_are_not_counted_on_a_modern_server() -> None:
+    chdb = server_ext.ChdbClient.for_process()
+    db = f"t_{uuid.uuid4().hex[:10]}"
+    chdb.execute(f"CREATE DATABASE `{db}`", purpose="test setup")
+    try:
+        chdb.execute(f"CREATE TABLE `{db}`.`e` (id UInt64) ENGINE = MergeTree ORDER BY id",
+                     purpose="test setup")
+        chdb.execute(f"INSERT INTO `{db}`.`e` SELECT number FROM numbers(100)",
+                     purpose="test setup")
+        chdb.execute(f"DELETE FROM `{db}`.`e` WHERE id < 10", purpose="test setup")
+        assert table_rows(chdb, db, "e").partitions == {"all": 90}
+    finally:
+        chdb.execute(f"DROP DATABASE `{db}`", purpose="test cleanup")
+
+
+def test_no_target_audits_the_history_only(
+        writer: Writer, table: str, clickhouse_url: str, zk_address: str,
+        capsys: pytest.CaptureFixture) -> None:
+    writer.commit({"2026-01": range(0, 100)})
+    run_sql(clickhouse_url, f"INSERT INTO {table} SELECT * FROM {table}")
+    code, result = run_cli(zk_address, clickhouse_url, capsys, "--no-target")
+    assert (code, result["sinks"][0]["target"]) == (0, {"checked": False})
+
+
+def test_a_spark_batch_job_verifies_ok_until_its_rows_are_duplicated(
+        spark, zk_address: str, clickhouse_url: str, ch_db: str) -> None:
+    import txsink
+    from tests.sinkutil import create_events, events_df
+
+    txsink.register(spark)
+    table = create_events(clickhouse_url, ch_db)
+    (events_df(spark, 0, 3000).write.format("clickhouse_tx").mode("append")
+        .option("url", clickhouse_url).option("zookeeper", zk_address)
+        .option("zk_root", ROOT).option("sink_id", SINK).option("table", table).save())
+    operations = Operations(zk_address, zk_root=ROOT, url=clickhouse_url)
+    try:
+        sink = target_report(operations, writers="exclusive")
+        assert (sink["anomalies"], sink["target"]["partitions_ok"]) == ([], 3)
+        run_sql(clickhouse_url, f"INSERT INTO {table} SELECT * FROM {table} "
+                                "WHERE toYYYYMM(day) = 202602")
+        (finding,) = target_report(operations, writers="exclusive")["target"]["anomalies"]
+        assert (finding["kind"], finding["partition_id"]) == ("duplicate_rows", "202602")
+    finally:
+        operations.close()
