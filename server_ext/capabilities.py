@@ -4,6 +4,8 @@ Why not from the version number: forks, backports and ClickHouse Cloud make vers
 numbers a poor guide, so every capability that changes behaviour is probed directly
 (``system.formats``, ``system.settings``, and a throwaway ``ALTER ... MOVE PARTITION`` on
 two empty tables in a scratch database). The version is kept as a hint for humans.
+The Date/DateTime values the server reads back unchanged (``value_ranges``) are measured
+the same way, by text round trips of boundary values (~9 small queries).
 
 Contract: ``detect_capabilities`` is safe to call at any time and from several processes
 at once (each probe uses its own uniquely named tables, dropped afterwards); the answer is
