@@ -99,8 +99,8 @@ def explain_blocked(call: Callable[P, R]) -> Callable[P, R]:
 class _Blocked(RecoveryIncomplete):
     """``RecoveryIncomplete`` whose message says what the operator can run."""
 
-    def __init__(self, message: str, report: object) -> None:
-        Exception.__init__(self, message)
+    def __init__(self, message: str, report: object = None) -> None:
+        Exception.__init__(self, message)  # the message is built, not the report's text
         self.report = report
 
 
@@ -668,8 +668,9 @@ def render(command: str, result: dict[str, Any]) -> str:
         else:
             lines += _render_verify(sink)
     lines += [f"gave up partition {g['partition']} of branch {g['branch']} "
-              f"({g['rows']} rows for {g['table']}; staging {g['staging']} is dropped with "
-              "the xid)" for g in result.get("given_up", [])]
+              f"({g['rows']} rows for {g['table']}, never published; they are dropped with "
+              f"the staging table txsink_staging.{g['staging']} when the xid finishes)"
+              for g in result.get("given_up", [])]
     return "\n".join(lines)
 
 
