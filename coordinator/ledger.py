@@ -92,10 +92,7 @@ class Ledger:
             self._create_ledger_node()
             self._node_exists = True
         multi = self.lease.guard(Multi(self.store.client))
-        if version is None:
-            multi.create(path, data, label="entry")
-        else:
-            multi.set_data(path, data, version, label="entry")
+        multi.write(path, data, version, label="entry")
         try:
             multi.commit()
         except MultiFailed as failed:

@@ -78,6 +78,12 @@ class Multi:
         self._tx.set_data(path, data, version=version)
         return self._add(label, path, data)
 
+    def write(self, path: str, data: bytes, version: int | None, label: str) -> Multi:
+        """Compare-and-set a record read at ``version``; None: read as absent, create it."""
+        if version is None:
+            return self.create(path, data, label=label)
+        return self.set_data(path, data, version, label=label)
+
     def delete(self, path: str, version: int = -1, label: str = "delete") -> Multi:
         self._tx.delete(path, version=version)
         return self._add(label, path, b"")

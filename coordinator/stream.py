@@ -344,10 +344,7 @@ class StreamReset:
             "event": "reset", "forget_epochs": forget_epochs,
             "committed_through": committed_through, "last_committed": last_before,
             "by": by})
-        if current is None:
-            multi.create(layout.stream, new.to_bytes(), label=STREAM)
-        else:
-            multi.set_data(layout.stream, new.to_bytes(), current.version, label=STREAM)
+        multi.write(layout.stream, new.to_bytes(), current and current.version, label=STREAM)
         try:
             multi.commit()
         except MultiFailed as failed:

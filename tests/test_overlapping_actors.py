@@ -28,6 +28,7 @@ import txsink.crashpoints
 from coordinator import Coordinator, SinkTakenOver, XidState
 from tests.conftest import kazoo_client, run_sql
 from tests.sinkutil import assert_exactly_once, id_counts
+from tests.test_coordinator_session import expire_session
 from txsink import driver
 from txsink.datasource import ClickHouseTxDataSource
 from txsink.operations import Operations
@@ -159,15 +160,6 @@ def sink(request, clickhouse_url: str, zk_hosts: str, ch_db: str) -> Iterator[Si
                             f"name String, value Float64) ENGINE = {engine} "
                             "PARTITION BY toYYYYMM(day) ORDER BY id")
     yield Sink(clickhouse_url, zk_hosts, f"{ch_db}.events")
-
-
-def expire_session(client: KazooClient, hosts: str) -> None:
-    """End ``client``'s session the way the server does after a long pause."""
-    session_id, password = client.client_id
-    thief = KazooClient(hosts=hosts, client_id=(session_id, password))
-    thief.start(timeout=15)
-    thief.stop()
-    thief.close()
 
 
 # -- a second actor while the job is held at a step of its commit -------------------------

@@ -48,6 +48,7 @@ EXIT_FAILED = 1          # the query or a job raised
 EXIT_NOT_ATOMIC = 3      # batch mode found an input file partly visible
 RUNNING_LINE = "query started"    # progress lines the driver prints (see _say)
 RECOVERED_LINE = "sink recovered"
+RECOVER_PATIENCE_SECONDS = 60.0  # > the ZooKeeper session timeout a dead lease lives for
 STANDBY_LINE = "standing by"
 
 
@@ -245,16 +246,25 @@ def _recover_sink(args: argparse.Namespace) -> None:
     """What an operator runs before re-running a failed job: ``txsink recover --sink``.
 
     A job whose decision was written is rolled forward (its rows become visible); an
-    undecided one stays invisible and is rolled back by the next job's writer.
+    undecided one stays invisible and is rolled back by the next job's writer. Like an
+    operator, it does not rerun anything while recover reports an xid ``in_progress``
+    (a killed driver's publish lease lives until its ZooKeeper session expires): which
+    jobs are visible is known only once that xid is finished.
     """
     from txsink.operations import Operations
 
+    deadline = time.monotonic() + RECOVER_PATIENCE_SECONDS
     ops = Operations(zookeeper=args.zookeeper, zk_root=args.zk_root, url=args.url)
     try:
-        ops.recover(args.sink_id)
+        while _in_progress(ops.recover(args.sink_id)) and time.monotonic() < deadline:
+            time.sleep(1.0)
     finally:
         ops.close()
     _say(RECOVERED_LINE)
+
+
+def _in_progress(report: dict) -> bool:
+    return any("in_progress" in action for sink in report["sinks"] for action in sink["actions"])
 
 
 def _run_batch(spark, args: argparse.Namespace) -> int:
