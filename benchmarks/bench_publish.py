@@ -32,6 +32,7 @@ from server_ext.ledger import MemoryLedger
 from server_ext.publish import publish
 from server_ext.schema import describe_table
 from server_ext.seal import seal
+from server_ext.sql import qualified_name, quote_identifier
 from server_ext.staging import create_staging, rollback, staging_table_name
 
 PARTITION_COUNTS = (1, 10, 100)
@@ -56,7 +57,8 @@ def make_target(client: ClickHouseClient, database: str, strategy: str) -> str:
     engine = (f"ReplicatedMergeTree('/clickhouse/tables/{database}/events', '{{replica}}')"
               if strategy == "attach_replicated" else "MergeTree()")
     client.execute(
-        f"CREATE TABLE `{database}`.events (d Date, k UInt64, s String, x Float64) "
+        f"CREATE TABLE {qualified_name(database, 'events')} "
+        "(d Date, k UInt64, s String, x Float64) "
         f"ENGINE = {engine} PARTITION BY d ORDER BY k", purpose="bench: create target")
     return f"{database}.events"
 
@@ -87,13 +89,15 @@ def one_epoch(client: ClickHouseClient, table: str, strategy: str, partitions: i
 def measure(client: ClickHouseClient, strategy: str, partitions: int,
             epochs: int) -> dict[str, float]:
     database = f"bench_publish_{uuid.uuid4().hex[:8]}"
-    client.execute(f"CREATE DATABASE `{database}`", purpose="bench: create database")
+    client.execute(f"CREATE DATABASE {quote_identifier(database)}",
+                   purpose="bench: create database")
     try:
         table = make_target(client, database, strategy)
         one_epoch(client, table, strategy, partitions, 0)  # warm-up
         runs = [one_epoch(client, table, strategy, partitions, e) for e in range(1, epochs + 1)]
     finally:
-        client.execute(f"DROP DATABASE IF EXISTS `{database}`", purpose="bench: drop database")
+        client.execute(f"DROP DATABASE IF EXISTS {quote_identifier(database)}",
+                       purpose="bench: drop database")
     result = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
     result["est_with_zk_ms"] = result["total_ms"] + ZK_WRITE_MS * result["ledger_writes"]
     result["per_partition_ms"] = result["publish_ms"] / partitions

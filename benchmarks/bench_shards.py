@@ -64,6 +64,7 @@ from sinkbench.memory import PeakMemory, jvm_pid
 from sinkbench.rounds import Case, Sample, summarize
 
 from coordinator import Coordinator
+from server_ext.sql import qualified_name, quote_identifier, sql_string
 from server_ext.staging import STAGING_DATABASE, sink_key
 from txsink.harness.services import Cluster, ClusterServer, ZooKeeper
 
@@ -167,16 +168,16 @@ class Scratch:
 
     def create(self) -> None:
         for url in self.urls:
-            sql(url, f"CREATE DATABASE `{self.database}`")
+            sql(url, f"CREATE DATABASE {quote_identifier(self.database)}")
 
     def remove(self, sink_ids: set[str]) -> list[str]:
         """Drop the database everywhere, the staging tables the sinks left (returned: the
         sink should have dropped them) and the ZooKeeper root."""
         leftovers = []
         for url in self.urls:
-            sql(url, f"DROP DATABASE IF EXISTS `{self.database}`")
+            sql(url, f"DROP DATABASE IF EXISTS {quote_identifier(self.database)}")
             for name in self.staging_tables(url, sink_ids):
-                sql(url, f"DROP TABLE IF EXISTS `{STAGING_DATABASE}`.`{name}`")
+                sql(url, f"DROP TABLE IF EXISTS {qualified_name(STAGING_DATABASE, name)}")
                 leftovers.append(f"{url} {name}")
         environment.delete_zk_root(self.zookeeper, self.zk_root)
         return leftovers
@@ -186,9 +187,9 @@ class Scratch:
         """The staging tables of these sink ids on ``url``."""
         if not sink_ids:
             return []
-        prefixes = ", ".join(f"'txs_{sink_key(s)}_'" for s in sorted(sink_ids))
+        prefixes = ", ".join(sql_string(f"txs_{sink_key(s)}_") for s in sorted(sink_ids))
         return sql(url, f"SELECT name FROM system.tables WHERE database = "
-                        f"'{STAGING_DATABASE}' AND arrayExists(p -> startsWith(name, p), "
+                        f"{sql_string(STAGING_DATABASE)} AND arrayExists(p -> startsWith(name, p), "
                         f"[{prefixes}])").split()
 
 

@@ -28,11 +28,12 @@ from server_ext.capabilities import detect_capabilities
 from server_ext.client import ClickHouseClient
 from server_ext.encoder import encode_native_block
 from server_ext.schema import check_arrow_schema, describe_table
+from server_ext.sql import qualified_name, quote_identifier
 from server_ext.writer import BranchWriter
 
 DATABASE = "txsink_bench"
 TABLE = "writer_rows"
-QUALIFIED = f"`{DATABASE}`.`{TABLE}`"
+QUALIFIED = qualified_name(DATABASE, TABLE)
 RESULTS = Path(__file__).parent / "results" / "writer.json"
 
 
@@ -51,7 +52,8 @@ def make_table(rows: int) -> pa.Table:
 
 
 def reset_table(client: ClickHouseClient) -> None:
-    client.execute(f"CREATE DATABASE IF NOT EXISTS `{DATABASE}`", purpose="create bench db")
+    client.execute(f"CREATE DATABASE IF NOT EXISTS {quote_identifier(DATABASE)}",
+                   purpose="create bench db")
     client.execute(f"DROP TABLE IF EXISTS {QUALIFIED}", purpose="drop bench table")
     client.execute(
         f"CREATE TABLE {QUALIFIED} (id UInt64, name String, score Float64, ts DateTime) "
@@ -146,7 +148,7 @@ def main() -> None:
         print(f"{rows:>11,} rows: writer {result['writer_rows_per_s']:>11,} rows/s   "
               f"raw Native POST {result['raw_rows_per_s']:>11,} rows/s   "
               f"ratio {result['ratio']:.0%}")
-    ClickHouseClient(args.url).execute(f"DROP DATABASE IF EXISTS `{DATABASE}`",
+    ClickHouseClient(args.url).execute(f"DROP DATABASE IF EXISTS {quote_identifier(DATABASE)}",
                                        purpose="drop bench db")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({"server": args.url, "results": results}, indent=2) + "\n")

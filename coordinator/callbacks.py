@@ -22,7 +22,7 @@ from coordinator.errors import CallbackFailed, PublishFailed, PublishLeaseLost, 
 from coordinator.records import BranchRecord
 from coordinator.states import XidState
 
-log = logging.getLogger("coordinator")
+log = logging.getLogger(__name__)
 
 BranchCallback = Callable[[BranchRecord], None]
 

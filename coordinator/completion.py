@@ -38,7 +38,7 @@ from coordinator.records import BranchRecord, XidRecord
 from coordinator.states import BranchState, XidState
 from coordinator.store import SinkStore
 
-log = logging.getLogger("coordinator")
+log = logging.getLogger(__name__)
 
 _PUBLISHABLE = (BranchState.PREPARED, BranchState.COMMITTED)
 

@@ -65,7 +65,7 @@ from coordinator.transitions import Transitions
 StepHook = Callable[[str], None]
 LEASE_RETAKES = 3  # a commit re-takes a lease lost to session expiry this many times
 
-log = logging.getLogger("coordinator")
+log = logging.getLogger(__name__)
 
 
 class Coordinator:
@@ -282,9 +282,11 @@ class Coordinator:
         records = self.store.run(self.store.read_xids, epochs)
         return [r for r in records if wanted is None or r.state in wanted]
 
-    def branches(self, epoch: int) -> list[BranchRecord]:
-        """Every branch of the xid (all attempts), by branch id."""
-        found = self.store.run(self.store.read_branches, epoch)
+    def branches(self, epoch: int, branch_ids: Iterable[str] | None = None
+                 ) -> list[BranchRecord]:
+        """Branches of the xid by branch id: all (every attempt), or those of
+        ``branch_ids`` that exist; one pipelined read."""
+        found = self.store.run(self.store.read_branches, epoch, branch_ids)
         return [found[b] for b in sorted(found)]
 
     def ledger(self, epoch: int, branch_id: str) -> Ledger:

@@ -32,7 +32,7 @@ from coordinator.records import XidRecord
 from coordinator.states import XidState
 from coordinator.store import SinkStore
 
-log = logging.getLogger("coordinator")
+log = logging.getLogger(__name__)
 
 ROLLED_FORWARD = "rolled_forward"
 ROLLED_BACK = "rolled_back"

@@ -1,5 +1,5 @@
-"""server_ext: the ClickHouse side of txsink (client, capabilities, schema, encoder, writer,
-staging, seal, publish, rollback, sweeper). Knows nothing about Spark or ZooKeeper."""
+"""server_ext: the ClickHouse side of txsink (client, SQL text, capabilities, schema, encoder,
+writer, staging, seal, publish, rollback, sweeper). Knows nothing about Spark or ZooKeeper."""
 
 from server_ext.capabilities import (
     STRATEGIES,
@@ -9,12 +9,7 @@ from server_ext.capabilities import (
     detect_capabilities,
 )
 from server_ext.chdb_client import ChdbClient
-from server_ext.client import (
-    ClickHouseClient,
-    qualified_name,
-    quote_identifier,
-    split_table_name,
-)
+from server_ext.client import ClickHouseClient
 from server_ext.encoder import (
     arrow_stream_chunks,
     encode_column,
@@ -53,6 +48,7 @@ from server_ext.sharding import (
     layout_from_urls,
     parse_shard_urls,
 )
+from server_ext.sql import qualified_name, quote_identifier, split_table_name, sql_string
 from server_ext.staging import (
     STAGING_DATABASE,
     StagingName,
@@ -92,6 +88,7 @@ __all__ = [
     "qualified_name",
     "quote_identifier",
     "split_table_name",
+    "sql_string",
     "to_arrow_stream_batch",
     # two-phase commit
     "STAGING_DATABASE",

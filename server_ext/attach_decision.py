@@ -13,10 +13,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from server_ext.capabilities import SqlClient
-from server_ext.client import qualified_name, quote_identifier
 from server_ext.manifest import Manifest, PartitionManifest, StagedPart
 from server_ext.schema import describe_table
-from server_ext.seal import sql_string
+from server_ext.sql import qualified_name, quote_identifier, sql_string
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from server_ext.chtypes import DATE_MAX_DAYS, DATETIME_MAX_SECONDS, ValueRanges
-from server_ext.client import qualified_name, quote_identifier
 from server_ext.errors import ClickHouseError
+from server_ext.sql import qualified_name, quote_identifier, sql_string
 
 SCRATCH_DATABASE = "txsink_scratch"
 Strategy = Literal["move", "attach_replicated", "attach_marked"]
@@ -256,7 +256,7 @@ def _input_formats(client: SqlClient) -> set[str]:
 def _known_settings(client: SqlClient) -> set[str]:
     wanted = ("low_cardinality_allow_in_native_format", "insert_deduplication_token",
               "allow_experimental_low_cardinality_type")
-    names = ", ".join(f"'{name}'" for name in wanted)
+    names = ", ".join(sql_string(name) for name in wanted)
     rows = client.query_rows(
         f"SELECT name FROM system.settings WHERE name IN ({names})", purpose="list settings"
     )
@@ -265,7 +265,7 @@ def _known_settings(client: SqlClient) -> set[str]:
 
 def _has_type_family(client: SqlClient, family: str) -> bool:
     rows = client.query_rows(
-        f"SELECT name FROM system.data_type_families WHERE name = '{family}'",
+        f"SELECT name FROM system.data_type_families WHERE name = {sql_string(family)}",
         purpose="list data types",
     )
     return bool(rows)
@@ -273,7 +273,7 @@ def _has_type_family(client: SqlClient, family: str) -> bool:
 
 def _has_merge_tree_setting(client: SqlClient, name: str) -> bool:
     rows = client.query_rows(
-        f"SELECT name FROM system.merge_tree_settings WHERE name = '{name}'",
+        f"SELECT name FROM system.merge_tree_settings WHERE name = {sql_string(name)}",
         purpose="list MergeTree settings",
     )
     return bool(rows)
@@ -329,8 +329,9 @@ _DATE_READS_BACK = "toUInt16(toDate(toString(CAST(toUInt16(n) AS Date)))) = n"
 
 
 def _datetime_reads_back(zone: str) -> str:
-    return (f"toUInt32(toDateTime(toString(toDateTime(toUInt32(n), '{zone}')), '{zone}')) "
-            "= n")
+    zone_text = sql_string(zone)
+    return (f"toUInt32(toDateTime(toString(toDateTime(toUInt32(n), {zone_text})), "
+            f"{zone_text})) = n")
 
 
 def _probe_value_ranges(client: SqlClient, version_text: str) -> ValueRanges:

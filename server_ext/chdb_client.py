@@ -29,8 +29,9 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from server_ext.client import _unescape_tsv, quote_identifier
+from server_ext.client import _unescape_tsv
 from server_ext.errors import ClickHouseError, parse_exception
+from server_ext.sql import column_list, settings_clause, sql_string, strip_statement
 
 _SESSIONS: dict[str, Any] = {}
 _LOCK = threading.RLock()
@@ -113,50 +114,28 @@ class ChdbClient:
         retry: bool = True,
     ) -> None:
         """INSERT ``body`` (encoded in ``fmt``) into ``table``, spooled through a temp file."""
-        column_list = ""
-        if columns is not None:
-            column_list = " (" + ", ".join(quote_identifier(c) for c in columns) + ")"
         chunks = [body] if isinstance(body, bytes | bytearray | memoryview) else body
         with tempfile.NamedTemporaryFile(prefix="txsink-insert-", delete=False) as spool:
             for chunk in chunks:
                 spool.write(chunk)
         try:
-            clause = _settings_clause(settings)
-            self._run(f"INSERT INTO {table}{column_list} FROM INFILE {_string(spool.name)}"
-                      f"{clause} FORMAT {fmt}", "TabSeparated", purpose)
+            self._run(f"INSERT INTO {table}{column_list(columns)} FROM INFILE "
+                      f"{sql_string(spool.name)}{settings_clause(settings)} FORMAT {fmt}",
+                      "TabSeparated", purpose)
         finally:
             os.unlink(spool.name)
 
     def _run(self, sql: str, fmt: str, purpose: str) -> str:
         with _LOCK:
             try:
-                result = self._session.query(sql.strip().rstrip(";"), fmt)
+                result = self._session.query(strip_statement(sql), fmt)
             except Exception as exc:
                 raise _error(exc, purpose) from None
         return result.bytes().decode("utf-8") if result is not None else ""
 
 
 def _with_settings(sql: str, settings: dict | None) -> str:
-    return f"{sql.strip().rstrip(';')}{_settings_clause(settings)}"
-
-
-def _settings_clause(settings: dict | None) -> str:
-    if not settings:
-        return ""
-    pairs = ", ".join(f"{key} = {_setting_literal(value)}" for key, value in settings.items())
-    return f" SETTINGS {pairs}"
-
-
-def _string(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _setting_literal(value: object) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int | float):
-        return str(value)
-    return _string(str(value))
+    return f"{strip_statement(sql)}{settings_clause(settings)}"
 
 
 def _error(exc: Exception, purpose: str) -> ClickHouseError:

@@ -48,6 +48,7 @@ from server_ext.errors import (
     ServerUnreachable,
     parse_exception,
 )
+from server_ext.sql import column_list, strip_statement
 
 log = logging.getLogger(__name__)
 
@@ -57,71 +58,6 @@ _TRAILING_EXCEPTION_RE = re.compile(
     r"(Code: \d+[.,] (?:e\.displayText\(\) = )?DB::Exception[^\n]*)\n?\Z"
 )
 _REDACTED = "******"
-
-
-def quote_identifier(name: str) -> str:
-    """Backtick-quote an identifier, escaping backslashes and backticks inside it."""
-    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
-
-
-def qualified_name(database: str, table: str) -> str:
-    """``\\`db\\`.\\`table\\``` with both parts quoted."""
-    return f"{quote_identifier(database)}.{quote_identifier(table)}"
-
-
-def split_table_name(name: str, default_database: str = "default") -> tuple[str, str]:
-    """Split ``db.table`` (parts optionally backtick-quoted) into ``(db, table)``.
-
-    A name without a database gets ``default_database``. Unquoted names split at the first
-    dot; quote a part to keep a dot inside it.
-    """
-    parts = _split_identifiers(name.strip())
-    if len(parts) == 1:
-        return default_database, parts[0]
-    if len(parts) == 2:
-        return parts[0], parts[1]
-    raise ValueError(f"not a table name: {name!r}")
-
-
-def _split_identifiers(text: str) -> list[str]:
-    parts: list[str] = []
-    i = 0
-    while i <= len(text):
-        if text.startswith("`", i):
-            part, i = _read_quoted(text, i + 1)
-        else:
-            end = text.find(".", i)
-            end = len(text) if end < 0 else end
-            part, i = text[i:end], end
-        if not part:
-            raise ValueError(f"not a table name: {text!r}")
-        parts.append(part)
-        if i >= len(text):
-            break
-        if text[i] != ".":
-            raise ValueError(f"not a table name: {text!r}")
-        if len(parts) == 1 and not text.startswith("`", i + 1):
-            parts.append(text[i + 1 :])  # unquoted table part keeps any further dots
-            if not parts[-1]:
-                raise ValueError(f"not a table name: {text!r}")
-            break
-        i += 1
-    return parts
-
-
-def _read_quoted(text: str, i: int) -> tuple[str, int]:
-    out: list[str] = []
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\" and i + 1 < len(text):
-            out.append(text[i + 1])
-            i += 2
-        elif ch == "`":
-            return "".join(out), i + 1
-        else:
-            out.append(ch)
-            i += 1
-    raise ValueError(f"unterminated quoted identifier in {text!r}")
 
 
 @dataclass
@@ -188,14 +124,14 @@ class ClickHouseClient:
     def query_rows(self, sql: str, *, purpose: str, settings: dict | None = None) -> list[dict]:
         """Rows of a SELECT as dicts, values typed as ClickHouse's JSON output gives them
         (64-bit integers arrive as strings on servers that quote them)."""
-        body = self._query_text(f"{_strip_statement(sql)}\nFORMAT JSON", purpose, settings)
+        body = self._query_text(f"{strip_statement(sql)}\nFORMAT JSON", purpose, settings)
         if not body.strip():
             return []
         return list(json.loads(body)["data"])
 
     def query_value(self, sql: str, *, purpose: str) -> str:
         """First column of the first row, as text. Raises when the result has no row."""
-        body = self._query_text(f"{_strip_statement(sql)}\nFORMAT TabSeparated", purpose, None)
+        body = self._query_text(f"{strip_statement(sql)}\nFORMAT TabSeparated", purpose, None)
         if not body:
             raise ClickHouseError("the query returned no row", name="EMPTY_RESULT", purpose=purpose)
         return _unescape_tsv(body.split("\n", 1)[0].split("\t", 1)[0])
@@ -220,13 +156,10 @@ class ClickHouseClient:
         whose outcome is unknown (timeout after sending) is never retried: the caller
         must check.
         """
-        column_list = ""
-        if columns is not None:
-            column_list = " (" + ", ".join(quote_identifier(c) for c in columns) + ")"
         params = self._params(settings, wait=False)
         # No trailing newline: the server puts one between this text and the body, and
         # skips only one before the data (a second would be read as data).
-        params["query"] = f"INSERT INTO {table}{column_list} FORMAT {fmt}"
+        params["query"] = f"INSERT INTO {table}{column_list(columns)} FORMAT {fmt}"
         attempt = _Attempt(purpose, may_repeat=retry, outcome_unknown_ok=False)
         if isinstance(body, bytes | bytearray | memoryview):
             self._send(params, bytes(body), attempt)
@@ -381,10 +314,6 @@ def _strip_credentials(url: str) -> tuple[str, str | None, str | None]:
     if parts.port:
         netloc += f":{parts.port}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, "")), user, password
-
-
-def _strip_statement(sql: str) -> str:
-    return sql.strip().rstrip(";").rstrip()
 
 
 def _setting_text(value: object) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from server_ext.client import split_table_name
+from server_ext.sql import split_table_name
 from server_ext.staging import STAGING_DATABASE
 
 MANIFEST_VERSION = 1

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 
 from server_ext.capabilities import SqlClient
-from server_ext.client import qualified_name
 from server_ext.errors import StagingChanged
 from server_ext.ledger import PUBLISHED, Ledger, ledger_key
 from server_ext.manifest import Manifest, PartitionManifest
@@ -27,7 +26,8 @@ from server_ext.publish_steps import (
     no_step,
 )
 from server_ext.schema import describe_table
-from server_ext.seal import read_staged_partitions, sql_string
+from server_ext.seal import read_staged_partitions
+from server_ext.sql import qualified_name, sql_string
 from server_ext.staging import create_staging, staging_qualified
 
 

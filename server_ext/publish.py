@@ -84,7 +84,6 @@ from collections.abc import Iterable
 
 from server_ext.attach_decision import AttachDecider, max_block_number
 from server_ext.capabilities import STRATEGIES, SqlClient
-from server_ext.client import qualified_name
 from server_ext.errors import ClickHouseError, InDoubtPublish, PartsDeduplicated, StagingChanged
 from server_ext.ledger import ATTACHING, PUBLISHED, Ledger, ledger_key
 from server_ext.manifest import Manifest, PartitionManifest
@@ -101,7 +100,8 @@ from server_ext.publish_steps import (
     drop_partitions,
     no_step,
 )
-from server_ext.seal import read_staged_partitions, sql_string
+from server_ext.seal import read_staged_partitions
+from server_ext.sql import qualified_name, sql_string
 
 log = logging.getLogger(__name__)
 

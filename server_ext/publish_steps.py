@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from server_ext.capabilities import SqlClient
 from server_ext.errors import ClickHouseError
-from server_ext.seal import sql_string
+from server_ext.sql import sql_string
 
 STEP_BEFORE_PARTITION = "publish.before_partition"  # checks done, nothing written yet
 STEP_AFTER_INTENT = "publish.after_intent"

@@ -45,9 +45,9 @@ from server_ext.chtypes import (
     ValueRanges,
     parse_type,
 )
-from server_ext.client import qualified_name, split_table_name
 from server_ext.conversions import day_text, instant_text, to_days, to_seconds
 from server_ext.errors import ClickHouseError, InvalidValue, SchemaMismatch
+from server_ext.sql import qualified_name, split_table_name, sql_string, table_filter
 
 UNWRITABLE_DEFAULT_KINDS = ("MATERIALIZED", "ALIAS", "EPHEMERAL")
 RowOf = Callable[[int], int]  # index in the checked array -> row of the batch
@@ -126,8 +126,8 @@ def describe_table(client: SqlClient, table: str) -> TargetTable:
     ]
     meta = client.query_rows(
         "SELECT engine, engine_full, partition_key, sorting_key, primary_key, "
-        f"create_table_query FROM system.tables WHERE database = {_string(database)} "
-        f"AND name = {_string(name)}",
+        "create_table_query FROM system.tables "
+        f"WHERE {table_filter(database, name, name_column='name')}",
         purpose=purpose,
     )[0]
     return TargetTable(
@@ -143,9 +143,9 @@ def describe_table(client: SqlClient, table: str) -> TargetTable:
 def _require_exists(client: SqlClient, database: str, name: str, purpose: str) -> None:
     """Raise a clear UNKNOWN_DATABASE / UNKNOWN_TABLE error instead of a DESCRIBE failure."""
     rows = client.query_rows(
-        f"SELECT (SELECT count() FROM system.databases WHERE name = {_string(database)}) AS db, "
-        f"(SELECT count() FROM system.tables WHERE database = {_string(database)} "
-        f"AND name = {_string(name)}) AS tbl",
+        f"SELECT (SELECT count() FROM system.databases WHERE name = {sql_string(database)}) AS db, "
+        "(SELECT count() FROM system.tables "
+        f"WHERE {table_filter(database, name, name_column='name')}) AS tbl",
         purpose=purpose,
     )[0]
     if int(rows["db"]) == 0:
@@ -153,10 +153,6 @@ def _require_exists(client: SqlClient, database: str, name: str, purpose: str) -
     if int(rows["tbl"]) == 0:
         raise ClickHouseError(f"table `{database}`.`{name}` does not exist", code=60,
                               purpose=purpose)
-
-
-def _string(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _index_granularity(engine_full: str) -> int:

@@ -18,9 +18,9 @@ retries it as a new branch). A branch that wrote nothing gives an empty manifest
 from __future__ import annotations
 
 from server_ext.capabilities import SqlClient
-from server_ext.client import qualified_name, split_table_name
 from server_ext.manifest import Manifest, PartitionManifest, StagedPart
 from server_ext.schema import TargetTable
+from server_ext.sql import qualified_name, split_table_name, sql_string
 from server_ext.staging import STAGING_DATABASE
 
 
@@ -37,11 +37,6 @@ class StagedRowsMismatch(Exception):
         )
 
 
-def sql_string(value: str) -> str:
-    """A single-quoted SQL string literal."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def read_staged_partitions(
     client: SqlClient, database: str, table: str, *, purpose: str
 ) -> dict[str, PartitionManifest]:
@@ -50,23 +45,36 @@ def read_staged_partitions(
     Empty active parts are left out: newer servers leave 0-row covering parts behind in a
     table after MOVE / DROP PARTITION.
     """
+    return read_staged_tables(client, database, [table], purpose=purpose).get(table, {})
+
+
+def read_staged_tables(
+    client: SqlClient, database: str, tables: list[str], *, purpose: str
+) -> dict[str, dict[str, PartitionManifest]]:
+    """``read_staged_partitions`` of many tables of one database in one query."""
+    if not tables:
+        return {}
+    names = ", ".join(sql_string(t) for t in tables)
     rows = client.query_rows(
-        "SELECT partition_id, partition, name, rows, bytes_on_disk FROM system.parts "
-        f"WHERE database = {sql_string(database)} AND table = {sql_string(table)} "
-        "AND active AND rows > 0 ORDER BY partition_id, min_block_number, name",
+        "SELECT table, partition_id, partition, name, rows, bytes_on_disk FROM system.parts "
+        f"WHERE database = {sql_string(database)} AND table IN ({names}) "
+        "AND active AND rows > 0 ORDER BY table, partition_id, min_block_number, name",
         purpose=purpose,
     )
-    grouped: dict[str, list[dict]] = {}
+    grouped: dict[str, dict[str, list[dict]]] = {}
     for row in rows:
-        grouped.setdefault(row["partition_id"], []).append(row)
+        grouped.setdefault(row["table"], {}).setdefault(row["partition_id"], []).append(row)
     return {
-        pid: PartitionManifest(
-            partition_id=pid,
-            value=parts[0]["partition"],
-            parts=tuple(StagedPart(p["name"], int(p["rows"]), int(p["bytes_on_disk"]))
-                        for p in parts),
-        )
-        for pid, parts in grouped.items()
+        table: {
+            pid: PartitionManifest(
+                partition_id=pid,
+                value=parts[0]["partition"],
+                parts=tuple(StagedPart(p["name"], int(p["rows"]), int(p["bytes_on_disk"]))
+                            for p in parts),
+            )
+            for pid, parts in partitions.items()
+        }
+        for table, partitions in grouped.items()
     }
 
 
@@ -91,28 +99,34 @@ def seal(client: SqlClient, target: TargetTable, staging: str, expected_rows: in
 def _merge_lookalike_parts(
     client: SqlClient, database: str, table: str, partitions: dict[str, PartitionManifest]
 ) -> dict[str, PartitionManifest]:
-    """Merge each partition holding two parts of equal rows and bytes into one part.
-
-    Staging merges are off (see ``staging``); OPTIMIZE still merges when they are started,
-    and the background merge selector cannot pick any part meanwhile.
-    """
+    """Merge each partition holding two parts of equal rows and bytes into one part."""
     lookalikes = [
         pid for pid, partition in partitions.items()
         if len({(p.rows, p.bytes) for p in partition.parts}) < len(partition.parts)
     ]
     if not lookalikes:
         return partitions
-    staging = qualified_name(database, table)
-    client.execute(f"SYSTEM START MERGES {staging}", purpose="start merges in staging")
-    try:
-        for pid in lookalikes:
-            client.execute(f"OPTIMIZE TABLE {staging} PARTITION ID {sql_string(pid)} FINAL",
-                           purpose="merge look-alike staged parts")
-    finally:
-        client.execute(f"SYSTEM STOP MERGES {staging}", purpose="stop merges in staging")
+    merge_partitions(client, qualified_name(database, table), lookalikes)
     merged = read_staged_partitions(client, database, table, purpose="seal branch")
     unmerged = [pid for pid in lookalikes if len(merged[pid].parts) != 1]
     if unmerged:
         raise RuntimeError(f"staging {database}.{table}: OPTIMIZE left partitions {unmerged} "
                            "with several parts")
     return merged
+
+
+def merge_partitions(client: SqlClient, staging: str, partition_ids: list[str]) -> None:
+    """Merge each named partition of a staging table (quoted) into one part.
+
+    Staging merges are off (see ``staging``); OPTIMIZE still merges while they are
+    started, and the background merge selector cannot pick any part meanwhile.
+    """
+    if not partition_ids:
+        return
+    client.execute(f"SYSTEM START MERGES {staging}", purpose="start merges in staging")
+    try:
+        for pid in partition_ids:
+            client.execute(f"OPTIMIZE TABLE {staging} PARTITION ID {sql_string(pid)} FINAL",
+                           purpose="merge staged parts")
+    finally:
+        client.execute(f"SYSTEM STOP MERGES {staging}", purpose="stop merges in staging")

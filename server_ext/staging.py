@@ -52,8 +52,8 @@ import re
 from dataclasses import dataclass
 
 from server_ext.capabilities import SqlClient
-from server_ext.client import qualified_name, quote_identifier, split_table_name
 from server_ext.schema import TargetTable
+from server_ext.sql import qualified_name, quote_identifier, setting_assignments, split_table_name
 
 STAGING_DATABASE = "txsink_staging"
 
@@ -189,9 +189,9 @@ def staging_ddl(target: TargetTable, staging: str) -> str:
         clauses.append(f"PRIMARY KEY {_key_expression(target.primary_key)}")
     settings = {"index_granularity": str(target.index_granularity),
                 **table_settings(target.engine_full), **STAGING_SETTINGS}
-    settings_sql = ", ".join(f"{name} = {value}" for name, value in settings.items())
     return (f"CREATE TABLE IF NOT EXISTS {staging} AS {target.qualified} "
-            f"ENGINE = MergeTree() {' '.join(clauses)} SETTINGS {settings_sql}")
+            f"ENGINE = MergeTree() {' '.join(clauses)} "
+            f"SETTINGS {setting_assignments(settings)}")
 
 
 def _key_expression(key: str) -> str:

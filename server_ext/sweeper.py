@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from server_ext.capabilities import SqlClient
-from server_ext.seal import sql_string
+from server_ext.sql import sql_string
 from server_ext.staging import (
     STAGING_DATABASE,
     StagingName,

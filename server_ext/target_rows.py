@@ -25,8 +25,7 @@ import re
 from dataclasses import dataclass, field
 
 from server_ext.capabilities import SqlClient
-from server_ext.client import qualified_name
-from server_ext.seal import sql_string
+from server_ext.sql import qualified_name, sql_string, table_filter
 
 # Engines whose row count is exactly what was inserted minus what was deleted.
 EXACT_ENGINES = frozenset({"MergeTree", "ReplicatedMergeTree"})
@@ -63,7 +62,7 @@ def table_rows(client: SqlClient, database: str, table: str) -> TableRows:
     purpose = f"count rows of {database}.{table}"
     meta = client.query_rows(
         "SELECT hostName() AS host, * FROM system.tables "
-        f"WHERE database = {sql_string(database)} AND name = {sql_string(table)}",
+        f"WHERE {table_filter(database, table, name_column='name')}",
         purpose=purpose,
     )
     if not meta:
@@ -78,7 +77,7 @@ def table_rows(client: SqlClient, database: str, table: str) -> TableRows:
     if replicated:
         replica = client.query_rows(
             "SELECT zookeeper_path, inserts_in_queue FROM system.replicas "
-            f"WHERE database = {sql_string(database)} AND table = {sql_string(table)}",
+            f"WHERE {table_filter(database, table)}",
             purpose=purpose,
         )
         if replica:
@@ -104,7 +103,7 @@ def _why_inexact(engine: str, engine_full: str) -> str | None:
 def _partition_rows(client: SqlClient, database: str, table: str, purpose: str
                     ) -> dict[str, int]:
     """Active parts' rows per partition; ``count()`` where a lightweight DELETE masks rows."""
-    where = f"database = {sql_string(database)} AND table = {sql_string(table)} AND active"
+    where = f"{table_filter(database, table)} AND active"
     masked = "0"
     if _has_part_column(client, "has_lightweight_delete", purpose):
         masked = "max(has_lightweight_delete)"

@@ -23,7 +23,8 @@ import pyarrow as pa
 import requests
 from hypothesis import strategies as st
 
-from server_ext.client import ClickHouseClient, qualified_name
+from server_ext.client import ClickHouseClient
+from server_ext.sql import qualified_name
 
 
 def _same(value: Any) -> Any:

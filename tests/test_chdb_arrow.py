@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from server_ext.capabilities import Capabilities, choose_strategy, detect_capabilities
 from server_ext.chdb_client import ChdbClient
-from server_ext.client import qualified_name
 from server_ext.errors import ClickHouseError
 from server_ext.schema import TargetTable, describe_table
+from server_ext.sql import qualified_name
 from server_ext.writer import BranchWriter
 from tests import roundtrip
 

@@ -14,8 +14,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from server_ext.client import ClickHouseClient, qualified_name, quote_identifier, split_table_name
+from server_ext.client import ClickHouseClient
 from server_ext.errors import ClickHouseError, ServerUnreachable
+from server_ext.sql import qualified_name, quote_identifier, split_table_name
 from tests.conftest import run_sql
 from txsink.harness.services import SECRET_PASSWORD, SECRET_USER
 

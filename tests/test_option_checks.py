@@ -29,12 +29,15 @@ from server_ext.capabilities import (
     supported_strategies,
 )
 from server_ext.client import ClickHouseClient
+from server_ext.sql import qualified_name
 from server_ext.staging import sink_key
 from tests.conftest import run_sql
 from tests.sinkutil import assert_exactly_once, create_events, events_df, id_counts
 from txsink import cli
 from txsink.operations import GIVEN_UP_KEY, SWITCH_KEY
 from txsink.options import OptionError
+from txsink.payload import CombinedBranch, from_record
+from txsink.publisher import publish_manifest
 from txsink.transactions import Transaction
 
 ROWS = 600  # events_df: 4 Spark partitions of 150 ids, days 2026-01-01 + id % 90
@@ -269,7 +272,7 @@ def test_switch_clears_the_failed_move_intent_and_records_itself(spark, sink, zk
     coord = sink.coordinator(zk)
     branch = coord.branches(epoch)[0]
     intent = {k: v for k, v in coord.ledger(epoch, branch.branch_id).items().items()
-              if k.startswith("txs_")}
+              if k.startswith("txs_") and not k.endswith(".combined")}
     assert [v["state"] for v in intent.values()] == ["attaching"]  # the failed move's
     assert sink.cli("recover", "--sink", sink.sink_id, "--epoch", str(epoch),
                     "--strategy", "attach_marked") == 0
@@ -286,9 +289,9 @@ def test_partition_the_failed_move_had_moved_is_not_published_again(spark, sink,
     epoch = stuck(spark, sink)
     coord = sink.coordinator(zk)
     winner = sorted(coord.xid(epoch).winners)[0]
-    staged = next(b for b in coord.branches(epoch) if b.branch_id == winner) \
-        .manifest["manifest"]["staging"]
-    staging, (db, name) = "`{}`.`{}`".format(*staged), sink.table.split(".")
+    staged = publish_manifest(coord, coord.branches(epoch, [winner])[0])
+    staging = qualified_name(staged.staging_database, staged.staging_table)
+    db, name = sink.table.split(".")
     # What MOVE PARTITION does where the server has it: the parts leave staging for the
     # target (as if the move had run before the server lost MOVE PARTITION).
     run_sql(sink.url, f"ALTER TABLE `{db}`.`{name}` ATTACH PARTITION ID '202601' "
@@ -360,20 +363,26 @@ def month_of(event_id: int) -> str:
     return "202601" if day < 31 else "202602" if day < 59 else "202603"
 
 
+def tasks_of(coord, epoch: int, winner: str) -> list[int]:
+    """The Spark partitions whose rows a winner carries (a combined one: its sources')."""
+    found = from_record(coord.branches(epoch, [winner])[0].manifest)
+    branch_ids = found.sources if isinstance(found, CombinedBranch) else (winner,)
+    return [int(b.split("-")[0][1:]) for b in branch_ids]  # p<partition>-a<attempt>-...
+
+
 def test_given_up_partition_is_recorded_shown_and_the_rest_published_once(
     spark, sink, zk, capsys
 ):
     epoch = stuck(spark, sink)
     coord = sink.coordinator(zk)
     winner = sorted(coord.xid(epoch).winners)[0]
-    task = int(winner.split("-")[0][1:])  # p<task partition>-a<attempt>-s<shard>-<hex>
     code = sink.cli("resolve", "--sink", sink.sink_id, "--epoch", str(epoch), "--branch",
                     winner, "--partition", "202602", "--give-up", "--reason", "test")
     assert code == 3  # the other partitions still need a strategy the server runs
     assert sink.cli("recover", "--sink", sink.sink_id, "--epoch", str(epoch),
                     "--strategy", "attach_marked") == 0
-    given_up = {i for i in range(task * TASK_IDS, (task + 1) * TASK_IDS)
-                if month_of(i) == "202602"}
+    given_up = {i for task in tasks_of(coord, epoch, winner)
+                for i in range(task * TASK_IDS, (task + 1) * TASK_IDS) if month_of(i) == "202602"}
     assert given_up
     assert_exactly_once(sink.url, sink.table, set(range(ROWS)) - given_up)
     entry = coord.ledger(epoch, winner).get(GIVEN_UP_KEY)["partitions"]["202602"]

@@ -10,9 +10,10 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from server_ext.client import ClickHouseClient, qualified_name
+from server_ext.client import ClickHouseClient
 from server_ext.errors import ClickHouseError, InvalidValue, SchemaMismatch
 from server_ext.schema import Column, TargetTable, check_arrow_schema, check_batch, describe_table
+from server_ext.sql import qualified_name
 
 TARGET_COLUMNS = """
     d Date, id UInt64, name String, code FixedString(3), amount Decimal(9, 2),

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server_ext.chtypes import INTEGER_TYPES
-from server_ext.client import ClickHouseClient, qualified_name
+from server_ext.client import ClickHouseClient
 from server_ext.sharding import (
     Shard,
     ShardingError,
@@ -32,6 +32,7 @@ from server_ext.sharding import (
     layout_from_urls,
     parse_shard_urls,
 )
+from server_ext.sql import qualified_name, sql_string
 from tests.conftest import run_sql
 from txsink.harness.services import Cluster
 
@@ -52,8 +53,7 @@ def shard_of_rows(parts: dict[int, pa.RecordBatch], column: str = "i") -> dict[i
 
 
 def sql_list(values: list) -> str:
-    return "[" + ", ".join("'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
-                           for v in values) + "]"
+    return "[" + ", ".join(sql_string(str(v)) for v in values) + "]"
 
 
 def server_shards(client: ClickHouseClient, columns: dict[str, tuple[str, list]], key: str,

@@ -12,9 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server_ext.capabilities import Capabilities, detect_capabilities
-from server_ext.client import ClickHouseClient, qualified_name
+from server_ext.client import ClickHouseClient
 from server_ext.errors import ClickHouseError, InvalidValue, SchemaMismatch
 from server_ext.schema import TargetTable, describe_table
+from server_ext.sql import qualified_name
 from server_ext.writer import BranchWriter
 from tests import roundtrip
 

@@ -34,7 +34,7 @@ import pyarrow as pa
 import server_ext
 from coordinator import Coordinator, XidState
 from server_ext.sharding import Shard, ShardRouter
-from txsink import connections, crashpoints
+from txsink import connections, crashpoints, payload
 from txsink.messages import BranchMessage, SkippedMessage
 from txsink.plan import WritePlan, send_columns
 
@@ -183,11 +183,10 @@ class _Attempt:
         sealed = [(branch, *branch.seal()) for branch in self.branches.values()]
         crashpoints.hit("branch.after_seal")
         for branch, manifest, rows, _ in sealed:
-            self.coord.prepare_branch(self.epoch, branch.branch_id, {
-                "manifest": manifest.to_dict(), "strategy": self.plan.strategy,
-                "overwrite": self.plan.overwrite, "staging": branch.staging,
-                "server": branch.server, "rows": rows,
-            })
+            self.coord.prepare_branch(self.epoch, branch.branch_id, payload.to_record(
+                payload.StagedBranch(manifest=manifest, strategy=self.plan.strategy,
+                                     staging=branch.staging, server=branch.server, rows=rows,
+                                     overwrite=self.plan.overwrite)))
         crashpoints.hit("branch.after_prepare")
         return (sum(s[2] for s in sealed), sum(s[3] for s in sealed),
                 sum(len(s[1].partitions) for s in sealed))

@@ -21,14 +21,15 @@ import time
 from collections.abc import Sequence
 
 import server_ext
-from coordinator import Coordinator, Fenced, UnknownXid, XidDecided
-from txsink import connections
+from coordinator import BranchRecord, Coordinator, Fenced, UnknownXid, XidDecided
+from txsink import connections, payload
 from txsink.messages import BranchMessage, SkippedMessage
 from txsink.options import SinkOptions
+from txsink.payload import CombinedBranch, staged_manifest
 from txsink.plan import WritePlan
-from txsink.publisher import BranchPublisher
+from txsink.publisher import BranchPublisher, server_of
 
-log = logging.getLogger("txsink")
+log = logging.getLogger(__name__)
 
 # A writer starting after a crash waits this long for the dead driver's publish lease to
 # expire with its ZooKeeper session (10 s), then finishes its xid; a live holder keeps it.
@@ -87,35 +88,40 @@ def generation_of(plan: WritePlan, coord: Coordinator, messages: Sequence[object
     return max(claimed) if claimed else coord.generation()
 
 
-def _overwrite_branches(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
-                        winners: Sequence[str]) -> list[str]:
-    """Register one synthetic branch per server that replaces every partition the
-    winners staged there.
+def combined_branches(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
+                      winners: Sequence[str], publisher: BranchPublisher) -> list[str]:
+    """The decision's winners: one combined branch per server that got several winners
+    (every server, for an overwrite), the task branches elsewhere.
 
-    Dynamic partition overwrite must replace a partition with the rows of *all* tasks at
-    once, so the winners' parts are combined in a per-xid staging table on their server
-    (overwrite stages each shard on its first replica) and published with ``REPLACE
-    PARTITION`` (idempotent). The real branches become non-winners, dropped after publish.
+    A combined branch publishes its sources in one pass (``server_ext.consolidate``; an
+    overwrite: one ``REPLACE PARTITION`` per partition of all of them). It is registered
+    and prepared before the decision like any branch, so the decision stays one
+    compare-and-set over its winners, and its sources become non-winners, rolled back
+    (their staging dropped) after the publish. Its id is derived from its sources, so a
+    repeated commit of the same messages finds it already prepared.
     """
-    records = {r.branch_id: r for r in coord.branches(epoch)}
-    by_server: dict[str | None, list[str]] = {}
-    for branch_id in winners:
-        by_server.setdefault(records[branch_id].manifest.get("server"), []).append(branch_id)
-    synthetic = []
-    for server, branch_ids in sorted(by_server.items(), key=lambda item: str(item[0])):
-        digest = hashlib.sha1(",".join(sorted(branch_ids)).encode()).hexdigest()[:8]
-        branch_id = f"overwrite-{digest}"
+    records = coord.branches(epoch, winners)
+    publisher.remember(records)
+    by_server: dict[str | None, list[BranchRecord]] = {}
+    for record in records:
+        by_server.setdefault(server_of(record), []).append(record)
+    chosen = []
+    for server, group in sorted(by_server.items(), key=lambda item: str(item[0])):
+        if len(group) == 1 and not plan.overwrite:
+            chosen.append(group[0].branch_id)
+            continue
+        sources = ",".join(sorted(r.branch_id for r in group))
+        branch_id = f"combined-{hashlib.sha1(sources.encode()).hexdigest()[:8]}"
         staging = server_ext.staging_table_name(plan.sink_id, epoch, branch_id,
                                                 root=plan.options.root_identity)
-        coord.register_branch(epoch, branch_id, generation,
+        combined = CombinedBranch.of(
+            {r.branch_id: staged_manifest(r) for r in group}, staging=staging,
+            strategy=plan.strategy, server=server, overwrite=plan.overwrite)
+        coord.register_branch(epoch, branch_id, generation,  # both idempotent
                               owner={"staging": staging, "server": server})
-        coord.prepare_branch(epoch, branch_id, {
-            "overwrite_of": [records[b].manifest["manifest"] for b in branch_ids],
-            "staging": staging, "strategy": plan.strategy, "server": server,
-            "rows": sum(records[b].manifest.get("rows", 0) for b in branch_ids),
-        })
-        synthetic.append(branch_id)
-    return synthetic
+        coord.prepare_branch(epoch, branch_id, payload.to_record(combined))
+        chosen.append(branch_id)
+    return chosen
 
 
 def epoch_metrics(messages: Sequence[BranchMessage], commit_started: float) -> dict:
@@ -146,12 +152,12 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> Non
     try:
         coord.begin(epoch, generation)  # a micro-batch with no task still gets its xid
         winners = [b for m in branch_messages for b in m.branch_ids]
-        if plan.overwrite and winners:
-            winners = _overwrite_branches(plan, coord, epoch, generation, winners)
+        publisher = publisher_for(plan.options, coord)
+        if winners:
+            winners = combined_branches(plan, coord, epoch, generation, winners, publisher)
         if plan.options.in_transaction():
             coord.select(epoch, generation, winners)
             return
-        publisher = publisher_for(plan.options, coord)
         coord.commit(epoch, generation, winners, publish=publisher.publish,
                      rollback=publisher.rollback)
     except (Fenced, XidDecided) as exc:

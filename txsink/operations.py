@@ -36,13 +36,14 @@ from coordinator import (
 )
 from coordinator.recovery import FAILED, IN_PROGRESS, ROLLED_BACK, ROLLED_FORWARD, RecoveryAction
 from server_ext.capabilities import strategy_problem
-from server_ext.client import ClickHouseClient, qualified_name
+from server_ext.client import ClickHouseClient
 from server_ext.ledger import ATTACHING, PUBLISHED, ledger_key
 from server_ext.seal import read_staged_partitions
+from server_ext.sql import qualified_name
 from server_ext.staging import root_tag
 from server_ext.sweeper import sweep
 from txsink.options import root_identity
-from txsink.publisher import BranchPublisher, server_of
+from txsink.publisher import BranchPublisher, publish_manifest, recorded_strategy, server_of
 from txsink.verify_target import Writers, check_targets
 
 OPEN_STATES = (XidState.INITIALIZED, XidState.COMMITTING, XidState.ABORTING)
@@ -292,13 +293,10 @@ class Operations:
         planned: list[_Switch] = []
         kept: list[str] = []
         for branch in winners:
-            payload = branch.manifest or {}
-            if payload.get("overwrite_of") or not payload.get("manifest"):
+            manifest = publish_manifest(coord, branch)
+            if manifest is None or not manifest.partitions:
                 continue  # a dynamic overwrite publishes with REPLACE PARTITION, whatever
-            manifest = server_ext.Manifest.from_dict(payload["manifest"])
-            if not manifest.partitions:
-                continue
-            now = current(branch) or payload["strategy"]
+            now = current(branch) or recorded_strategy(branch)
             if now == strategy:
                 continue  # switched earlier (a repeat after a crash) or recorded so
             server = server_of(branch) or self.url or "?"
@@ -377,12 +375,10 @@ class Operations:
         xid, current = f"--sink {coord.sink_id} --epoch {epoch}", strategy_switches(coord)
         found: dict[str, list[str]] = {}
         staged: list[str] = []
-        for branch in coord.branches(epoch):
-            payload = branch.manifest or {}
-            if branch.branch_id not in record.winners or payload.get("overwrite_of") \
-                    or not payload.get("manifest"):
+        for branch in coord.branches(epoch, record.winners):
+            manifest = publish_manifest(coord, branch)
+            if manifest is None:
                 continue
-            manifest = server_ext.Manifest.from_dict(payload["manifest"])
             server = server_of(branch) or self.url or "?"
             staged.append(f"{branch.branch_id}: {manifest.staging_database}."
                           f"{manifest.staging_table} on {server}")
@@ -396,7 +392,7 @@ class Operations:
                             "--branch B --partition P --give-up")
                     found.setdefault(hint, []).append(branch.branch_id)
                 continue
-            now = current(branch) or payload["strategy"]
+            now = current(branch) or recorded_strategy(branch)
             problem = strategy_problem(caps, target, now)
             if problem is not None and not problem.statement_runs:
                 hint = (f"strategy {now} cannot run on {server} for {target.qualified} "
@@ -424,10 +420,11 @@ class Operations:
         they are not and must be attached again.
         """
         coord = self._coordinator(sink_id)
-        record = next((b for b in coord.branches(epoch) if b.branch_id == branch_id), None)
-        if record is None or not record.manifest:
-            raise ValueError(f"no prepared branch {branch_id} in xid {sink_id}/{epoch}")
-        manifest = server_ext.Manifest.from_dict(record.manifest["manifest"])
+        record = next(iter(coord.branches(epoch, [branch_id])), None)
+        manifest = publish_manifest(coord, record) if record is not None else None
+        if manifest is None:
+            raise ValueError(f"no prepared branch {branch_id} in xid {sink_id}/{epoch} "
+                             "publishes partitions one by one")
         ids = [partition_id] if isinstance(partition_id, str) else list(partition_id)
         with coord.publish_lease(epoch):  # PublishInProgress while another actor publishes
             ledger = coord.ledger(epoch, branch_id)
@@ -460,12 +457,11 @@ class Operations:
         if branch is None or branch_id not in record.winners:
             raise RecoverRefused(f"branch {branch_id} is not a winner of {xid} (winners: "
                                  f"{', '.join(record.winners)})")
-        payload = branch.manifest or {}
-        if payload.get("overwrite_of") or not payload.get("manifest"):
+        manifest = publish_manifest(coord, branch)
+        if manifest is None:
             raise RecoverRefused(f"branch {branch_id} of {xid} is a dynamic overwrite; its "
                                  "partitions are replaced as a whole and cannot be given up "
                                  "one by one")
-        manifest = server_ext.Manifest.from_dict(payload["manifest"])
         staged = {p.partition_id: p for p in manifest.partitions}
         unknown = [p for p in partition_ids if p not in staged]
         if unknown or not partition_ids:

@@ -23,7 +23,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 import server_ext
-from server_ext.client import qualified_name
+from server_ext.sql import qualified_name
 from txsink import connections
 from txsink.options import SinkOptions, parse_options
 from txsink.plan import check_target, send_columns

@@ -13,7 +13,6 @@ decided xid can never be rolled back, so one wrong option would block the sink.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
@@ -35,8 +34,6 @@ from server_ext.sharding import (
 )
 from txsink import connections
 from txsink.options import OptionError, SinkOptions
-
-log = logging.getLogger("txsink")
 
 
 @dataclass(frozen=True)

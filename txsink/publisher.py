@@ -1,23 +1,26 @@
 """Publish and roll back branches from their ZooKeeper records alone.
 
 The coordinator decides; this module is the callback that turns a decision into
-ClickHouse statements. It needs nothing but the branch record (manifest, strategy,
+ClickHouse statements. It needs nothing but the branch records (payload, strategy,
 staging name), so a restarted driver, ``txsink recover`` or another sink's recovery can
 finish a commit that a crashed process decided. Both callbacks are idempotent: the
-coordinator may call them again after any crash.
+coordinator may call them again after any crash, and only under the xid's publish lease.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 import server_ext
-from coordinator import BranchRecord, Coordinator
+from coordinator import BranchRecord, Coordinator, CoordinatorError
 from server_ext.client import ClickHouseClient
+from server_ext.consolidate import COMBINED, MERGE_MAX_BYTES, combine_key, publish_combined
 from txsink import crashpoints
+from txsink.payload import CombinedBranch, StagedBranch, from_record, staged_manifest
 
-log = logging.getLogger("txsink.publish")
+log = logging.getLogger(__name__)
 
 
 class BranchPublisher:
@@ -25,7 +28,8 @@ class BranchPublisher:
 
     Each branch is published on, and rolled back from, the server that holds its staging
     (recorded with the branch); ``client_for(None)`` serves records written before
-    branches named their server.
+    branches named their server. A combined branch publishes its sources in one pass and
+    drops their staging, so their rollback as non-winners costs nothing afterwards.
 
     Usage::
 
@@ -36,30 +40,54 @@ class BranchPublisher:
 
     def __init__(self, client_for: Callable[[str | None], ClickHouseClient],
                  coord: Coordinator,
-                 strategy_for: Callable[[BranchRecord], str | None] | None = None) -> None:
+                 strategy_for: Callable[[BranchRecord], str | None] | None = None,
+                 merge_max_bytes: int = MERGE_MAX_BYTES) -> None:
         self.client_for = client_for
         self.coord = coord
         # An operator's override of a branch's recorded strategy (None: the recorded one);
         # see txsink.operations, "txsink recover --strategy", for when a switch is safe.
         self.strategy_for = strategy_for
+        self.merge_max_bytes = merge_max_bytes
+        self._known: dict[tuple[int, str], BranchRecord] = {}
+        self._dropped: set[tuple[str | None, str]] = set()  # (server, staging) gone
+
+    def remember(self, records: Iterable[BranchRecord]) -> None:
+        """Branch records the caller has just read (spares reading sources again)."""
+        self._known.update(((r.epoch, r.branch_id), r) for r in records)
 
     def publish(self, record: BranchRecord) -> None:
-        payload = record.manifest or {}
+        payload = from_record(record.manifest)
+        if payload is None:
+            raise CoordinatorError(f"xid {record.xid}: winner {record.branch_id} has no payload")
         client = self.client_for(server_of(record))
         ledger = self.coord.ledger(record.epoch, record.branch_id)
-        if payload.get("overwrite_of"):
-            manifests = [server_ext.Manifest.from_dict(m) for m in payload["overwrite_of"]]
-            server_ext.publish_overwrite(
-                client, manifests, payload["staging"], ledger, on_step=crashpoints.hit
-            )
-        else:
-            manifest = server_ext.Manifest.from_dict(payload["manifest"])
-            if manifest.partitions:
-                strategy = (self.strategy_for and self.strategy_for(record)) or payload["strategy"]
-                server_ext.publish(
-                    client, manifest, strategy, ledger, on_step=crashpoints.hit,
-                )
+        strategy = (self.strategy_for and self.strategy_for(record)) or payload.strategy
+        if isinstance(payload, CombinedBranch):
+            sources = list(payload.embedded) or self.source_manifests(record, payload)
+            if payload.overwrite:
+                server_ext.publish_overwrite(client, sources, payload.staging, ledger,
+                                             on_step=crashpoints.hit)
+            else:
+                publish_combined(client, sources, payload.staging, strategy, ledger,
+                                 on_step=crashpoints.hit, merge_max_bytes=self.merge_max_bytes)
+                self._dropped.update((payload.server, m.staging_table) for m in sources)
+        elif payload.manifest.partitions:
+            server_ext.publish(client, payload.manifest, strategy, ledger,
+                               on_step=crashpoints.hit)
         self.rollback(record)
+
+    def source_manifests(self, record: BranchRecord, combined: CombinedBranch
+                         ) -> list[server_ext.Manifest]:
+        """The sealed manifests of a combined branch's sources, in source order."""
+        missing = [b for b in combined.sources if (record.epoch, b) not in self._known]
+        if missing:
+            self.remember(self.coord.branches(record.epoch, missing))
+        found = [self._known.get((record.epoch, b)) for b in combined.sources]
+        lost = [b for b, source in zip(combined.sources, found, strict=True) if source is None]
+        if lost:
+            raise CoordinatorError(f"xid {record.xid}: sources {lost} of {record.branch_id} "
+                                   "have no record; the record was altered")
+        return [staged_manifest(source) for source in found if source is not None]
 
     def rollback(self, record: BranchRecord) -> None:
         """Drop the branch's staging table; on an unreachable server, leave it.
@@ -70,15 +98,47 @@ class BranchPublisher:
         replica that a failed task attempt chose stays down.
         """
         staging = (record.manifest or {}).get("staging") or (record.owner or {}).get("staging")
-        if staging:
-            server = server_of(record)
-            try:
-                server_ext.rollback(self.client_for(server), staging)
-            except server_ext.ServerUnreachable as exc:
-                log.warning("xid %s: staging %s of branch %s left for txsink gc: %s",
-                            record.xid, staging, record.branch_id, exc)
+        server = server_of(record)
+        if not staging or (server, staging) in self._dropped:
+            return
+        try:
+            server_ext.rollback(self.client_for(server), staging)
+        except server_ext.ServerUnreachable as exc:
+            log.warning("xid %s: staging %s of branch %s left for txsink gc: %s",
+                        record.xid, staging, record.branch_id, exc)
 
 
 def server_of(record: BranchRecord) -> str | None:
     """The URL of the server holding the branch's staging (None: the default server)."""
     return (record.manifest or {}).get("server") or (record.owner or {}).get("server")
+
+
+def publish_manifest(coord: Coordinator, record: BranchRecord) -> server_ext.Manifest | None:
+    """The manifest whose partitions a winner's publish makes visible, for operators;
+    None for a dynamic overwrite (replaced as a whole) or a branch without payload.
+
+    A combined branch's is the combined table's sealed manifest once it is recorded;
+    before that, the sources' partitions under the combined table's name (what its
+    publish record will be keyed by).
+    """
+    payload = from_record(record.manifest)
+    if payload is None or payload.overwrite:
+        return None
+    if isinstance(payload, StagedBranch):
+        return payload.manifest
+    entry = coord.ledger(record.epoch, record.branch_id).get(combine_key(payload.staging))
+    if entry and entry.get("state") == COMBINED:
+        return server_ext.Manifest.from_dict(entry["manifest"])
+    sources = [from_record(r.manifest) for r in coord.branches(record.epoch, payload.sources)]
+    manifests = [s.manifest for s in sources if isinstance(s, StagedBranch)]
+    if not manifests:
+        return None
+    partitions = {p.partition_id: p for m in manifests for p in m.partitions}
+    return replace(manifests[0], staging_table=payload.staging,
+                   partitions=tuple(partitions[pid] for pid in sorted(partitions)))
+
+
+def recorded_strategy(record: BranchRecord) -> str:
+    """The publish strategy a branch was prepared with ("" without payload)."""
+    payload = from_record(record.manifest)
+    return payload.strategy if payload else ""

@@ -30,7 +30,7 @@ from txsink.operations import explain_blocked
 from txsink.options import TX_EPOCH, TX_GENERATION, TX_SINK_ID, parse_options
 from txsink.plan import check_server_options
 
-log = logging.getLogger("txsink")
+log = logging.getLogger(__name__)
 
 
 class Transaction:
@@ -63,8 +63,8 @@ class Transaction:
         publisher = driver.publisher_for(self._parsed, self.coord)
         self.coord.commit(self.epoch, self.generation, None, publish=publisher.publish,
                           rollback=publisher.rollback)
-        log.warning("txsink sink=%s epoch=%d committed tables=%s",
-                    self.sink_id, self.epoch, ",".join(self.tables))
+        log.info("txsink sink=%s epoch=%d committed tables=%s",
+                 self.sink_id, self.epoch, ",".join(self.tables))
 
     def abort(self) -> None:
         publisher = driver.publisher_for(self._parsed, self.coord)

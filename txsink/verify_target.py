@@ -49,6 +49,7 @@ from coordinator import Coordinator, XidState
 from coordinator.audit import DecidedXid, SinkHistory, changed_since, read_history
 from server_ext.capabilities import SqlClient
 from server_ext.target_rows import TableRows, table_rows
+from txsink.payload import contributions, from_record
 from txsink.publisher import server_of
 
 Writers = Literal["exclusive", "unknown", "shared"]
@@ -198,22 +199,19 @@ def _contributions(decided: DecidedXid, default_url: str | None) -> list[Contrib
         raise _Unreadable(f"winner {decided.missing[0]} has no record")
     totals: dict[tuple[str, str, str, str], list[Any]] = {}
     for branch in decided.winners:
-        payload = branch.manifest or {}
         server = server_of(branch) or default_url
-        overwrite = bool(payload.get("overwrite_of"))
-        raw = payload["overwrite_of"] if overwrite else [payload.get("manifest")]
         try:
-            manifests = [server_ext.Manifest.from_dict(m) for m in raw]
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            found = from_record(branch.manifest)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise _Unreadable(f"winner {branch.branch_id} has no readable manifest") from exc
+        if found is None:
+            raise _Unreadable(f"winner {branch.branch_id} has no readable manifest")
         if server is None:
             raise _Unreadable(f"winner {branch.branch_id} names no server (pass --url)")
-        for manifest in manifests:
-            for partition in manifest.partitions:
-                key = (server, manifest.target_database, manifest.target_table,
-                       partition.partition_id)
-                entry = totals.setdefault(key, [partition.value, 0, overwrite])
-                entry[1] += partition.rows
+        for database, table, pid, value, rows in contributions(found):
+            entry = totals.setdefault((server, database, table, pid),
+                                      [value, 0, found.overwrite])
+            entry[1] += rows
     decided_at = record.decided_at or record.updated
     return [Contribution(record.sink_id, record.epoch, decided_at, server, database, table,
                          pid, value, rows, overwrite)

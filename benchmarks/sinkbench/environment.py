@@ -18,6 +18,8 @@ from pathlib import Path
 import requests
 from kazoo.client import KazooClient
 
+from server_ext.sql import quote_identifier
+
 BENCHMARKS_DIR = Path(__file__).resolve().parent.parent
 
 #: Arrow batch size handed to Python writers: Spark's default. 100,000 made no difference
@@ -71,14 +73,14 @@ class Scratch:
     def create(cls, url: str, zookeeper: str) -> Scratch:
         run = uuid.uuid4().hex[:8]
         scratch = cls(url, zookeeper, f"bench_sink_{run}", f"/bench/sink-{run}")
-        sql(url, f"CREATE DATABASE `{scratch.database}`")
+        sql(url, f"CREATE DATABASE {quote_identifier(scratch.database)}")
         return scratch
 
     def table(self, name: str) -> str:
         return f"{self.database}.{name}"
 
     def remove(self) -> None:
-        sql(self.url, f"DROP DATABASE IF EXISTS `{self.database}`")
+        sql(self.url, f"DROP DATABASE IF EXISTS {quote_identifier(self.database)}")
         delete_zk_root(self.zookeeper, self.zk_root)
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from kazoo.client import KazooClient
 
 from coordinator import Coordinator
+from server_ext.sql import qualified_name
 from sinkbench import workload
 from sinkbench.client_baseline import foreach_batch_function
 from sinkbench.environment import Scratch, load, sql
@@ -176,8 +177,7 @@ def run_case(spark, scratch: Scratch, case: StreamCase, log: Callable[[str], Non
     sink = Sink(scratch.url, scratch.zookeeper, scratch.table("stream"), scratch.zk_root,
                 f"stream-{case.sink}-{case.trigger_s:g}s-{time.time_ns()}")
     workload.create_target(sink.url, sink.table)
-    database, name = sink.table.split(".", 1)
-    table = f"`{database}`.`{name}`"
+    table = qualified_name(*sink.table.split(".", 1))
     checkpoint = tempfile.mkdtemp(prefix="txsink-bench-ckpt-")
     base = float(int(time.time()))
     load_start, started = load(), time.time()

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from server_ext.sql import qualified_name
 from sinkbench.environment import sql
 
 #: 2026-01-01 00:00:00 UTC, the first day of the data.
@@ -26,16 +27,14 @@ COLUMNS_DDL = "id Int64, name String, score Float64, ts DateTime"
 
 def create_target(url: str, table: str) -> None:
     """(Re)create the target: a MergeTree partitioned by day, as most event tables are."""
-    database, name = table.split(".", 1)
-    qualified = f"`{database}`.`{name}`"
+    qualified = qualified_name(*table.split(".", 1))
     sql(url, f"DROP TABLE IF EXISTS {qualified}")
     sql(url, f"CREATE TABLE {qualified} ({COLUMNS_DDL}) ENGINE = MergeTree() "
              "PARTITION BY toYYYYMMDD(ts) ORDER BY id")
 
 
 def count(url: str, table: str) -> int:
-    database, name = table.split(".", 1)
-    return int(sql(url, f"SELECT count() FROM `{database}`.`{name}`").strip())
+    return int(sql(url, f"SELECT count() FROM {qualified_name(*table.split('.', 1))}").strip())
 
 
 def rows_frame(spark, rows: int, partitions: int, days: int = DAYS):

@@ -1,0 +1,168 @@
+"""Consolidation: the winners of one xid on one server, published in one pass.
+
+Publishing every winning branch on its own costs a merges stop/start, a watermark, an
+intent, an ALTER, a mark and a staging drop per branch, and adds one part per branch and
+partition to the target. ``publish_combined`` instead gathers the winners' staged
+partitions into one *combined* staging table on the server (hard links, no data
+rewritten), merges each small partition into one part, seals the result and publishes
+that single table with the strategy's ordinary ``publish``: one pass per xid and server,
+and at most one new part per target partition while partitions stay under
+``merge_max_bytes``.
+
+Contract (the same as ``publish``: may be repeated after a crash anywhere, by this actor
+or by whoever holds the xid's publish lease next):
+
+- Until the ledger records the combined table (``{"state": "combined", "manifest": ...}``
+  under :func:`combine_key`), nothing of it counts: a repeat drops and rebuilds it from
+  the sources, which are still intact (ATTACH ... FROM copies parts, it does not take
+  them). The record is written only after the combined table was sealed with exactly the
+  sources' rows, so from then on the combined table is the one source of truth and the
+  sources may be dropped.
+- Before anything is combined, every source must hold exactly its sealed parts
+  (``StagingChanged`` otherwise): rows that left a source are never silently skipped.
+- The sources are dropped only after the record (``drop_tables``); the caller's rollback
+  of them afterwards is a no-op.
+- Merging rewrites the data of a partition once, inside the server; above
+  ``merge_max_bytes`` a partition keeps the sources' parts (they are large already and
+  the rewrite would cost more than the parts it saves).
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+from server_ext.capabilities import SqlClient
+from server_ext.errors import StagingChanged
+from server_ext.ledger import Ledger
+from server_ext.manifest import Manifest
+from server_ext.publish import publish
+from server_ext.publish_steps import PublishReport, StepHook, alter_in_chunks, no_step
+from server_ext.schema import describe_table
+from server_ext.seal import merge_partitions, read_staged_tables, seal
+from server_ext.sql import qualified_name, sql_string
+from server_ext.staging import create_staging, staging_qualified
+
+log = logging.getLogger(__name__)
+
+STEP_AFTER_COMBINE = "consolidate.after_combine"  # combined table built, not recorded
+STEP_AFTER_RECORD = "consolidate.after_record"  # recorded; sources not yet dropped
+STEP_AFTER_DROP_SOURCES = "consolidate.after_drop_sources"
+STEPS = (STEP_AFTER_COMBINE, STEP_AFTER_RECORD, STEP_AFTER_DROP_SOURCES)
+
+COMBINED = "combined"
+MERGE_MAX_BYTES = 256 * 1024 * 1024  # per partition; see docs/benchmarks.md
+DROP_WORKERS = 4
+
+
+def combine_key(combined_table: str) -> str:
+    """Ledger key of the record that the combined table is built and sealed."""
+    return f"{combined_table}.combined"
+
+
+def publish_combined(
+    client: SqlClient,
+    sources: list[Manifest],
+    combined_table: str,
+    strategy: str,
+    ledger: Ledger,
+    *,
+    on_step: StepHook | None = None,
+    merge_max_bytes: int = MERGE_MAX_BYTES,
+) -> PublishReport:
+    """Publish the sealed staging tables ``sources`` (one target, one server) in one pass
+    through ``combined_table`` (in the staging database). Re-runnable; the caller drops
+    the combined table afterwards, as it drops a branch's staging after ``publish``."""
+    step = on_step or no_step
+    manifest = combine(client, sources, combined_table, ledger, on_step=step,
+                       merge_max_bytes=merge_max_bytes)
+    return publish(client, manifest, strategy, ledger, on_step=step)
+
+
+def combine(
+    client: SqlClient,
+    sources: list[Manifest],
+    combined_table: str,
+    ledger: Ledger,
+    *,
+    on_step: StepHook = no_step,
+    merge_max_bytes: int = MERGE_MAX_BYTES,
+) -> Manifest:
+    """The sealed manifest of the combined table, built now or recorded earlier."""
+    key = combine_key(combined_table)
+    record = ledger.get(key) or {}
+    if record.get("state") == COMBINED:
+        manifest = Manifest.from_dict(record["manifest"])
+    else:
+        manifest = _build(client, sources, combined_table, merge_max_bytes)
+        on_step(STEP_AFTER_COMBINE)
+        ledger.put(key, {"state": COMBINED, "manifest": manifest.to_dict()})
+        on_step(STEP_AFTER_RECORD)
+    drop_tables(client, [qualified_name(m.staging_database, m.staging_table) for m in sources])
+    on_step(STEP_AFTER_DROP_SOURCES)
+    return manifest
+
+
+def _build(client: SqlClient, sources: list[Manifest], combined_table: str,
+           merge_max_bytes: int) -> Manifest:
+    targets = {(m.target_database, m.target_table) for m in sources}
+    if len(targets) != 1:
+        raise ValueError(f"sources of one combined table must share a target, got {targets}")
+    database, table = next(iter(targets))
+    _check_sources(client, sources)
+    target = describe_table(client, f"{database}.{table}")
+    staging = staging_qualified(combined_table)
+    client.execute(f"DROP TABLE IF EXISTS {staging}", purpose="drop unrecorded combined table")
+    create_staging(client, target, combined_table)
+    commands = [f"ATTACH PARTITION ID {sql_string(p.partition_id)} FROM "
+                f"{qualified_name(m.staging_database, m.staging_table)}"
+                for m in sources for p in m.partitions]
+    alter_in_chunks(client, staging, commands, purpose="combine winners into one table",
+                    retry=False)
+    sizes: dict[str, tuple[int, int]] = {}
+    for source in sources:
+        for partition in source.partitions:
+            parts, size = sizes.get(partition.partition_id, (0, 0))
+            sizes[partition.partition_id] = (parts + len(partition.parts), size + partition.bytes)
+    merge_partitions(client, staging, [pid for pid, (parts, size) in sorted(sizes.items())
+                                       if parts > 1 and size <= merge_max_bytes])
+    manifest = seal(client, target, combined_table, sum(m.rows for m in sources))
+    log.info("combined %d branches into %s: %d partitions, %d parts",
+             len(sources), staging, len(manifest.partitions),
+             sum(len(p.parts) for p in manifest.partitions))
+    return manifest
+
+
+def _check_sources(client: SqlClient, sources: list[Manifest]) -> None:
+    """Every source must hold exactly its sealed parts (one query for all)."""
+    by_database: dict[str, list[Manifest]] = {}
+    for source in sources:
+        by_database.setdefault(source.staging_database, []).append(source)
+    for database, manifests in by_database.items():
+        staged = read_staged_tables(client, database, [m.staging_table for m in manifests],
+                                    purpose="read winners' staged parts before combining")
+        for manifest in manifests:
+            found = staged.get(manifest.staging_table, {})
+            changed = [p.partition_id for p in manifest.partitions
+                       if p.partition_id not in found
+                       or found[p.partition_id].part_names != p.part_names]
+            if changed:
+                raise StagingChanged(
+                    f"staging {manifest.staging_database}.{manifest.staging_table} no longer "
+                    f"holds the sealed parts of partitions {changed}",
+                    target=qualified_name(manifest.target_database, manifest.target_table),
+                    staging=manifest.staging_table, partition_ids=changed)
+
+
+def drop_tables(client: SqlClient, tables: list[str]) -> None:
+    """``DROP TABLE IF EXISTS`` each quoted table, a few at once (each is ~2 ms of
+    round trip and file removal; they do not contend). Idempotent."""
+    def drop(table: str) -> None:
+        client.execute(f"DROP TABLE IF EXISTS {table}", purpose="drop combined source")
+
+    if len(tables) <= 1:
+        for table in tables:
+            drop(table)
+        return
+    with ThreadPoolExecutor(min(DROP_WORKERS, len(tables))) as pool:
+        list(pool.map(drop, tables))

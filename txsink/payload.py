@@ -1,0 +1,149 @@
+"""The commit payload: what a prepared branch records for whoever publishes it.
+
+A branch's payload is written into its ZooKeeper record at ``prepare`` and read by the
+publish of the same job, and also by a later recovery, ``txsink recover``, ``resolve``
+and ``verify``, possibly of a newer release. So it is typed, versioned and read and
+written only here (:func:`to_record` / :func:`from_record`).
+
+Two kinds:
+
+- :class:`StagedBranch` — a task attempt's branch: its sealed staging table on one
+  server, published as it is.
+- :class:`CombinedBranch` — made by the driver at commit, one per server, when several
+  winners staged there: they are published in one pass through one combined staging
+  table (``server_ext.consolidate``). Its ``sources`` are the task branches whose rows it
+  carries; their own records keep their manifests.
+
+Formats: 1 (no ``format`` key: the releases before the combined publish; an overwrite
+embedded its sources' manifests under ``overwrite_of``), 2 (this one). A reader accepts
+both; a payload of an unknown newer format is refused by name, never guessed at.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from coordinator import BranchRecord
+from server_ext import Manifest
+
+FORMAT = 2
+
+
+class UnknownPayload(ValueError):
+    """A branch record holds a payload this release cannot read."""
+
+
+@dataclass(frozen=True)
+class StagedBranch:
+    """A task attempt's sealed staging table on one server."""
+
+    manifest: Manifest
+    strategy: str
+    staging: str
+    server: str | None
+    rows: int
+    overwrite: bool = False
+
+
+@dataclass(frozen=True)
+class CombinedBranch:
+    """The winners of one server, published in one pass from one combined table.
+
+    ``sources`` name the task branches (format 2); ``target`` and ``partitions`` (id,
+    value, rows) summarize what they staged, so that ``verify`` and ``status`` need not
+    read every source. A format-1 overwrite payload carries the sources' manifests
+    instead (``embedded``).
+    """
+
+    sources: tuple[str, ...]
+    staging: str
+    strategy: str
+    server: str | None
+    rows: int
+    overwrite: bool = False
+    target: tuple[str, str] = ("", "")
+    partitions: tuple[tuple[str, str, int], ...] = ()
+    embedded: tuple[Manifest, ...] = ()
+
+    @classmethod
+    def of(cls, sources: dict[str, Manifest], **fields: object) -> CombinedBranch:
+        """The combined branch of ``sources`` (branch id → sealed manifest)."""
+        partitions: dict[str, list] = {}
+        for manifest in sources.values():
+            for partition in manifest.partitions:
+                entry = partitions.setdefault(partition.partition_id, [partition.value, 0])
+                entry[1] += partition.rows
+        first = next(iter(sources.values()))
+        return cls(sources=tuple(sorted(sources)),
+                   rows=sum(m.rows for m in sources.values()),
+                   target=(first.target_database, first.target_table),
+                   partitions=tuple((pid, value, rows) for pid, (value, rows)
+                                    in sorted(partitions.items())), **fields)  # type: ignore[arg-type]
+
+
+Payload = StagedBranch | CombinedBranch
+
+
+def to_record(payload: Payload) -> dict[str, Any]:
+    """The JSON object stored as the branch record's ``manifest``."""
+    common = {"format": FORMAT, "staging": payload.staging, "strategy": payload.strategy,
+              "server": payload.server, "rows": payload.rows, "overwrite": payload.overwrite}
+    if isinstance(payload, StagedBranch):
+        return {**common, "kind": "staged", "manifest": payload.manifest.to_dict()}
+    if payload.embedded:
+        raise ValueError("a combined payload is written with sources, not manifests")
+    return {**common, "kind": "combined", "sources": list(payload.sources),
+            "target": list(payload.target), "partitions": [list(p) for p in payload.partitions]}
+
+
+def from_record(raw: dict[str, Any] | None) -> Payload | None:
+    """The payload of a branch record (None: the branch was never prepared)."""
+    if not raw:
+        return None
+    version = int(raw.get("format", 1))
+    if version > FORMAT:
+        raise UnknownPayload(
+            f"branch payload format {version} is newer than this release reads ({FORMAT}); "
+            "finish it with the release that wrote it")
+    common = {"staging": raw["staging"], "strategy": raw.get("strategy") or "",
+              "server": raw.get("server"), "rows": int(raw.get("rows", 0))}
+    if version == 1:
+        if raw.get("overwrite_of") is not None:
+            return CombinedBranch(sources=(), overwrite=True, embedded=tuple(
+                Manifest.from_dict(m) for m in raw["overwrite_of"]), **common)
+        return StagedBranch(manifest=Manifest.from_dict(raw["manifest"]),
+                            overwrite=bool(raw.get("overwrite")), **common)
+    kind = raw.get("kind")
+    if kind == "staged":
+        return StagedBranch(manifest=Manifest.from_dict(raw["manifest"]),
+                            overwrite=bool(raw.get("overwrite")), **common)
+    if kind == "combined":
+        return CombinedBranch(
+            sources=tuple(raw["sources"]), overwrite=bool(raw.get("overwrite")),
+            target=(raw["target"][0], raw["target"][1]),
+            partitions=tuple((p[0], p[1], int(p[2])) for p in raw["partitions"]), **common)
+    raise UnknownPayload(f"branch payload of unknown kind {kind!r}")
+
+
+def contributions(payload: Payload) -> list[tuple[str, str, str, str, int]]:
+    """(target database, target table, partition id, partition value, rows) per
+    partition a winner makes visible."""
+    if isinstance(payload, StagedBranch):
+        manifests: tuple[Manifest, ...] = (payload.manifest,)
+    elif payload.embedded:
+        manifests = payload.embedded
+    else:
+        database, table = payload.target
+        return [(database, table, pid, value, rows) for pid, value, rows in payload.partitions]
+    return [(m.target_database, m.target_table, p.partition_id, p.value, p.rows)
+            for m in manifests for p in m.partitions]
+
+
+def staged_manifest(record: BranchRecord) -> Manifest:
+    """The sealed manifest of a task branch's record; refuses anything else by name."""
+    payload = from_record(record.manifest)
+    if not isinstance(payload, StagedBranch):
+        raise UnknownPayload(f"branch {record.branch_id} of xid {record.xid} has no sealed "
+                             "staging table of its own")
+    return payload.manifest
