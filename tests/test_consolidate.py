@@ -1,0 +1,140 @@
+"""Publishing several winners in one pass through one combined staging table (18.16).
+
+Each test stages a few sealed branches into fresh staging tables, then publishes them with
+``publish_combined``; a crash is an ``on_step`` hook that raises at a named step, and the
+repeat is a second call with the same sources and ledger, as recovery makes it.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from server_ext.client import ClickHouseClient
+from server_ext.consolidate import STEPS as COMBINE_STEPS
+from server_ext.consolidate import combine_key, publish_combined
+from server_ext.errors import StagingChanged
+from server_ext.ledger import MemoryLedger
+from server_ext.publish_steps import STEPS as PUBLISH_STEPS
+from server_ext.staging import STAGING_DATABASE, staging_table_name
+from tests.conftest import run_sql
+from tests.test_publish import Crash, crash_at, expect, keys_in, make_target, stage
+
+BRANCHES = 4
+ROWS = 90  # per branch, over three monthly partitions
+
+
+@pytest.fixture
+def client(clickhouse_url: str) -> ClickHouseClient:
+    return ClickHouseClient(clickhouse_url)
+
+
+@pytest.fixture
+def sink(clickhouse_url: str):
+    """A fresh sink id; its staging tables (sources and combined) are dropped after."""
+    sink_id = f"test-{uuid.uuid4().hex}"
+    yield sink_id
+    prefix = staging_table_name(sink_id, 1, "x").split("_e1_")[0]
+    for name in run_sql(clickhouse_url, "SELECT name FROM system.tables WHERE database = "
+                                        f"'{STAGING_DATABASE}'").split():
+        if name.startswith(prefix):
+            run_sql(clickhouse_url, f"DROP TABLE IF EXISTS `{STAGING_DATABASE}`.`{name}`")
+
+
+@pytest.fixture
+def staging_names(sink: str):
+    names = iter(range(1000))
+    return lambda: staging_table_name(sink, 1, f"p{next(names)}-a0-00000000")
+
+
+@pytest.fixture
+def combined(sink: str) -> str:
+    return staging_table_name(sink, 1, "combined-00000000")
+
+
+def staged_branches(client, url, target, staging_names, count: int = BRANCHES):
+    return [stage(client, url, target, staging_names(), first_key=i * ROWS, rows=ROWS)
+            for i in range(count)]
+
+
+def active_parts(url: str, database: str) -> dict[str, int]:
+    lines = run_sql(url, "SELECT partition_id, count() FROM system.parts WHERE database = "
+                         f"'{database}' AND table = 't' AND active GROUP BY partition_id")
+    return {pid: int(n) for pid, n in (line.split("\t") for line in lines.splitlines())}
+
+
+def tables_left(url: str, names: list[str]) -> list[str]:
+    listed = ", ".join(f"'{n}'" for n in names)
+    found = run_sql(url, "SELECT name FROM system.tables WHERE database = "
+                         f"'{STAGING_DATABASE}' AND name IN ({listed})")
+    return found.split()
+
+
+@pytest.mark.parametrize("strategy", ["attach_marked", "attach_replicated"])
+def test_combined_publish_adds_one_part_per_target_partition(
+        client, clickhouse_url, ch_db, staging_names, combined, strategy):
+    kind = "replicated" if strategy == "attach_replicated" else "plain"
+    target = make_target(clickhouse_url, client, ch_db, kind)
+    sources = staged_branches(client, clickhouse_url, target, staging_names)
+    publish_combined(client, sources, combined, strategy, MemoryLedger())
+    assert keys_in(clickhouse_url, ch_db) == expect(range(BRANCHES * ROWS))
+    assert active_parts(clickhouse_url, ch_db) == {"202401": 1, "202402": 1, "202403": 1}
+
+
+def test_combined_publish_drops_every_source_staging_table(
+        client, clickhouse_url, ch_db, staging_names, combined):
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    sources = staged_branches(client, clickhouse_url, target, staging_names)
+    publish_combined(client, sources, combined, "attach_marked", MemoryLedger())
+    assert tables_left(clickhouse_url, [m.staging_table for m in sources]) == []
+
+
+@pytest.mark.parametrize("step", COMBINE_STEPS + PUBLISH_STEPS["attach_marked"])
+def test_repeat_after_a_crash_at_each_step_publishes_every_row_once(
+        client, clickhouse_url, ch_db, staging_names, combined, step):
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    sources = staged_branches(client, clickhouse_url, target, staging_names)
+    ledger = MemoryLedger()
+    with pytest.raises(Crash):
+        publish_combined(client, sources, combined, "attach_marked", ledger,
+                         on_step=crash_at(step))
+    publish_combined(client, sources, combined, "attach_marked", ledger)
+    assert keys_in(clickhouse_url, ch_db) == expect(range(BRANCHES * ROWS))
+
+
+def test_repeat_before_the_record_rebuilds_the_combined_table_from_the_sources(
+        client, clickhouse_url, ch_db, staging_names, combined):
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    sources = staged_branches(client, clickhouse_url, target, staging_names)
+    ledger = MemoryLedger()
+    with pytest.raises(Crash):
+        publish_combined(client, sources, combined, "attach_marked", ledger,
+                         on_step=crash_at("consolidate.after_combine"))
+    assert ledger.get(combine_key(combined)) is None
+    run_sql(clickhouse_url, f"INSERT INTO `{STAGING_DATABASE}`.`{combined}` (d, k) "
+                            "VALUES ('2024-01-02', 999999)")  # a half-built leftover
+    publish_combined(client, sources, combined, "attach_marked", ledger)
+    assert keys_in(clickhouse_url, ch_db) == expect(range(BRANCHES * ROWS))
+
+
+def test_source_that_lost_its_parts_is_refused_before_anything_is_combined(
+        client, clickhouse_url, ch_db, staging_names, combined):
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    sources = staged_branches(client, clickhouse_url, target, staging_names)
+    run_sql(clickhouse_url, f"ALTER TABLE `{STAGING_DATABASE}`.`{sources[2].staging_table}` "
+                            "DROP PARTITION ID '202402'")
+    with pytest.raises(StagingChanged, match="202402"):
+        publish_combined(client, sources, combined, "attach_marked", MemoryLedger())
+    assert keys_in(clickhouse_url, ch_db) == (0, 0, 0)
+    assert tables_left(clickhouse_url, [combined]) == []
+
+
+def test_partitions_above_merge_max_bytes_keep_their_parts(
+        client, clickhouse_url, ch_db, staging_names, combined):
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    sources = staged_branches(client, clickhouse_url, target, staging_names)
+    publish_combined(client, sources, combined, "attach_marked", MemoryLedger(),
+                     merge_max_bytes=0)
+    assert keys_in(clickhouse_url, ch_db) == expect(range(BRANCHES * ROWS))
+    assert set(active_parts(clickhouse_url, ch_db).values()) == {BRANCHES}
