@@ -166,3 +166,58 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+# -- The modern server: ClickHouse 26.x (chdb) beside 18.16 --------------------------------
+# End-to-end tests that take ``server_url`` (and ``server_db``) run once per server, with
+# ids ``[ch18]`` and ``[ch26]``. To mark one server's run of a test, parametrize ``server``
+# there instead: ``@on_servers(ch26=pytest.mark.xfail(strict=True, reason=...))``.
+
+SERVERS = ("ch18", "ch26")
+
+
+@pytest.fixture(scope="session")
+def modern_clickhouse(services: Services):
+    """The modern ClickHouse (26.x from chdb; ``txsink services up --modern``).
+
+    Started on first use and left running, like ``cluster``; ``txsink services down``
+    stops it. No ZooKeeper/Keeper there: Replicated tables are 18.16-only.
+    """
+    server = services.modern
+    server.start()
+    return server
+
+
+@pytest.fixture(scope="session")
+def modern_clickhouse_url(modern_clickhouse) -> str:
+    return modern_clickhouse.url
+
+
+@pytest.fixture(params=SERVERS)
+def server(request) -> str:
+    """Which ClickHouse the test runs on: ``ch18`` (18.16) or ``ch26`` (26.x)."""
+    return request.param
+
+
+@pytest.fixture
+def server_url(request, server: str) -> str:
+    """HTTP URL of the server the test runs on (see ``server``)."""
+    return request.getfixturevalue("clickhouse_url" if server == "ch18"
+                                   else "modern_clickhouse_url")
+
+
+@pytest.fixture
+def server_db(server_url: str) -> Iterator[str]:
+    """A fresh, empty database on the test's server, dropped after the test."""
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    run_sql(server_url, f"CREATE DATABASE `{name}`")
+    yield name
+    run_sql(server_url, f"DROP DATABASE IF EXISTS `{name}`")
+
+
+def on_servers(**marks):
+    """Parametrize ``server`` with marks for some servers' runs, for example
+    ``@on_servers(ch26=pytest.mark.xfail(strict=True, reason="bug ..."))``."""
+    return pytest.mark.parametrize(
+        "server", [pytest.param(name, marks=marks.get(name, ()), id=name) for name in SERVERS],
+        indirect=True)

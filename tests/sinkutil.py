@@ -54,3 +54,14 @@ def events_df(spark, start: int, count: int, partitions: int = 4):
         "concat('event-', CAST(id AS STRING)) AS name",
         "CAST(id AS DOUBLE) * 0.5 AS value",
     )
+
+
+def moves_into(url: str, table: str) -> int:
+    """How many ``ALTER … MOVE PARTITION`` statements naming ``table``'s database finished
+    on the server (``system.query_log``; the modern test server keeps one)."""
+    db = table.split(".", 1)[0]
+    run_sql(url, "SYSTEM FLUSH LOGS")
+    return int(run_sql(url, (
+        "SELECT count() FROM system.query_log WHERE type = 'QueryFinish' "
+        "AND positionCaseInsensitive(query, 'MOVE PARTITION') > 0 "
+        f"AND position(query, '{db}') > 0")))

@@ -12,6 +12,7 @@ from tests.sinkutil import (
     create_events,
     events_df,
     id_counts,
+    moves_into,
     staging_tables,
 )
 
@@ -19,6 +20,12 @@ from tests.sinkutil import (
 @pytest.fixture
 def sink_options(clickhouse_url: str, zk_hosts: str, zk_chroot: str) -> dict[str, str]:
     return {"url": clickhouse_url, "zookeeper": zk_hosts + zk_chroot}
+
+
+@pytest.fixture
+def server_sink_options(server_url: str, zk_hosts: str, zk_chroot: str) -> dict[str, str]:
+    """Options for the test's server: tests taking it run on 18.16 and 26.x."""
+    return {"url": server_url, "zookeeper": zk_hosts + zk_chroot}
 
 
 @pytest.fixture(autouse=True)
@@ -48,42 +55,46 @@ def fail_first_attempt_after(rows_before_failure: int):
     return fn
 
 
-def test_append_makes_every_row_visible_exactly_once(spark, clickhouse_url, ch_db, sink_options):
-    table = create_events(clickhouse_url, ch_db)
-    save(events_df(spark, 0, 5000), sink_options, table)
-    assert_exactly_once(clickhouse_url, table, range(5000))
+def test_append_makes_every_row_visible_exactly_once(
+    spark, server, server_url, server_db, server_sink_options
+):
+    table = create_events(server_url, server_db)
+    save(events_df(spark, 0, 5000), server_sink_options, table)
+    assert_exactly_once(server_url, table, range(5000))
+    if server == "ch26":  # the server has MOVE PARTITION: strategy `move`
+        assert moves_into(server_url, table) > 0
 
 
-def test_append_leaves_no_staging_behind(spark, clickhouse_url, ch_db, sink_options):
-    table = create_events(clickhouse_url, ch_db)
-    before = staging_tables(clickhouse_url)
-    save(events_df(spark, 0, 1000), sink_options, table)
-    assert staging_tables(clickhouse_url) == before
+def test_append_leaves_no_staging_behind(spark, server_url, server_db, server_sink_options):
+    table = create_events(server_url, server_db)
+    before = staging_tables(server_url)
+    save(events_df(spark, 0, 1000), server_sink_options, table)
+    assert staging_tables(server_url) == before
 
 
 def test_task_retried_after_staging_publishes_each_row_once(
-    spark, clickhouse_url, ch_db, sink_options
+    spark, server_url, server_db, server_sink_options
 ):
-    table = create_events(clickhouse_url, ch_db)
+    table = create_events(server_url, server_db)
     df = events_df(spark, 0, 4000)
     flaky = df.mapInArrow(fail_first_attempt_after(200), df.schema)
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
     try:
-        save(flaky, sink_options, table, insert_block_rows="100")
+        save(flaky, server_sink_options, table, insert_block_rows="100")
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
-    assert_exactly_once(clickhouse_url, table, range(4000))
+    assert_exactly_once(server_url, table, range(4000))
 
 
-def test_failed_job_leaves_target_untouched(spark, clickhouse_url, ch_db, sink_options):
-    table = create_events(clickhouse_url, ch_db)
-    save(events_df(spark, 0, 100), sink_options, table)
+def test_failed_job_leaves_target_untouched(spark, server_url, server_db, server_sink_options):
+    table = create_events(server_url, server_db)
+    save(events_df(spark, 0, 100), server_sink_options, table)
     doomed = events_df(spark, 1000, 2000).withColumn(
         "value", F.when(F.col("id") == 2500, F.raise_error(F.lit("boom"))).otherwise(F.col("value"))
     )
     with pytest.raises(Exception, match="boom"):
-        save(doomed, sink_options, table, insert_block_rows="100")
-    assert_exactly_once(clickhouse_url, table, range(100))
+        save(doomed, server_sink_options, table, insert_block_rows="100")
+    assert_exactly_once(server_url, table, range(100))
 
 
 def test_overwrite_replaces_only_the_partitions_present(spark, clickhouse_url, ch_db, sink_options):

@@ -1,4 +1,7 @@
-"""``txsink.transaction()``: several writes become visible together, or not at all."""
+"""``txsink.transaction()``: several writes become visible together, or not at all.
+
+Every test here runs on ClickHouse 18.16 and 26.x (``[ch18]``/``[ch26]``).
+"""
 
 from __future__ import annotations
 
@@ -9,32 +12,32 @@ from tests.sinkutil import assert_exactly_once, create_events, events_df, stagin
 
 
 @pytest.fixture
-def tables(clickhouse_url, ch_db):
-    return tuple(create_events(clickhouse_url, ch_db, name) for name in ("facts", "daily"))
+def tables(server_url, server_db):
+    return tuple(create_events(server_url, server_db, name) for name in ("facts", "daily"))
 
 
-def test_writes_to_two_tables_commit_together(spark, clickhouse_url, zk_hosts, zk_chroot, tables):
+def test_writes_to_two_tables_commit_together(spark, server_url, zk_hosts, zk_chroot, tables):
     facts, daily = tables
-    with txsink.transaction(spark, url=clickhouse_url, zookeeper=zk_hosts + zk_chroot,
+    with txsink.transaction(spark, url=server_url, zookeeper=zk_hosts + zk_chroot,
                             sink_id="nightly") as tx:
         tx.write(events_df(spark, 0, 500), facts)
         tx.write(events_df(spark, 1000, 300), daily)
-        assert_exactly_once(clickhouse_url, facts, [])  # nothing visible inside the block
-    assert_exactly_once(clickhouse_url, facts, range(500))
-    assert_exactly_once(clickhouse_url, daily, range(1000, 1300))
+        assert_exactly_once(server_url, facts, [])  # nothing visible inside the block
+    assert_exactly_once(server_url, facts, range(500))
+    assert_exactly_once(server_url, daily, range(1000, 1300))
 
 
 def test_exception_inside_the_block_aborts_every_write(
-    spark, clickhouse_url, zk_hosts, zk_chroot, tables
+    spark, server_url, zk_hosts, zk_chroot, tables
 ):
     facts, daily = tables
-    before = staging_tables(clickhouse_url)
+    before = staging_tables(server_url)
     with pytest.raises(RuntimeError, match="stop here"):
-        with txsink.transaction(spark, url=clickhouse_url, zookeeper=zk_hosts + zk_chroot,
+        with txsink.transaction(spark, url=server_url, zookeeper=zk_hosts + zk_chroot,
                                 sink_id="nightly") as tx:
             tx.write(events_df(spark, 0, 500), facts)
             tx.write(events_df(spark, 1000, 300), daily)
             raise RuntimeError("stop here")
-    assert_exactly_once(clickhouse_url, facts, [])
-    assert_exactly_once(clickhouse_url, daily, [])
-    assert staging_tables(clickhouse_url) == before
+    assert_exactly_once(server_url, facts, [])
+    assert_exactly_once(server_url, daily, [])
+    assert staging_tables(server_url) == before

@@ -2,6 +2,7 @@
 
     txsink services up|down|status      real ClickHouse + ZooKeeper on 127.0.0.1
         [--shards N --replicas M]       ... plus an N×M ClickHouse cluster (txsink_cluster)
+        [--modern | --modern-only]      ... plus (or only) a modern ClickHouse 26.x (chdb)
     txsink status  --zookeeper H        sinks, last committed epoch, open xids, metrics
     txsink recover --zookeeper H --url U   roll committing xids forward, undecided back
         [--sink S --epoch E] [--strategy T]  ... one xid; publish with T where the
@@ -36,23 +37,33 @@ def _services(args: argparse.Namespace) -> int:
         services.shards = args.shards
     if args.replicas is not None:
         services.replicas = args.replicas
+    if args.modern_http_port is not None:
+        services.modern_http_port = args.modern_http_port
+    if args.modern_tcp_port is not None:
+        services.modern_tcp_port = args.modern_tcp_port
     if args.action == "up":
-        services.up()
-        print(f"ZooKeeper  {services.zookeeper.hosts}  ready")
-        print(f"ClickHouse {services.clickhouse.url}  ready")
-        if services.has_cluster:
+        services.up(modern=args.modern, modern_only=args.modern_only)
+        if not args.modern_only:
+            print(f"ZooKeeper  {services.zookeeper.hosts}  ready")
+            print(f"ClickHouse {services.clickhouse.url}  ready")
+        if services.has_cluster and not args.modern_only:
             cluster = services.cluster()
             print(f"cluster    {cluster.name}: {cluster.shard_count} shard(s) x "
                   f"{cluster.replica_count} replica(s)  ready")
             for number, urls in enumerate(cluster.shard_urls(), start=1):
                 print(f"  shard {number}: {'  '.join(urls)}")
+        if args.modern or args.modern_only:
+            modern = services.modern
+            print(f"ClickHouse {modern.url}  ready (modern {modern.version()}, "
+                  f"native port {modern.tcp_port})")
     elif args.action == "down":
-        stopped = services.down()
+        stopped = services.down(modern_only=args.modern_only)
         print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
     else:
-        for name, info in services.status().items():
+        for name, info in services.status(modern=args.modern or args.modern_only).items():
             state = "ready" if info["ready"] else ("starting" if info["pid"] else "down")
-            print(f"{name:<16} {info['address']:<24} pid={info['pid']} {state}")
+            version = f" version={info['version']}" if info.get("version") else ""
+            print(f"{name:<18} {info['address']:<24} pid={info['pid']} {state}{version}")
     return 0
 
 
@@ -126,6 +137,18 @@ def build_parser() -> argparse.ArgumentParser:
                           "or 0: no cluster); down stops any cluster server anyway")
     svc.add_argument("--replicas", type=int, default=None,
                      help="replicas per cluster shard (default $TXSINK_REPLICAS or 0)")
+    modern = svc.add_mutually_exclusive_group()
+    modern.add_argument("--modern", action="store_true",
+                        help="up: also start a modern ClickHouse 26.x (from chdb) beside the "
+                             "18.16 server; status: always list it. down stops it anyway")
+    modern.add_argument("--modern-only", action="store_true",
+                        help="up/down: only the modern ClickHouse (no ZooKeeper, no 18.16)")
+    svc.add_argument("--modern-http-port", type=int, default=None,
+                     help="HTTP port of the modern server (default $TXSINK_MODERN_HTTP_PORT "
+                          "or 8124)")
+    svc.add_argument("--modern-tcp-port", type=int, default=None,
+                     help="native port of the modern server (default $TXSINK_MODERN_TCP_PORT "
+                          "or 9001)")
     svc.set_defaults(func=_services)
 
     def ops_parser(name: str, help_text: str, url: bool) -> argparse.ArgumentParser:

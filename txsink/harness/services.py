@@ -26,6 +26,12 @@ cluster ``txsink_cluster`` in their config and in the main server's::
     cluster.up()
     cluster.shard_urls()     # [["http://127.0.0.1:28511", "http://127.0.0.1:28512"], ...]
     cluster.shards[0][1].kill(); cluster.shards[0][1].start()
+
+A modern ClickHouse (26.x, from the chdb wheel; ``txsink/harness/modern_server.py``)
+runs beside them on demand, on its own ports (HTTP 8124, native 9001)::
+
+    services.up(modern=True)  # or modern_only=True: without ZooKeeper and 18.16
+    services.modern.url       # "http://127.0.0.1:8124"
 """
 
 from __future__ import annotations
@@ -43,8 +49,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import requests
+
+if TYPE_CHECKING:
+    from txsink.harness.modern_server import ModernClickHouse
 
 log = logging.getLogger("txsink.harness.services")
 
@@ -683,7 +693,8 @@ def _file_lock(path: Path) -> Iterator[None]:
 class Services:
     """The local ClickHouse + ZooKeeper pair used by tests, demo and benchmarks.
 
-    With ``shards``/``replicas`` above 0, ``up`` also starts the :class:`Cluster`.
+    With ``shards``/``replicas`` above 0, ``up`` also starts the :class:`Cluster`; with
+    ``modern=True`` also the modern ClickHouse (:attr:`modern`).
     """
 
     home: Path
@@ -692,6 +703,8 @@ class Services:
     shards: int = 0
     replicas: int = 0
     cluster_port_base: int = CLUSTER_PORT_BASE
+    modern_http_port: int = 8124  # = modern_server.DEFAULT_HTTP_PORT
+    modern_tcp_port: int = 9001
 
     @classmethod
     def from_env(cls) -> Services:
@@ -710,7 +723,16 @@ class Services:
             cluster_port_base=int(
                 os.environ.get("TXSINK_CLUSTER_PORT_BASE", str(CLUSTER_PORT_BASE))
             ),
+            modern_http_port=int(os.environ.get("TXSINK_MODERN_HTTP_PORT", "8124")),
+            modern_tcp_port=int(os.environ.get("TXSINK_MODERN_TCP_PORT", "9001")),
         )
+
+    @property
+    def modern(self) -> ModernClickHouse:
+        """The modern ClickHouse server (26.x from chdb) of this home; not started."""
+        from txsink.harness.modern_server import ModernClickHouse
+
+        return ModernClickHouse(self.home, self.modern_http_port, self.modern_tcp_port)
 
     def cluster(self, shards: int | None = None, replicas: int | None = None) -> Cluster:
         """The topology object (not started): arguments, else ``self.shards``/``replicas``.
@@ -728,7 +750,17 @@ class Services:
     def has_cluster(self) -> bool:
         return self.shards > 0 or self.replicas > 0
 
-    def up(self) -> None:
+    def up(self, modern: bool = False, modern_only: bool = False) -> None:
+        """Start ZooKeeper, ClickHouse 18.16 (and the cluster), then the modern server.
+
+        ``modern`` adds the modern ClickHouse; ``modern_only`` starts it alone.
+        """
+        if not modern_only:
+            self._up_classic()
+        if modern or modern_only:
+            self.modern.start()
+
+    def _up_classic(self) -> None:
         ensure_installed()
         self.home.mkdir(parents=True, exist_ok=True)
         self.zookeeper.start()
@@ -741,10 +773,16 @@ class Services:
         self.clickhouse.start()
         cluster.up()
 
-    def down(self) -> list[str]:
+    def down(self, modern_only: bool = False) -> list[str]:
+        """Stop what the pid files record: the modern server (if running) and, unless
+        ``modern_only``, the cluster servers, ClickHouse and ZooKeeper."""
+        modern = self.modern
+        stopped = [modern.name] if modern.stop() else []
+        if modern_only:
+            return stopped
         # Cluster servers, then ClickHouse, then ZooKeeper: a ClickHouse stopping after
         # ZooKeeper would log ZooKeeper errors on the way out.
-        stopped = self._cluster_for_down().down()
+        stopped += self._cluster_for_down().down()
         for proc in (self.clickhouse.process, self.zookeeper.process):
             if proc.stop():
                 stopped.append(proc.name)
@@ -754,7 +792,9 @@ class Services:
         # Without a configured layout a 1×1 object still finds every running leftover.
         return self.cluster() if self.has_cluster else self.cluster(1, 1)
 
-    def status(self) -> dict[str, dict[str, object]]:
+    def status(self, modern: bool = False) -> dict[str, dict[str, object]]:
+        """Each service's pid, readiness and address; the modern server (with its
+        ``version``) when ``modern`` or when it runs."""
         result: dict[str, dict[str, object]] = {
             "zookeeper": {"pid": self.zookeeper.process.pid(), "ready": self.zookeeper.ready(),
                           "address": self.zookeeper.hosts},
@@ -765,4 +805,7 @@ class Services:
         for name, info in cluster.status().items():
             if self.has_cluster or info["pid"] is not None:
                 result[name] = info
+        server = self.modern
+        if modern or server.process.pid() is not None:
+            result[server.name] = server.status()
         return result
