@@ -33,13 +33,12 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from server_ext.capabilities import SqlClient
-from server_ext.errors import StagingChanged
 from server_ext.ledger import Ledger
 from server_ext.manifest import Manifest
 from server_ext.publish import publish
 from server_ext.publish_steps import PublishReport, StepHook, alter_in_chunks, no_step
 from server_ext.schema import describe_table
-from server_ext.seal import merge_partitions, read_staged_tables, seal
+from server_ext.seal import merge_partitions, require_sealed, seal
 from server_ext.sql import qualified_name, sql_string
 from server_ext.staging import create_staging, staging_qualified
 
@@ -109,7 +108,7 @@ def _build(client: SqlClient, sources: list[Manifest], combined_table: str,
     if len(targets) != 1:
         raise ValueError(f"sources of one combined table must share a target, got {targets}")
     database, table = next(iter(targets))
-    _check_sources(client, sources)
+    require_sealed(client, sources, purpose="read winners' staged parts before combining")
     target = describe_table(client, f"{database}.{table}")
     staging = staging_qualified(combined_table)
     client.execute(f"DROP TABLE IF EXISTS {staging}", purpose="drop unrecorded combined table")
@@ -131,27 +130,6 @@ def _build(client: SqlClient, sources: list[Manifest], combined_table: str,
              len(sources), staging, len(manifest.partitions),
              sum(len(p.parts) for p in manifest.partitions))
     return manifest
-
-
-def _check_sources(client: SqlClient, sources: list[Manifest]) -> None:
-    """Every source must hold exactly its sealed parts (one query for all)."""
-    by_database: dict[str, list[Manifest]] = {}
-    for source in sources:
-        by_database.setdefault(source.staging_database, []).append(source)
-    for database, manifests in by_database.items():
-        staged = read_staged_tables(client, database, [m.staging_table for m in manifests],
-                                    purpose="read winners' staged parts before combining")
-        for manifest in manifests:
-            found = staged.get(manifest.staging_table, {})
-            changed = [p.partition_id for p in manifest.partitions
-                       if p.partition_id not in found
-                       or found[p.partition_id].part_names != p.part_names]
-            if changed:
-                raise StagingChanged(
-                    f"staging {manifest.staging_database}.{manifest.staging_table} no longer "
-                    f"holds the sealed parts of partitions {changed}",
-                    target=qualified_name(manifest.target_database, manifest.target_table),
-                    staging=manifest.staging_table, partition_ids=changed)
 
 
 def drop_tables(client: SqlClient, tables: list[str]) -> None:

@@ -26,7 +26,7 @@ from server_ext.publish_steps import (
     no_step,
 )
 from server_ext.schema import describe_table
-from server_ext.seal import read_staged_partitions
+from server_ext.seal import require_sealed
 from server_ext.sql import qualified_name, sql_string
 from server_ext.staging import create_staging, staging_qualified
 
@@ -93,7 +93,9 @@ class _OverwritePublisher:
         if record.get("state") == PUBLISHED:
             report.already_published = list(sources)
         else:
-            self.check_sealed(sources)
+            # never REPLACE from a source that lost its rows: that would empty the target
+            require_sealed(self.client, self.manifests,
+                           purpose="read staged parts before overwrite")
             self.on_step(STEP_BEFORE_PARTITION)
             commands = [f"REPLACE PARTITION ID {sql_string(pid)} FROM {origin}"
                         for pid, origin in self.assemble(sources).items()]
@@ -108,22 +110,6 @@ class _OverwritePublisher:
         self.on_step(STEP_AFTER_DROP)
         report.seconds = time.perf_counter() - started
         return report
-
-    def check_sealed(self, sources: Sources) -> None:
-        """Never REPLACE from a source that lost its rows: that would empty the target."""
-        for manifest in self.manifests:
-            staged = read_staged_partitions(self.client, manifest.staging_database,
-                                            manifest.staging_table,
-                                            purpose="read staged parts before overwrite")
-            changed = [p.partition_id for p in manifest.partitions
-                       if p.partition_id not in staged
-                       or staged[p.partition_id].part_names != p.part_names]
-            if changed:
-                raise StagingChanged(
-                    f"staging {manifest.staging_database}.{manifest.staging_table} no longer "
-                    f"holds the sealed parts of partitions {changed}",
-                    target=self.target, staging=manifest.staging_table, partition_ids=changed,
-                )
 
     def assemble(self, sources: Sources) -> dict[str, str]:
         """Per partition, the quoted table holding exactly its staged rows of all branches."""

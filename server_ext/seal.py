@@ -18,6 +18,7 @@ retries it as a new branch). A branch that wrote nothing gives an empty manifest
 from __future__ import annotations
 
 from server_ext.capabilities import SqlClient
+from server_ext.errors import StagingChanged
 from server_ext.manifest import Manifest, PartitionManifest, StagedPart
 from server_ext.schema import TargetTable
 from server_ext.sql import qualified_name, split_table_name, sql_string
@@ -76,6 +77,29 @@ def read_staged_tables(
         }
         for table, partitions in grouped.items()
     }
+
+
+def require_sealed(client: SqlClient, manifests: list[Manifest], *, purpose: str) -> None:
+    """Raise ``StagingChanged`` unless every manifest's staging table still holds exactly
+    its sealed parts (one query per staging database): rows that left staging are never
+    published or replaced silently."""
+    by_database: dict[str, list[Manifest]] = {}
+    for manifest in manifests:
+        by_database.setdefault(manifest.staging_database, []).append(manifest)
+    for database, group in by_database.items():
+        staged = read_staged_tables(client, database, [m.staging_table for m in group],
+                                    purpose=purpose)
+        for manifest in group:
+            found = staged.get(manifest.staging_table, {})
+            changed = [p.partition_id for p in manifest.partitions
+                       if p.partition_id not in found
+                       or found[p.partition_id].part_names != p.part_names]
+            if changed:
+                raise StagingChanged(
+                    f"staging {database}.{manifest.staging_table} no longer holds the sealed "
+                    f"parts of partitions {changed}",
+                    target=qualified_name(manifest.target_database, manifest.target_table),
+                    staging=manifest.staging_table, partition_ids=changed)
 
 
 def seal(client: SqlClient, target: TargetTable, staging: str, expected_rows: int) -> Manifest:
