@@ -41,9 +41,15 @@ def assert_counts_exactly_once(counts: dict[int, int], expected_ids) -> None:
     assert not unexpected, f"{len(unexpected)} unexpected ids, e.g. {unexpected[:5]}"
 
 
-def staging_tables(url: str) -> list[str]:
+def staging_tables(url: str, options: dict[str, str]) -> list[str]:
+    """Staging tables of the sinks of ``options``' coordinator root (tests running beside
+    this one write into the same staging database under other roots)."""
+    from server_ext.staging import root_tag
+    from txsink.options import root_identity
+
+    tag = root_tag(root_identity(options["zookeeper"], options.get("zk_root", "/txsink")))
     body = run_sql(url, "SELECT name FROM system.tables WHERE database = 'txsink_staging'")
-    return body.split()
+    return [name for name in body.split() if name.endswith(f"_r{tag}")]
 
 
 def events_df(spark, start: int, count: int, partitions: int = 4):
@@ -65,3 +71,17 @@ def moves_into(url: str, table: str) -> int:
         "SELECT count() FROM system.query_log WHERE type = 'QueryFinish' "
         "AND positionCaseInsensitive(query, 'MOVE PARTITION') > 0 "
         f"AND position(query, '{db}') > 0")))
+
+
+def task_winners(coord, epoch: int) -> set[str]:
+    """The task branches whose rows an xid's decision made visible: its winners, with each
+    combined winner replaced by its sources."""
+    from txsink.payload import CombinedBranch, from_record
+
+    record = coord.xid(epoch)
+    found: set[str] = set()
+    for branch in coord.branches(epoch, record.winners):
+        payload = from_record(branch.manifest)
+        found.update(payload.sources if isinstance(payload, CombinedBranch)
+                     else (branch.branch_id,))
+    return found

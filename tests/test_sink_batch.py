@@ -67,9 +67,9 @@ def test_append_makes_every_row_visible_exactly_once(
 
 def test_append_leaves_no_staging_behind(spark, server_url, server_db, server_sink_options):
     table = create_events(server_url, server_db)
-    before = staging_tables(server_url)
+    before = staging_tables(server_url, server_sink_options)
     save(events_df(spark, 0, 1000), server_sink_options, table)
-    assert staging_tables(server_url) == before
+    assert staging_tables(server_url, server_sink_options) == before
 
 
 def test_task_retried_after_staging_publishes_each_row_once(
@@ -118,10 +118,10 @@ def test_unknown_option_is_rejected_naming_it(spark, clickhouse_url, ch_db, sink
 def test_unknown_table_fails_naming_it_before_anything_is_staged(
     spark, clickhouse_url, ch_db, sink_options
 ):
-    before = staging_tables(clickhouse_url)
+    before = staging_tables(clickhouse_url, sink_options)
     with pytest.raises(Exception, match="no_such_table"):
         save(events_df(spark, 0, 10), sink_options, f"{ch_db}.no_such_table")
-    assert staging_tables(clickhouse_url) == before
+    assert staging_tables(clickhouse_url, sink_options) == before
 
 
 def test_schema_mismatch_names_the_column_and_changes_nothing(

@@ -31,7 +31,8 @@ def test_exception_inside_the_block_aborts_every_write(
     spark, server_url, zk_hosts, zk_chroot, tables
 ):
     facts, daily = tables
-    before = staging_tables(server_url)
+    root = {"zookeeper": zk_hosts + zk_chroot}
+    before = staging_tables(server_url, root)
     with pytest.raises(RuntimeError, match="stop here"):
         with txsink.transaction(spark, url=server_url, zookeeper=zk_hosts + zk_chroot,
                                 sink_id="nightly") as tx:
@@ -40,4 +41,4 @@ def test_exception_inside_the_block_aborts_every_write(
             raise RuntimeError("stop here")
     assert_exactly_once(server_url, facts, [])
     assert_exactly_once(server_url, daily, [])
-    assert staging_tables(server_url) == before
+    assert staging_tables(server_url, root) == before
