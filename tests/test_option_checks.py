@@ -285,6 +285,22 @@ def test_switch_clears_the_failed_move_intent_and_records_itself(spark, sink, zk
         "from": "move", "to": "attach_marked"}
 
 
+def test_next_job_of_the_sink_publishes_with_the_strategy_an_operator_switched_to(
+    spark, sink, zk
+):
+    """The switch is recorded (say ``recover --strategy`` died right after recording it):
+    the next job's recovery at start honours it instead of failing on MOVE again."""
+    epoch = stuck(spark, sink)
+    coord = sink.coordinator(zk)
+    with coord.publish_lease(epoch):
+        for winner in coord.xid(epoch).winners:
+            coord.ledger(epoch, winner).put(SWITCH_KEY, {"to": "attach_marked", "history": []})
+    events_df(spark, ROWS, 100).write.format("clickhouse_tx").options(**sink.options) \
+        .mode("append").save()
+    assert coord.xid(epoch).state is XidState.COMMITTED
+    assert_exactly_once(sink.url, sink.table, range(ROWS + 100))
+
+
 def test_partition_the_failed_move_had_moved_is_not_published_again(spark, sink, zk):
     epoch = stuck(spark, sink)
     coord = sink.coordinator(zk)

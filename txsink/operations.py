@@ -43,14 +43,20 @@ from server_ext.sql import qualified_name
 from server_ext.staging import root_tag
 from server_ext.sweeper import sweep
 from txsink.options import root_identity
-from txsink.publisher import BranchPublisher, publish_manifest, recorded_strategy, server_of
+from txsink.publisher import (
+    SWITCH_KEY,
+    BranchPublisher,
+    publish_manifest,
+    recorded_strategy,
+    server_of,
+    switched_strategy,
+)
 from txsink.verify_target import Writers, check_targets
 
 OPEN_STATES = (XidState.INITIALIZED, XidState.COMMITTING, XidState.ABORTING)
 
 #: Ledger entries of an operator's decisions, next to the publish records (which are keyed
 #: by staging table names, ``txs_...``, so these keys never collide with them).
-SWITCH_KEY = "operator.strategy_switch"
 GIVEN_UP_KEY = "operator.given_up"
 UNCHANGED = "unchanged"  # a recover action that left the xid as it was, and why
 
@@ -61,15 +67,6 @@ R = TypeVar("R")
 class RecoverRefused(ValueError):
     """``recover --epoch/--strategy`` or ``resolve --give-up`` refused before writing
     anything: the message says why and what to do instead."""
-
-
-def strategy_switches(coord: Coordinator) -> Callable[[BranchRecord], str | None]:
-    """``BranchPublisher(strategy_for=...)``: the strategy an operator switched a branch to
-    (``txsink recover --strategy``), None for a branch never switched."""
-    def strategy_for(record: BranchRecord) -> str | None:
-        entry = coord.ledger(record.epoch, record.branch_id).get(SWITCH_KEY)
-        return entry.get("to") if entry else None
-    return strategy_for
 
 
 def explain_blocked(call: Callable[P, R]) -> Callable[P, R]:
@@ -215,7 +212,7 @@ class Operations:
         for sink_id in sinks:
             coord = self._coordinator(sink_id)
             if epoch is None and strategy is None:
-                publisher = BranchPublisher(self.client_for, coord, strategy_switches(coord))
+                publisher = BranchPublisher(self.client_for, coord)
                 actions = list(coord.recover(publish=publisher.publish,
                                              rollback=publisher.rollback,
                                              raise_on_failure=False).actions)
@@ -263,7 +260,7 @@ class Operations:
                 record = coord.xid(epoch) or record
                 if record.state is XidState.COMMITTING:
                     self._apply_switches(coord, epoch, switches)
-                    publisher = BranchPublisher(self.client_for, coord, strategy_switches(coord))
+                    publisher = BranchPublisher(self.client_for, coord)
                     coord.commit(epoch, generation, None, publish=publisher.publish,
                                  rollback=publisher.rollback)
                     detail = "; ".join(str(s) for s in switches)
@@ -289,14 +286,13 @@ class Operations:
         record = coord.xid(epoch)
         assert record is not None
         winners = [b for b in coord.branches(epoch) if b.branch_id in record.winners]
-        current = strategy_switches(coord)
         planned: list[_Switch] = []
         kept: list[str] = []
         for branch in winners:
             manifest = publish_manifest(coord, branch)
             if manifest is None or not manifest.partitions:
                 continue  # a dynamic overwrite publishes with REPLACE PARTITION, whatever
-            now = current(branch) or recorded_strategy(branch)
+            now = switched_strategy(coord, branch) or recorded_strategy(branch)
             if now == strategy:
                 continue  # switched earlier (a repeat after a crash) or recorded so
             server = server_of(branch) or self.url or "?"
@@ -372,7 +368,7 @@ class Operations:
         record = coord.xid(epoch)
         if record is None or record.state is not XidState.COMMITTING:
             return []
-        xid, current = f"--sink {coord.sink_id} --epoch {epoch}", strategy_switches(coord)
+        xid = f"--sink {coord.sink_id} --epoch {epoch}"
         found: dict[str, list[str]] = {}
         staged: list[str] = []
         for branch in coord.branches(epoch, record.winners):
@@ -392,7 +388,7 @@ class Operations:
                             "--branch B --partition P --give-up")
                     found.setdefault(hint, []).append(branch.branch_id)
                 continue
-            now = current(branch) or recorded_strategy(branch)
+            now = switched_strategy(coord, branch) or recorded_strategy(branch)
             problem = strategy_problem(caps, target, now)
             if problem is not None and not problem.statement_runs:
                 hint = (f"strategy {now} cannot run on {server} for {target.qualified} "

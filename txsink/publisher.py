@@ -22,6 +22,8 @@ from txsink.payload import CombinedBranch, StagedBranch, from_record, staged_man
 
 log = logging.getLogger(__name__)
 
+SWITCH_KEY = "operator.strategy_switch"  # ledger key of a winner's strategy switch
+
 
 class BranchPublisher:
     """Callbacks for :meth:`Coordinator.commit`, ``abort`` and ``recover``.
@@ -39,14 +41,9 @@ class BranchPublisher:
     """
 
     def __init__(self, client_for: Callable[[str | None], ClickHouseClient],
-                 coord: Coordinator,
-                 strategy_for: Callable[[BranchRecord], str | None] | None = None,
-                 merge_max_bytes: int = MERGE_MAX_BYTES) -> None:
+                 coord: Coordinator, merge_max_bytes: int = MERGE_MAX_BYTES) -> None:
         self.client_for = client_for
         self.coord = coord
-        # An operator's override of a branch's recorded strategy (None: the recorded one);
-        # see txsink.operations, "txsink recover --strategy", for when a switch is safe.
-        self.strategy_for = strategy_for
         self.merge_max_bytes = merge_max_bytes
         self._known: dict[tuple[int, str], BranchRecord] = {}
         self._dropped: set[tuple[str | None, str]] = set()  # (server, staging) gone
@@ -61,7 +58,7 @@ class BranchPublisher:
             raise CoordinatorError(f"xid {record.xid}: winner {record.branch_id} has no payload")
         client = self.client_for(server_of(record))
         ledger = self.coord.ledger(record.epoch, record.branch_id)
-        strategy = (self.strategy_for and self.strategy_for(record)) or payload.strategy
+        strategy = switched_strategy(self.coord, record) or payload.strategy
         if isinstance(payload, CombinedBranch):
             sources = list(payload.embedded) or self.source_manifests(record, payload)
             if payload.overwrite:
@@ -106,6 +103,14 @@ class BranchPublisher:
         except server_ext.ServerUnreachable as exc:
             log.warning("xid %s: staging %s of branch %s left for txsink gc: %s",
                         record.xid, staging, record.branch_id, exc)
+
+
+def switched_strategy(coord: Coordinator, record: BranchRecord) -> str | None:
+    """The strategy an operator switched a winner to (``txsink recover --strategy``, see
+    txsink.operations for when a switch is safe), None for a winner never switched. Every
+    publisher honours it: a job's recovery as much as the operator's."""
+    entry = coord.ledger(record.epoch, record.branch_id).get(SWITCH_KEY)
+    return entry.get("to") if entry else None
 
 
 def server_of(record: BranchRecord) -> str | None:
