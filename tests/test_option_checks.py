@@ -409,6 +409,17 @@ def test_given_up_partition_is_recorded_shown_and_the_rest_published_once(
             in capsys.readouterr().out)
 
 
+def test_verify_does_not_count_given_up_rows_as_missing(spark, sink, zk, capsys):
+    epoch = stuck(spark, sink)
+    winner = sorted(sink.coordinator(zk).xid(epoch).winners)[0]
+    sink.cli("resolve", "--sink", sink.sink_id, "--epoch", str(epoch), "--branch", winner,
+             "--partition", "202602", "--give-up")
+    assert sink.cli("recover", "--sink", sink.sink_id, "--epoch", str(epoch),
+                    "--strategy", "attach_marked") == 0
+    capsys.readouterr()
+    assert sink.cli("verify", "--sink", sink.sink_id) == 0, capsys.readouterr().out
+
+
 def test_give_up_is_refused_for_an_xid_that_is_not_committing(spark, sink, zk, capsys):
     events_df(spark, 0, ROWS).write.format("clickhouse_tx").options(**sink.options) \
         .mode("append").save()

@@ -198,6 +198,9 @@ def _contributions(decided: DecidedXid, default_url: str | None) -> list[Contrib
     if decided.missing:
         raise _Unreadable(f"winner {decided.missing[0]} has no record")
     totals: dict[tuple[str, str, str, str], list[Any]] = {}
+    # partitions an operator gave up (txsink resolve --give-up) were never published
+    given_up = {(g.get("branch"), g.get("partition"))
+                for g in record.metrics.get("given_up", [])}
     for branch in decided.winners:
         server = server_of(branch) or default_url
         try:
@@ -209,6 +212,8 @@ def _contributions(decided: DecidedXid, default_url: str | None) -> list[Contrib
         if server is None:
             raise _Unreadable(f"winner {branch.branch_id} names no server (pass --url)")
         for database, table, pid, value, rows in contributions(found):
+            if (branch.branch_id, pid) in given_up:
+                continue
             entry = totals.setdefault((server, database, table, pid),
                                       [value, 0, found.overwrite])
             entry[1] += rows
