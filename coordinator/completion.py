@@ -53,7 +53,7 @@ class Completion:
 
         completion = Completion(store, LastCommitted(store), CallbackPolicy(),
                                 step=lambda name: None)
-        committed = completion.finish_commit(record, lease, token, publish, rollback)
+        committed = completion.finish_commit(record, lease, generation, publish, rollback)
     """
 
     def __init__(self, store: SinkStore, last: LastCommitted, policy: CallbackPolicy,
@@ -65,7 +65,7 @@ class Completion:
 
     # -- commit ----------------------------------------------------------------------
 
-    def finish_commit(self, record: XidRecord, lease: PublishLease, token: int,
+    def finish_commit(self, record: XidRecord, lease: PublishLease, generation: int,
                       publish: BranchCallback,
                       rollback: BranchCallback, metrics: dict[str, Any] | None = None,
                       winners: dict[str, BranchRecord] | None = None) -> XidRecord:
@@ -86,7 +86,7 @@ class Completion:
             self.step("commit.after_branch_published")
         self.step("commit.after_publish")
         losers = self._roll_back_losers(record, rollback)
-        final = self.store.run(self._write_committed, record, lease, token, branches, losers,
+        final = self.store.run(self._write_committed, record, lease, generation, branches, losers,
                                metrics or {})
         log.info("xid %s committed: %d winner(s) published, %d other branch(es) rolled back",
                  record.xid, len(record.winners), len(losers))
@@ -105,14 +105,14 @@ class Completion:
                 self.policy.call(rollback, loser, "rollback", XidState.COMMITTING)
         return losers
 
-    def _write_committed(self, record: XidRecord, lease: PublishLease, token: int,
+    def _write_committed(self, record: XidRecord, lease: PublishLease, generation: int,
                          winners: dict[str, BranchRecord], losers: dict[str, BranchRecord],
                          metrics: dict[str, Any]) -> XidRecord:
         current = record
         for _ in range(CONFLICT_RETRIES):
             if current.state is XidState.COMMITTED:
                 return current
-            final = current.moved_to(XidState.COMMITTED, token,
+            final = current.moved_to(XidState.COMMITTED, generation,
                                      metrics={**current.metrics, **metrics})
             updates = [b.moved_to(BranchState.COMMITTED) for b in winners.values()
                        if b.state is not BranchState.COMMITTED and b.branch_id in record.winners]
@@ -135,7 +135,7 @@ class Completion:
 
     # -- abort -----------------------------------------------------------------------
 
-    def finish_abort(self, record: XidRecord, lease: PublishLease, token: int,
+    def finish_abort(self, record: XidRecord, lease: PublishLease, generation: int,
                      rollback: BranchCallback) -> XidRecord:
         """Roll back every branch of an ``Aborting`` xid and mark it ``Aborted``."""
         branches = self.store.run(self.store.read_branches, record.epoch)
@@ -143,17 +143,17 @@ class Completion:
             if branch.state is not BranchState.ABORTED:
                 self.policy.call(rollback, branch, "rollback", XidState.ABORTING)
         self.step("abort.after_rollback")
-        final = self.store.run(self._write_aborted, record, lease, token, branches)
+        final = self.store.run(self._write_aborted, record, lease, generation, branches)
         log.info("xid %s aborted: %d branch(es) rolled back", record.xid, len(branches))
         return final
 
-    def _write_aborted(self, record: XidRecord, lease: PublishLease, token: int,
+    def _write_aborted(self, record: XidRecord, lease: PublishLease, generation: int,
                        branches: dict[str, BranchRecord]) -> XidRecord:
         current = record
         for _ in range(CONFLICT_RETRIES):
             if current.state is XidState.ABORTED:
                 return current
-            final = current.moved_to(XidState.ABORTED, token)
+            final = current.moved_to(XidState.ABORTED, generation)
             updates = [b.moved_to(BranchState.ABORTED) for b in branches.values()
                        if b.state is not BranchState.ABORTED]
             try:

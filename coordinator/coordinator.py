@@ -88,13 +88,13 @@ class Coordinator:
         self.layout = SinkLayout(root, sink_id)
         self.store = SinkStore(client, self.layout, retry or default_retry(client))
         self.on_step = on_step
-        self._generation = Generation(self.store)
+        self._sink_generation = Generation(self.store)
         self._epochs = EpochCounter(self.store)
         self._last = LastCommitted(self.store)
         self._completion = Completion(self.store, self._last,
                                       callback_policy or CallbackPolicy(), self._step)
-        self._steps = Transitions(self.store, self._generation)
-        self._token: int | None = None  # the generation this instance fenced with
+        self._steps = Transitions(self.store, self._sink_generation)
+        self._own_generation: int | None = None  # the generation this instance fenced with
         self.lease_wait = lease_wait
         self.role = role
         self._leases: dict[int, PublishLease] = {}  # held while finishing an xid
@@ -109,15 +109,15 @@ class Coordinator:
     def fence(self) -> int:
         """Bump the sink's generation: this writer now owns the sink (Kafka's
         ``initTransactions``). Returns the new generation."""
-        self._token = self._generation.bump()
-        return self._token
+        self._own_generation = self._sink_generation.bump()
+        return self._own_generation
 
     def claim(self, owner: str) -> int:
         """Fence once per ``owner`` (a streaming run id: every task of a run calls this,
         the first one bumps the generation). The same ``owner`` gets the same generation;
         an ``owner`` a newer writer superseded gets :class:`Fenced`."""
-        self._token = self._generation.claim(owner)
-        return self._token
+        self._own_generation = self._sink_generation.claim(owner)
+        return self._own_generation
 
     # -- stream ownership (coordinator/stream.py) ------------------------------------
 
@@ -140,12 +140,12 @@ class Coordinator:
         forget the sink's epochs and/or record micro-batches ``0..committed_through`` as
         committed, then leave the sink to the next query that writes. Fences every older
         writer; :class:`ResetRefused` while xids are open."""
-        return StreamReset(self.store, self._generation).run(forget_epochs, committed_through,
+        return StreamReset(self.store, self._sink_generation).run(forget_epochs, committed_through,
                                                              by)
 
     def generation(self) -> int:
         """The sink's current generation (0 if never fenced)."""
-        return self._generation.current()
+        return self._sink_generation.current()
 
     def taken_over(self, generation: int, cause: Exception | None = None
                    ) -> SinkTakenOver | None:
@@ -157,7 +157,7 @@ class Coordinator:
             except (Fenced, XidDecided) as exc:
                 raise coord.taken_over(generation, exc) or exc
         """
-        return self._generation.taken_over(generation, cause)
+        return self._sink_generation.taken_over(generation, cause)
 
     def allocate_epoch(self) -> int:
         """A new epoch for a batch job: monotonic, never handed out twice."""
@@ -249,11 +249,14 @@ class Coordinator:
         Every xid is attempted; if some could not be finished, :class:`RecoveryIncomplete`
         carries the report (or, with ``raise_on_failure=False``, the report lists them).
         """
-        token = self._token if self._token is not None else self.generation()
+        generation = (self._own_generation if self._own_generation is not None
+                      else self.generation())
         recovery = Recovery(self.store, self._completion, self._abort_if_older,
-                            lambda epoch: self.publish_lease(epoch, token, wait_for_holders))
-        return recovery.run(token, publish, rollback,
-                            token if older_than_generation is None else older_than_generation,
+                            lambda epoch: self.publish_lease(epoch, generation,
+                                                             wait_for_holders))
+        return recovery.run(generation, publish, rollback,
+                            generation if older_than_generation is None
+                            else older_than_generation,
                             raise_on_failure)
 
     # -- reads -----------------------------------------------------------------------
@@ -290,7 +293,8 @@ class Coordinator:
         return [found[b] for b in sorted(found)]
 
     def ledger(self, epoch: int, branch_id: str) -> Ledger:
-        """The durable key/value ledger of one branch (for the publish step).
+        """The durable key/value ledger of one branch (for the publish step): the
+        ``server_ext.ledger.Ledger`` the publish and consolidate steps take.
 
         Its writes are fenced by the publish lease this coordinator holds for ``epoch``
         (inside ``commit``, ``abort``, ``recover`` or ``publish_lease``); outside a lease
@@ -372,18 +376,18 @@ class Coordinator:
         if self.on_step is not None:
             self.on_step(name)
 
-    def _abort_if_older(self, epoch: int, token: int, older_than: int,
+    def _abort_if_older(self, epoch: int, generation: int, older_than: int,
                         rollback: BranchCallback) -> XidRecord | None:
         """Recovery's abort: only while the xid still belongs to an older generation."""
-        record, decided_now = self._steps.decide_abort(epoch, token, older_than)
+        record, decided_now = self._steps.decide_abort(epoch, generation, older_than)
         if record.state is XidState.INITIALIZED:
             return None
         if decided_now:
             self._step("abort.after_decision")
         if record.state is XidState.ABORTED:
             return record
-        with self.publish_lease(epoch, token) as lease:
+        with self.publish_lease(epoch, generation) as lease:
             record = self._reread(record)
             if record.state is not XidState.ABORTING:
                 return record
-            return self._completion.finish_abort(record, lease, token, rollback)
+            return self._completion.finish_abort(record, lease, generation, rollback)

@@ -1,10 +1,10 @@
-"""The sink's generation: a fencing token bumped by every new writer of the sink.
+"""The sink's generation: the fencing token bumped by every new writer of the sink.
 
-Kafka's producer epoch, in ZooKeeper: the token *is* the data version of the
+Kafka's producer epoch, in ZooKeeper: the generation *is* the data version of the
 ``generation`` znode. Bumping it is one versioned write, and fencing costs nothing extra:
-every decision or branch registration adds ``check(generation, token)`` to its own
-multi-op, so a writer holding an older token fails atomically, in the same step it tried
-to write, with no window between "am I still the owner?" and the write itself.
+every decision or branch registration adds ``check(generation node, generation)`` to its
+own multi-op, so a writer holding an older generation fails atomically, in the same step
+it tried to write, with no window between "am I still the owner?" and the write itself.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ class Generation:
 
     Usage::
 
-        generation = Generation(store)
-        token = generation.bump()        # every older writer is now fenced
-        token = generation.claim(run_id) # once per run: same token for all its tasks
+        sink_generation = Generation(store)
+        generation = sink_generation.bump()        # every older writer is now fenced
+        generation = sink_generation.claim(run_id) # once per run: the same for its tasks
         multi = Multi(client)
-        generation.guard(multi, token)   # the multi fails with label "fence" if stale
+        sink_generation.guard(multi, generation)   # fails with label "fence" if stale
     """
 
     def __init__(self, store: SinkStore) -> None:
@@ -41,7 +41,8 @@ class Generation:
         self.path = store.layout.generation
 
     def bump(self) -> int:
-        """Make the caller the sink's owner; returns the new token (1 on the first call)."""
+        """Make the caller the sink's owner; returns the new generation (1 on the first
+        call)."""
         return self.store.run(self._change_owner, None)
 
     def claim(self, owner: str) -> int:
@@ -50,7 +51,7 @@ class Generation:
 
         For writers that cannot fence at start-up because they have no single start (a
         streaming query's tasks see only their run id): the first caller of a run fences
-        every older run, later callers of the same run get the same token. An ``owner``
+        every older run, later callers of the same run get the same generation. An ``owner``
         that a newer writer superseded gets :class:`Fenced`: a zombie task of a dead run
         must not take the sink back (the last 64 superseded owners are remembered).
         """
@@ -59,31 +60,33 @@ class Generation:
         return self.store.run(self._change_owner, owner)
 
     def current(self) -> int:
-        """The sink's current token (0 if no writer ever fenced it)."""
+        """The sink's current generation (0 if no writer ever fenced it)."""
         return self.store.run(self._current)
 
-    def taken_over(self, token: int, cause: Exception | None = None) -> SinkTakenOver | None:
-        """The error for a writer of generation ``token`` if a newer writer took the sink
-        over (None while ``token`` is still current)."""
+    def taken_over(self, generation: int, cause: Exception | None = None
+                   ) -> SinkTakenOver | None:
+        """The error for a writer of ``generation`` if a newer writer took the sink over
+        (None while ``generation`` is still current)."""
         found = self.store.run(self.store.read_json, self.path)
-        if found is None or found[1] <= token:
+        if found is None or found[1] <= generation:
             return None
         record, current = found
         by = record.get("by") or "unknown"
         if record.get("owner"):
             by = f"{by}, run {record['owner']}"
-        return SinkTakenOver(self.store.sink_id, token, current, by, cause)
+        return SinkTakenOver(self.store.sink_id, generation, current, by, cause)
 
-    def guard(self, multi: Multi, token: int) -> Multi:
-        """Add the fencing check: the multi applies only while ``token`` is current."""
-        return multi.check(self.path, token, label=FENCE)
+    def guard(self, multi: Multi, generation: int) -> Multi:
+        """Add the fencing check: the multi applies only while ``generation`` is current."""
+        return multi.check(self.path, generation, label=FENCE)
 
     def _current(self) -> int:
         stat = self.store.client.exists(self.path)
         return stat.version if stat is not None else 0  # no tree yet: never fenced
 
     def _change_owner(self, owner: str | None) -> int:
-        """Bump the token for a new owner (None: an anonymous writer, always bumps)."""
+        """Bump the generation for a new owner (None: an anonymous writer, always
+        bumps)."""
         while True:
             try:
                 raw, stat = self.store.client.get(self.path)
@@ -97,18 +100,18 @@ class Generation:
             if owner is not None and owner in past:
                 raise Fenced(f"sink {self.store.sink_id}: {owner} was superseded by a newer "
                              f"writer (generation {stat.version})")
-            token = stat.version + 1
-            data = encode({"generation": token, "owner": owner, "fenced_at": time.time(),
+            generation = stat.version + 1
+            data = encode({"generation": generation, "owner": owner, "fenced_at": time.time(),
                            "by": f"{socket.gethostname()}:{os.getpid()}",
                            "past_owners": past[-PAST_OWNERS_KEPT:]}, "generation")
             try:
                 self.store.client.set(self.path, data, version=stat.version)
             except BadVersionError:
                 continue  # another writer fenced at the same moment; look again
-            return token
+            return generation
 
 
-def raise_if_fenced(failed: MultiFailed, token: int, xid: str) -> None:
+def raise_if_fenced(failed: MultiFailed, generation: int, xid: str) -> None:
     """Turn a failed fencing check into :class:`Fenced`; leave other failures alone.
 
     A missing generation node (``NoNodeError``) is not fencing: the sink's tree does not
@@ -116,15 +119,15 @@ def raise_if_fenced(failed: MultiFailed, token: int, xid: str) -> None:
     """
     if failed.label == FENCE and isinstance(failed.error, BadVersionError):
         raise Fenced(
-            f"xid {xid}: generation {token} is no longer the sink's current generation; "
+            f"xid {xid}: generation {generation} is no longer the sink's current generation; "
             "a newer writer owns the sink"
         ) from None
 
 
-def settle(failed: MultiFailed, store: SinkStore, token: int, xid: str) -> None:
+def settle(failed: MultiFailed, store: SinkStore, generation: int, xid: str) -> None:
     """After a failed multi-op: raise :class:`Fenced`, create a missing sink tree, or
     return so the caller re-reads and decides again (someone else wrote first)."""
-    raise_if_fenced(failed, token, xid)
+    raise_if_fenced(failed, generation, xid)
     if failed.label == FENCE:  # NoNodeError: the sink's tree does not exist yet
         store.layout.ensure(store.client)
         return

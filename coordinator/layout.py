@@ -12,7 +12,7 @@ One sink's tree (``root`` defaults to ``/txsink``; a kazoo chroot may sit above 
       xids/<epoch>    xid record (state, generation, attempt, winners, metrics, history)
         publisher/<lock node>        publish lease (ephemeral; coordinator/publish_lease.py)
         branches/<branch>            branch record (state, attempt, owner, manifest)
-          ledger/<key>               publish ledger entry
+          ledger/<key>               publish ledger entry (key: a staging table name)
 
 Names are escaped (:func:`escape`) so any sink id, branch id or ledger key is one valid
 znode name; epochs are zero-padded to 20 digits so that child order is epoch order.

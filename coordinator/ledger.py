@@ -1,9 +1,15 @@
 """A durable key/value ledger under one branch, for the publish step's own records.
 
-A publish strategy that cannot make a step idempotent by itself (ClickHouse 18.x attaches
-a partition into a plain MergeTree: running it twice duplicates the rows) writes an intent
-and a completion per partition here, next to the branch it publishes. The ledger lives and
-dies with its branch: pruning the xid removes it.
+This is the ZooKeeper implementation of ``server_ext.ledger.Ledger``, the protocol the
+publish step takes (structurally: ``coordinator`` and ``server_ext`` never import each
+other). A publish that cannot make a step idempotent by itself (ClickHouse 18.x attaches a
+partition into a plain MergeTree: running it twice duplicates the rows) keeps one record
+per staging table here, next to the branch it publishes, keyed by the table's name: an
+intent ``{"state": "attaching", "attaching": [...], "published": [...], "watermark": W}``
+before the statement that makes rows visible, then ``{"state": "published"}``; a combined
+branch also records ``{"state": "combined", "manifest": ...}`` under
+``<combined table>.combined`` (``server_ext/publish.py``, ``server_ext/consolidate.py``).
+The ledger lives and dies with its branch: pruning the xid removes it.
 
 Contract: ``put`` is durable when it returns and is a compare-and-set against the version
 this ledger last read or wrote (a key never read is read first), in one multi-op with the
@@ -37,13 +43,15 @@ class LedgerConflict(CoordinatorError):
 
 
 class Ledger:
-    """Per-branch durable records (the ``ledger`` protocol ``server_ext.publish`` takes).
+    """Per-branch durable records: implements ``server_ext.ledger.Ledger`` (``get``,
+    ``put``, ``confirm``) in ZooKeeper, fenced by the xid's publish lease.
 
     Usage (inside ``coord.publish_lease(41)``, or a commit/recover callback)::
 
-        ledger = coord.ledger(41, "p0-a0-1f2e3d4c")
-        if ledger.get("202401") is None:
-            ledger.put("202401", {"intent": "attach", "watermark": 118})
+        ledger = coord.ledger(41, "p0-a0-s0-1f2e3d4c")
+        if ledger.get(staging_table) is None:
+            ledger.put(staging_table, {"state": "attaching", "attaching": ["202401"],
+                                       "published": [], "watermark": 118})
     """
 
     def __init__(self, store: SinkStore, epoch: int, branch_id: str,

@@ -5,6 +5,11 @@ Records are immutable values: a change is a new record written with a versioned
 compare-and-set against the ``version`` it was read at. ``version`` is the znode's data
 version, not part of the JSON.
 
+A record changes state only through ``moved_to`` (and keeps it through ``changed``), which
+look the change up in the one table of ``coordinator/states.py`` and raise
+:class:`InvalidTransition` for anything it does not list; a record in ``Unknown`` (a new
+one, not yet moved) is never written.
+
 A znode holds at most ~1 MB (ZooKeeper's ``jute.maxbuffer``), and the final commit
 rewrites several records in one multi-op, so a single record is capped at
 :data:`MAX_RECORD_BYTES`; a larger manifest fails clearly with :class:`RecordTooLarge`
@@ -18,8 +23,13 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from coordinator.errors import RecordTooLarge
-from coordinator.states import BranchState, XidState
+from coordinator.errors import InvalidTransition, RecordTooLarge
+from coordinator.states import (
+    BranchState,
+    XidState,
+    require_branch_transition,
+    require_xid_transition,
+)
 
 MAX_RECORD_BYTES = 900_000
 HISTORY_LIMIT = 64  # newest entries kept; a record must not grow without bound
@@ -74,7 +84,12 @@ class XidRecord:
                  **changes: Any) -> XidRecord:
         """A copy in ``state`` with a history entry naming the generation that moved it
         (and ``event`` when the state alone does not say what happened); the caller
-        writes it with a compare-and-set."""
+        writes it with a compare-and-set.
+
+        Raises :class:`InvalidTransition` unless ``states.XID_MOVES`` lists
+        ``self.state → state`` with this ``event``.
+        """
+        require_xid_transition(self.state, state, self.xid, event)
         now = time.time()
         entry: dict[str, Any] = {"state": state.value, "at": now, "generation": by_generation,
                                  "attempt": changes.get("attempt", self.attempt)}
@@ -83,7 +98,18 @@ class XidRecord:
         history = (*self.history, entry)[-HISTORY_LIMIT:]
         return replace(self, state=state, updated=now, history=history, **changes)
 
+    def changed(self, event: str, **changes: Any) -> XidRecord:
+        """A copy in the same state with ``changes`` and no history entry: an update
+        (``select``, ``metrics``), which ``states.XID_MOVES`` must list for the current
+        state, else :class:`InvalidTransition`. ``updated`` changes only if passed."""
+        if "state" in changes or "history" in changes:
+            raise InvalidTransition(f"xid {self.xid}: update {event!r} may not change the "
+                                    "state or the history; use moved_to")
+        require_xid_transition(self.state, self.state, self.xid, event, history=False)
+        return replace(self, **changes)
+
     def to_bytes(self) -> bytes:
+        _require_recorded(self.state, f"xid {self.xid}")
         return encode({
             "state": self.state.value, "generation": self.generation,
             "attempt": self.attempt, "created": self.created, "updated": self.updated,
@@ -137,9 +163,13 @@ class BranchRecord:
         return int(value) if isinstance(value, int | float) else None
 
     def moved_to(self, state: BranchState, **changes: Any) -> BranchRecord:
+        """A copy in ``state``; :class:`InvalidTransition` unless ``states.BRANCH_MOVES``
+        lists ``self.state → state``. The caller writes it with a compare-and-set."""
+        require_branch_transition(self.state, state, f"{self.branch_id} of xid {self.xid}")
         return replace(self, state=state, updated=time.time(), **changes)
 
     def to_bytes(self) -> bytes:
+        _require_recorded(self.state, f"branch {self.branch_id} of xid {self.xid}")
         return encode({
             "state": self.state.value, "generation": self.generation,
             "attempt": self.attempt, "owner": self.owner, "manifest": self.manifest,
@@ -157,6 +187,13 @@ class BranchRecord:
             manifest=raw.get("manifest"), created=float(raw.get("created", 0.0)),
             updated=float(raw.get("updated", 0.0)), version=version,
         )
+
+
+def _require_recorded(state: XidState | BranchState, what: str) -> None:
+    """``Unknown`` means "no record": a new record must move out of it before a write."""
+    if state.value == XidState.UNKNOWN.value:
+        raise InvalidTransition(f"{what} is {state.value}: a record is written only in a "
+                                "state it reached by a move of the table")
 
 
 STREAM_PAST_KEPT = 16  # earlier owners and resets kept in a stream record, newest last

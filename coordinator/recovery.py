@@ -87,7 +87,7 @@ class Recovery:
     Usage (what :meth:`Coordinator.recover` does)::
 
         report = Recovery(store, completion, abort_if_older, lease_for).run(
-            token, publish, rollback, older_than=token, raise_on_failure=True)
+            generation, publish, rollback, older_than=generation, raise_on_failure=True)
     """
 
     def __init__(self, store: SinkStore, completion: Completion,
@@ -97,13 +97,13 @@ class Recovery:
         self.abort_if_older = abort_if_older
         self.lease_for = lease_for
 
-    def run(self, token: int, publish: BranchCallback, rollback: BranchCallback,
+    def run(self, generation: int, publish: BranchCallback, rollback: BranchCallback,
             older_than: int, raise_on_failure: bool) -> RecoveryReport:
-        report = RecoveryReport(self.store.sink_id, token)
+        report = RecoveryReport(self.store.sink_id, generation)
         epochs = self.store.run(self.store.epochs, True)
         records = self.store.run(self.store.read_xids, epochs)
         for record in sorted(records, key=lambda r: (_ORDER.get(r.state, 3), r.epoch)):
-            action = self._recover_one(record, token, publish, rollback, older_than)
+            action = self._recover_one(record, generation, publish, rollback, older_than)
             if action is not None:
                 log.warning("recovery: %s", action)
                 report.actions.append(action)
@@ -111,13 +111,13 @@ class Recovery:
             raise RecoveryIncomplete(report)
         return report
 
-    def _recover_one(self, record: XidRecord, token: int, publish: BranchCallback,
+    def _recover_one(self, record: XidRecord, generation: int, publish: BranchCallback,
                      rollback: BranchCallback, older_than: int) -> RecoveryAction | None:
         try:
             if record.state in (XidState.COMMITTING, XidState.ABORTING):
-                return self._finish(record, token, publish, rollback)
+                return self._finish(record, generation, publish, rollback)
             if record.state is XidState.INITIALIZED and record.generation < older_than:
-                done = self.abort_if_older(record.epoch, token, older_than, rollback)
+                done = self.abort_if_older(record.epoch, generation, older_than, rollback)
                 return None if done is None else self._action(
                     record, ROLLED_BACK, f"undecided, generation {record.generation}")
         except Fenced:
@@ -128,7 +128,7 @@ class Recovery:
             return self._action(record, FAILED, f"{type(exc).__name__}: {exc}")
         return None
 
-    def _finish(self, record: XidRecord, token: int, publish: BranchCallback,
+    def _finish(self, record: XidRecord, generation: int, publish: BranchCallback,
                 rollback: BranchCallback) -> RecoveryAction | None:
         """Finish a decided xid under its lease, from a record read after taking it."""
         with self.lease_for(record.epoch) as lease:
@@ -136,9 +136,9 @@ class Recovery:
             if fresh is None or not fresh.state.is_open:
                 return None  # its previous holder finished it
             if fresh.state is XidState.COMMITTING:
-                self.completion.finish_commit(fresh, lease, token, publish, rollback)
+                self.completion.finish_commit(fresh, lease, generation, publish, rollback)
                 return self._action(fresh, ROLLED_FORWARD)
-            self.completion.finish_abort(fresh, lease, token, rollback)
+            self.completion.finish_abort(fresh, lease, generation, rollback)
             return self._action(fresh, ROLLED_BACK)
 
     @staticmethod

@@ -264,9 +264,9 @@ class StreamReset:
     stopped half-way is finished by running it again.
     """
 
-    def __init__(self, store: SinkStore, generation: Generation) -> None:
+    def __init__(self, store: SinkStore, sink_generation: Generation) -> None:
         self.store = store
-        self.generation = generation
+        self.sink_generation = sink_generation
 
     def run(self, forget_epochs: bool, committed_through: int | None,
             by: str | None = None) -> ResetOutcome:
@@ -276,15 +276,15 @@ class StreamReset:
             raise ValueError(f"committed_through must be >= 0, got {committed_through}")
         by = by or f"{socket.gethostname()}:{os.getpid()}"
         last_before = self._refuse_if_busy(forget_epochs, committed_through)
-        token = self.generation.bump()
+        generation = self.sink_generation.bump()
         self._refuse_if_busy(forget_epochs, committed_through, during=True)
         store = self.store
         record = store.run(read_stream, store)
         forgotten = store.run(self._forget) if forget_epochs else 0
-        store.run(self._finish, token, forget_epochs, committed_through, record, last_before,
+        store.run(self._finish, generation, forget_epochs, committed_through, record, last_before,
                   by)
         return ResetOutcome(store.sink_id, record.query_id if record else None, last_before,
-                            forget_epochs, forgotten, committed_through, token)
+                            forget_epochs, forgotten, committed_through, generation)
 
     def _refuse_if_busy(self, forget_epochs: bool, committed_through: int | None,
                         during: bool = False) -> int | None:
@@ -315,7 +315,7 @@ class StreamReset:
                 pass
         return len(epochs)
 
-    def _finish(self, token: int, forget_epochs: bool, committed_through: int | None,
+    def _finish(self, generation: int, forget_epochs: bool, committed_through: int | None,
                 record: StreamRecord | None, last_before: int | None, by: str) -> None:
         store, layout = self.store, self.store.layout
         client = store.client
@@ -327,12 +327,12 @@ class StreamReset:
         aborted = [] if forget_epochs else list(pruned.get("aborted", []))
         new_last = None if forget_epochs else last
         multi = Multi(client)
-        multi.check(layout.generation, token, label=FENCE)
+        multi.check(layout.generation, generation, label=FENCE)
         if committed_through is not None:
             new_last = committed_through
             if committed_through > 0:
                 committed = add_to_ranges(committed + [[0, committed_through - 1]], [])
-            self._mark_committed(multi, committed_through, token, by)
+            self._mark_committed(multi, committed_through, generation, by)
         multi.set_data(layout.last_committed,
                        encode({"epoch": new_last, "at": time.time()}, LAST_COMMITTED),
                        last_version, label=LAST_COMMITTED)
@@ -358,8 +358,9 @@ class StreamReset:
                     "the query and run the reset again") from None
             raise failed.error from None
 
-    def _mark_committed(self, multi: Multi, epoch: int, token: int, by: str) -> None:
-        """A ``Committed`` xid without branches for ``epoch``: its replay writes nothing."""
+    def _mark_committed(self, multi: Multi, epoch: int, generation: int, by: str) -> None:
+        """A ``Committed`` xid without branches for ``epoch``: its replay writes nothing
+        (the table's ``Unknown → Committed`` move ``reset``)."""
         existing = self.store.read_xid(epoch)
         if existing is not None and existing.state is XidState.COMMITTED:
             return
@@ -367,10 +368,9 @@ class StreamReset:
             self.store.client.delete(self.store.layout.xid(epoch), recursive=True)
         now = time.time()
         marker = XidRecord(
-            sink_id=self.store.sink_id, epoch=epoch, state=XidState.COMMITTED,
-            generation=token, created=now, updated=now, decided_at=now,
-            metrics={"reset": f"marked committed by txsink reset ({by})"},
-            history=({"state": XidState.COMMITTED.value, "at": now, "generation": token,
-                      "attempt": 1, "event": "reset"},))
+            sink_id=self.store.sink_id, epoch=epoch, state=XidState.UNKNOWN,
+            generation=generation, created=now, updated=now,
+        ).moved_to(XidState.COMMITTED, generation, event="reset", decided_at=now,
+                   metrics={"reset": f"marked committed by txsink reset ({by})"})
         multi.create(self.store.layout.xid(epoch), marker.to_bytes(), label="xid")
         multi.create(self.store.layout.branches(epoch), label="xid")

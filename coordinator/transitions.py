@@ -9,6 +9,10 @@ a step is safe to re-run after a lost reply: the re-run finds its own write and 
 To save a round trip, a step may start from the record this instance last wrote or read
 (the CAS proves it current or fails); a cached record is used only while it is
 ``Initialized``, so a refusal is never based on a stale record.
+
+Each step raises its own typed error (``Fenced``, ``XidDecided``, ``XidAborted``,
+``WinnerNotPrepared``, ...) before it builds a new record; the new record itself comes
+from ``moved_to``/``changed``, which check the one table in ``coordinator/states.py``.
 """
 
 from __future__ import annotations
@@ -34,11 +38,11 @@ from coordinator.errors import (
 from coordinator.fencing import Generation, settle
 from coordinator.multi import CONFLICT_RETRIES, Multi, MultiFailed
 from coordinator.records import BranchRecord, XidRecord, decode, encode
-from coordinator.states import BranchState, XidState, require_branch_transition
+from coordinator.states import BranchState, XidState
 from coordinator.store import SinkStore
 
 T = TypeVar("T")
-NO_FENCE = -1  # token for steps that carry no generation (prepare, metrics)
+NO_FENCE = -1  # the generation of steps that are not fenced (prepare, metrics)
 
 
 class Transitions:
@@ -53,9 +57,9 @@ class Transitions:
         record, decided_now, winners = steps.decide_commit(41, generation, ["p0-a0-1f2e3d4c"])
     """
 
-    def __init__(self, store: SinkStore, generation: Generation) -> None:
+    def __init__(self, store: SinkStore, sink_generation: Generation) -> None:
         self.store = store
-        self.generation = generation
+        self.sink_generation = sink_generation
         self.layout = store.layout
         self._xids: dict[int, XidRecord] = {}
         self._branches: dict[tuple[int, str], BranchRecord] = {}
@@ -129,9 +133,9 @@ class Transitions:
             raise XidDecided(f"xid {record.xid} is {record.state.value}; branch "
                              f"{branch_id} may not register after the decision")
         now = time.time()
-        branch = BranchRecord(self.store.sink_id, epoch, branch_id, BranchState.INITIALIZED,
+        branch = BranchRecord(self.store.sink_id, epoch, branch_id, BranchState.UNKNOWN,
                               generation, record.attempt, owner=dict(owner), created=now,
-                              updated=now)
+                              updated=now).moved_to(BranchState.INITIALIZED)
         multi = self._fenced(generation)
         multi.check(self.layout.xid(epoch), record.version, label="xid")  # refuse zombies
         multi.create(self.layout.branch(epoch, branch_id), branch.to_bytes(), label="branch")
@@ -164,7 +168,6 @@ class Transitions:
                 or branch.state is BranchState.ABORTED):
             raise XidDecided(f"xid {record.xid} is {record.state.value} (attempt "
                              f"{record.attempt}); branch {branch_id} cannot prepare")
-        require_branch_transition(branch.state, BranchState.PREPARED, branch_id)
         prepared = branch.moved_to(BranchState.PREPARED, manifest=manifest)
         multi = Multi(self.store.client)
         multi.check(self.layout.xid(epoch), record.version, label="xid")
@@ -184,8 +187,8 @@ class Transitions:
         new = [b for b in dict.fromkeys(branch_ids) if b not in record.selected]
         if new:
             self._require_prepared(record, new)
-            self._write(record, generation, replace(
-                record, selected=(*record.selected, *new), updated=time.time()))
+            self._write(record, generation, record.changed(
+                "select", selected=(*record.selected, *new), updated=time.time()))
 
     def _commit_once(self, epoch: int, generation: int, winners: list[str] | None,
                      cached: bool) -> tuple[XidRecord, bool, dict[str, BranchRecord]]:
@@ -214,7 +217,7 @@ class Transitions:
 
     def _metrics_once(self, epoch: int, metrics: dict[str, Any], cached: bool) -> None:
         record = self._require(epoch, cached)
-        merged = replace(record, metrics={**record.metrics, **metrics})
+        merged = record.changed("metrics", metrics={**record.metrics, **metrics})
         multi = Multi(self.store.client)
         multi.set_data(self.layout.xid(epoch), merged.to_bytes(), record.version, label="xid")
         multi.commit()
@@ -222,18 +225,18 @@ class Transitions:
 
     # -- shared ------------------------------------------------------------------------
 
-    def _run(self, epoch: int, token: int, one_try: Callable[[bool], T]) -> T:
+    def _run(self, epoch: int, generation: int, one_try: Callable[[bool], T]) -> T:
         """Run ``one_try`` under the retry policy until its multi-op applies; after a
         conflict, read again (no cache) and decide again."""
-        return self.store.run(self._until_applied, epoch, token, one_try)
+        return self.store.run(self._until_applied, epoch, generation, one_try)
 
-    def _until_applied(self, epoch: int, token: int, one_try: Callable[[bool], T]) -> T:
+    def _until_applied(self, epoch: int, generation: int, one_try: Callable[[bool], T]) -> T:
         for attempt in range(CONFLICT_RETRIES):
             try:
                 return one_try(attempt == 0)
             except MultiFailed as failed:
                 self._xids.pop(epoch, None)
-                settle(failed, self.store, token, f"{self.store.sink_id}/{epoch}")
+                settle(failed, self.store, generation, f"{self.store.sink_id}/{epoch}")
         raise ForceRetryError()  # heavy contention: back off under the retry policy
 
     def _read(self, epoch: int, cached: bool) -> XidRecord | None:
@@ -254,8 +257,8 @@ class Transitions:
         if record is not None:
             self._xids[record.epoch] = record
 
-    def _fenced(self, token: int) -> Multi:
-        return self.generation.guard(Multi(self.store.client), token)
+    def _fenced(self, generation: int) -> Multi:
+        return self.sink_generation.guard(Multi(self.store.client), generation)
 
     def _create(self, epoch: int, generation: int) -> XidState:
         now = time.time()
@@ -269,10 +272,10 @@ class Transitions:
         self._remember(replace(record, version=0))
         return XidState.INITIALIZED
 
-    def _write(self, current: XidRecord, token: int, new: XidRecord,
+    def _write(self, current: XidRecord, generation: int, new: XidRecord,
                reopen: bool = False) -> XidRecord:
         """One fenced compare-and-set of the xid record (plus its open-index entry)."""
-        multi = self._fenced(token)
+        multi = self._fenced(generation)
         multi.set_data(self.layout.xid(current.epoch), new.to_bytes(), current.version,
                        label="xid")
         if reopen:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 from kazoo.client import KazooClient
 
-from coordinator import Coordinator, UnknownBranch
+from coordinator import Coordinator, Ledger, UnknownBranch
 from coordinator.layout import SinkLayout, escape, unescape
+from server_ext.ledger import Ledger as LedgerProtocol
 from tests.test_coordinator_support import new_coordinator
+
+STAGING = "txs_orders_0123456789ab_e0_p0a0aaaa0000_01234567_r0123456789ab"
+INTENT = {"state": "attaching", "attaching": ["202401"], "published": [], "watermark": 118}
 
 
 @pytest.mark.parametrize("sink_id", ["orders", "a/b", ".", "..", "stream-äöü", "x%2Fy",
@@ -52,9 +58,9 @@ def test_ledger_returns_what_was_put_and_none_for_a_missing_key(zk: KazooClient)
     coord.register_branch(0, "p0-a0-aaaa0000", generation, owner={})
     with coord.publish_lease(0):
         ledger = coord.ledger(0, "p0-a0-aaaa0000")
-        assert ledger.get("202401") is None
-        ledger.put("202401", {"intent": "attach", "watermark": 118})
-    assert ledger.get("202401") == {"intent": "attach", "watermark": 118}
+        assert ledger.get(STAGING) is None
+        ledger.put(STAGING, INTENT)
+    assert ledger.get(STAGING) == INTENT
 
 
 def test_ledger_put_overwrites_the_previous_value(zk: KazooClient) -> None:
@@ -63,10 +69,24 @@ def test_ledger_put_overwrites_the_previous_value(zk: KazooClient) -> None:
     coord.register_branch(0, "p0-a0-aaaa0000", generation, owner={})
     with coord.publish_lease(0):
         ledger = coord.ledger(0, "p0-a0-aaaa0000")
-        ledger.put("all", {"state": "intent"})
-        ledger.put("all", {"state": "done"})
-    assert ledger.get("all") == {"state": "done"}
-    assert ledger.items() == {"all": {"state": "done"}}
+        ledger.put(STAGING, INTENT)
+        ledger.put(STAGING, {"state": "published"})
+        ledger.put(f"{STAGING}.combined", {"state": "combined", "manifest": {"rows": 1}})
+    assert ledger.get(STAGING) == {"state": "published"}
+    assert ledger.items() == {STAGING: {"state": "published"},
+                              f"{STAGING}.combined": {"state": "combined",
+                                                      "manifest": {"rows": 1}}}
+
+
+def test_the_coordinator_ledger_implements_the_server_ext_protocol() -> None:
+    """``coordinator.Ledger`` is the ZooKeeper ``server_ext.ledger.Ledger`` (the two
+    packages never import each other, so the match is structural: checked here)."""
+    wanted = [n for n in vars(LedgerProtocol) if not n.startswith("_")]
+    assert sorted(wanted) == ["confirm", "get", "put"]
+    for name in wanted:
+        ours = inspect.signature(getattr(Ledger, name)).parameters
+        theirs = inspect.signature(getattr(LedgerProtocol, name)).parameters
+        assert list(ours) == list(theirs), name
 
 
 def test_ledger_keys_may_hold_any_character(zk: KazooClient) -> None:

@@ -459,3 +459,28 @@ def test_a_new_attempt_commits_only_its_own_branches(zk: KazooClient) -> None:
     new.commit(EPOCH, new_generation, fresh, target.publish, target.rollback)
     assert target.visible_in(EPOCH) == set(fresh)
     assert not target.rollback_calls  # the old attempt's branches were rolled back already
+
+
+def test_select_and_metrics_keep_the_state_and_add_no_history(
+        driver: tuple[Coordinator, int]) -> None:
+    coord, generation = driver
+    winners = bring_to(coord, generation, X.INITIALIZED)
+    before = coord.xid(EPOCH)
+    coord.select(EPOCH, generation, winners[:1])
+    coord.record_metrics(EPOCH, {"rows": 3})
+    after = coord.xid(EPOCH)
+    assert after.state is X.INITIALIZED and after.history == before.history
+    assert after.selected == tuple(winners[:1]) and after.metrics == {"rows": 3}
+
+
+def test_reset_marks_an_epoch_committed_with_the_reset_move(zk: KazooClient) -> None:
+    """``txsink reset --committed-through`` writes its marker xid through the table's
+    ``Unknown → Committed`` move, replacing an aborted xid of that epoch."""
+    coord, generation = new_coordinator(zk)
+    bring_to(coord, generation, X.ABORTED)
+    outcome = coord.reset_stream(committed_through=EPOCH, by="test")
+    marker = coord.xid(EPOCH)
+    assert marker.state is X.COMMITTED and marker.generation == outcome.generation
+    assert [(h["state"], h.get("event")) for h in marker.history] == [("Committed", "reset")]
+    assert coord.branches(EPOCH) == [] and coord.is_committed(EPOCH)
+    assert coord.last_committed() == EPOCH
