@@ -3,11 +3,13 @@
 This is everything that happens *after* the decision, so it runs identically in the
 ``commit``/``abort`` that made the decision and in a later ``recover`` by another process:
 
-- commit: publish each winner, roll back every other branch, then one multi-op marks the
-  branches ``Committed``/``Aborted``, sets the xid ``Committed``, advances
-  ``last_committed`` and drops the xid from the open index. Branches are marked only at
-  the end (one round trip instead of one per branch); a recovery therefore publishes
-  every winner again, which the publish contract (idempotent) makes harmless.
+- commit: publish each winner, then one multi-op marks the branches
+  ``Committed``/``Aborted``, sets the xid ``Committed``, advances ``last_committed`` and
+  drops the xid from the open index; then every other branch is rolled back (its staging
+  dropped; what a crash or a failure leaves there is ``txsink gc``'s). Branches are
+  marked only at the end (one round trip instead of one per branch); a recovery
+  therefore publishes every winner again, which the publish contract (idempotent) makes
+  harmless.
 - abort: roll back every branch, then one multi-op marks them and sets ``Aborted``.
 
 Crash safety comes from the order: nothing here changes the decision, the callbacks are
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -31,7 +34,7 @@ from kazoo.exceptions import KazooException
 
 from coordinator.callbacks import BranchCallback, CallbackPolicy
 from coordinator.epochs import LastCommitted
-from coordinator.errors import CoordinatorError, PublishLeaseLost
+from coordinator.errors import CallbackFailed, CoordinatorError, PublishLeaseLost
 from coordinator.multi import CHUNK_BYTES, CONFLICT_RETRIES, Multi, MultiFailed
 from coordinator.publish_lease import LEASE, PublishLease
 from coordinator.records import BranchRecord, XidRecord
@@ -41,6 +44,7 @@ from coordinator.store import SinkStore
 log = logging.getLogger(__name__)
 
 _PUBLISHABLE = (BranchState.PREPARED, BranchState.COMMITTED)
+CLEANUP_WORKERS = 4  # rollbacks of a committed xid's non-winners in flight at once
 
 Step = Callable[[str], None]
 
@@ -85,25 +89,41 @@ class Completion:
             self.policy.call(publish, branch, "publish", XidState.COMMITTING)
             self.step("commit.after_branch_published")
         self.step("commit.after_publish")
-        losers = self._roll_back_losers(record, rollback)
-        final = self.store.run(self._write_committed, record, lease, generation, branches, losers,
-                               metrics or {})
-        log.info("xid %s committed: %d winner(s) published, %d other branch(es) rolled back",
-                 record.xid, len(record.winners), len(losers))
-        self.step("commit.after_committed")
-        return final
-
-    def _roll_back_losers(self, record: XidRecord, rollback: BranchCallback
-                          ) -> dict[str, BranchRecord]:
-        """Read every non-winner *after* the decision (no branch can register any more)
-        and roll back those not yet ``Aborted``."""
+        # Every non-winner, read *after* the decision: no branch can register any more.
         names = [b for b in self.store.run(self.store.branch_ids, record.epoch)
                  if b not in record.winners]
         losers = self.store.run(self.store.read_branches, record.epoch, names)
-        for loser in losers.values():
-            if loser.state is not BranchState.ABORTED:
-                self.policy.call(rollback, loser, "rollback", XidState.COMMITTING)
-        return losers
+        final = self.store.run(self._write_committed, record, lease, generation, branches, losers,
+                               metrics or {})
+        log.info("xid %s committed: %d winner(s) published, %d other branch(es) aborted",
+                 record.xid, len(record.winners), len(losers))
+        self.step("commit.after_committed")
+        self._clean_up(final, [b for b in losers.values() if b.state is not BranchState.ABORTED],
+                       rollback)
+        return final
+
+    def _clean_up(self, record: XidRecord, losers: list[BranchRecord],
+                  rollback: BranchCallback) -> None:
+        """Roll back the non-winners of a ``Committed`` xid, a few at once.
+
+        After the final write, because a rolled-back branch only takes space: it is never
+        published, so its rollback need not delay the rows' visibility nor the commit. A
+        rollback that fails (or a crash before it) leaves its staging to ``txsink gc``,
+        which drops the staging of finished xids. Rollbacks of different branches run
+        concurrently (the callback contract allows it).
+        """
+        def roll_back(loser: BranchRecord) -> None:
+            try:
+                self.policy.call(rollback, loser, "rollback", XidState.COMMITTED)
+            except CallbackFailed as exc:
+                log.warning("xid %s: %s; its staging is left for txsink gc", record.xid, exc)
+
+        if len(losers) <= 1:
+            for loser in losers:
+                roll_back(loser)
+            return
+        with ThreadPoolExecutor(min(CLEANUP_WORKERS, len(losers))) as pool:
+            list(pool.map(roll_back, losers))
 
     def _write_committed(self, record: XidRecord, lease: PublishLease, generation: int,
                          winners: dict[str, BranchRecord], losers: dict[str, BranchRecord],

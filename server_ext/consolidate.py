@@ -20,8 +20,8 @@ or by whoever holds the xid's publish lease next):
   sources may be dropped.
 - Before anything is combined, every source must hold exactly its sealed parts
   (``StagingChanged`` otherwise): rows that left a source are never silently skipped.
-- The sources are dropped only after the record (``drop_tables``); the caller's rollback
-  of them afterwards is a no-op.
+- The sources stay until the caller rolls them back (txsink: as non-winners, once the
+  xid is ``Committed``); a repeat before that finds them, after that the record.
 - Merging rewrites the data of a partition once, inside the server; above
   ``merge_max_bytes`` a partition keeps the sources' parts (they are large already and
   the rewrite would cost more than the parts it saves).
@@ -30,7 +30,6 @@ or by whoever holds the xid's publish lease next):
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 
 from server_ext.capabilities import SqlClient
 from server_ext.ledger import Ledger
@@ -45,13 +44,11 @@ from server_ext.staging import create_staging, staging_qualified
 log = logging.getLogger(__name__)
 
 STEP_AFTER_COMBINE = "consolidate.after_combine"  # combined table built, not recorded
-STEP_AFTER_RECORD = "consolidate.after_record"  # recorded; sources not yet dropped
-STEP_AFTER_DROP_SOURCES = "consolidate.after_drop_sources"
-STEPS = (STEP_AFTER_COMBINE, STEP_AFTER_RECORD, STEP_AFTER_DROP_SOURCES)
+STEP_AFTER_RECORD = "consolidate.after_record"  # recorded, nothing published yet
+STEPS = (STEP_AFTER_COMBINE, STEP_AFTER_RECORD)
 
 COMBINED = "combined"
 MERGE_MAX_BYTES = 256 * 1024 * 1024  # per partition; see docs/benchmarks.md
-DROP_WORKERS = 4
 
 
 def combine_key(combined_table: str) -> str:
@@ -97,8 +94,6 @@ def combine(
         on_step(STEP_AFTER_COMBINE)
         ledger.put(key, {"state": COMBINED, "manifest": manifest.to_dict()})
         on_step(STEP_AFTER_RECORD)
-    drop_tables(client, [qualified_name(m.staging_database, m.staging_table) for m in sources])
-    on_step(STEP_AFTER_DROP_SOURCES)
     return manifest
 
 
@@ -130,17 +125,3 @@ def _build(client: SqlClient, sources: list[Manifest], combined_table: str,
              len(sources), staging, len(manifest.partitions),
              sum(len(p.parts) for p in manifest.partitions))
     return manifest
-
-
-def drop_tables(client: SqlClient, tables: list[str]) -> None:
-    """``DROP TABLE IF EXISTS`` each quoted table, a few at once (each is ~2 ms of
-    round trip and file removal; they do not contend). Idempotent."""
-    def drop(table: str) -> None:
-        client.execute(f"DROP TABLE IF EXISTS {table}", purpose="drop combined source")
-
-    if len(tables) <= 1:
-        for table in tables:
-            drop(table)
-        return
-    with ThreadPoolExecutor(min(DROP_WORKERS, len(tables))) as pool:
-        list(pool.map(drop, tables))

@@ -82,14 +82,6 @@ def test_combined_publish_adds_one_part_per_target_partition(
     assert active_parts(clickhouse_url, ch_db) == {"202401": 1, "202402": 1, "202403": 1}
 
 
-def test_combined_publish_drops_every_source_staging_table(
-        client, clickhouse_url, ch_db, staging_names, combined):
-    target = make_target(clickhouse_url, client, ch_db, "plain")
-    sources = staged_branches(client, clickhouse_url, target, staging_names)
-    publish_combined(client, sources, combined, "attach_marked", MemoryLedger())
-    assert tables_left(clickhouse_url, [m.staging_table for m in sources]) == []
-
-
 @pytest.mark.parametrize("step", COMBINE_STEPS + PUBLISH_STEPS["attach_marked"])
 def test_repeat_after_a_crash_at_each_step_publishes_every_row_once(
         client, clickhouse_url, ch_db, staging_names, combined, step):

@@ -66,7 +66,9 @@ def test_recovery_after_a_crash_at_each_commit_step_publishes_every_winner(
     report = successor.recover(target.publish, target.rollback)
     assert successor.xid(EPOCH).state is XidState.COMMITTED
     assert target.visible_in(EPOCH) == set(winners)
-    assert LOSER in target.rollback_calls
+    # Non-winners are rolled back after the Committed write: a crash right after it
+    # leaves the loser's staging to gc (it can never be published).
+    assert (LOSER in target.rollback_calls) == (step != "commit.after_committed")
     assert successor.last_committed() == EPOCH
     expected = [] if step == "commit.after_committed" else [
         (f"{SINK}/{EPOCH}", XidState.COMMITTING, "rolled_forward")]

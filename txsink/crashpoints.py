@@ -30,7 +30,6 @@ CRASH_POINTS: tuple[str, ...] = (
     "commit.after_decision",          # driver: xid Committing, nothing published
     "consolidate.after_combine",      # driver: winners combined in one table, not recorded
     "consolidate.after_record",       # driver: combined table recorded, sources still there
-    "consolidate.after_drop_sources", # driver: sources dropped, combined not yet published
     "publish.before_partition",       # driver: about to publish a branch's partitions
     "publish.after_intent",           # driver: publish intent recorded, nothing attached
     "publish.after_attach",           # driver: partitions visible, not yet marked

@@ -30,8 +30,8 @@ class BranchPublisher:
 
     Each branch is published on, and rolled back from, the server that holds its staging
     (recorded with the branch); ``client_for(None)`` serves records written before
-    branches named their server. A combined branch publishes its sources in one pass and
-    drops their staging, so their rollback as non-winners costs nothing afterwards.
+    branches named their server. A combined branch publishes its sources in one pass;
+    they are rolled back (dropped) as non-winners once the xid is ``Committed``.
 
     Usage::
 
@@ -46,7 +46,6 @@ class BranchPublisher:
         self.coord = coord
         self.merge_max_bytes = merge_max_bytes
         self._known: dict[tuple[int, str], BranchRecord] = {}
-        self._dropped: set[tuple[str | None, str]] = set()  # (server, staging) gone
 
     def remember(self, records: Iterable[BranchRecord]) -> None:
         """Branch records the caller has just read (spares reading sources again)."""
@@ -67,7 +66,6 @@ class BranchPublisher:
             else:
                 publish_combined(client, sources, payload.staging, strategy, ledger,
                                  on_step=crashpoints.hit, merge_max_bytes=self.merge_max_bytes)
-                self._dropped.update((payload.server, m.staging_table) for m in sources)
         elif payload.manifest.partitions:
             server_ext.publish(client, payload.manifest, strategy, ledger,
                                on_step=crashpoints.hit)
@@ -96,7 +94,7 @@ class BranchPublisher:
         """
         staging = (record.manifest or {}).get("staging") or (record.owner or {}).get("staging")
         server = server_of(record)
-        if not staging or (server, staging) in self._dropped:
+        if not staging:
             return
         try:
             server_ext.rollback(self.client_for(server), staging)
