@@ -38,6 +38,7 @@ from coordinator.errors import (
 from coordinator.fencing import Generation, settle
 from coordinator.multi import CONFLICT_RETRIES, Multi, MultiFailed
 from coordinator.records import BranchRecord, XidRecord, decode, encode
+from coordinator.retention import Retention
 from coordinator.states import BranchState, XidState
 from coordinator.store import SinkStore
 
@@ -106,6 +107,9 @@ class Transitions:
 
     def _begin_once(self, record: XidRecord | None, epoch: int, generation: int) -> XidState:
         if record is None:
+            if Retention(self.store).was_pruned_committed(epoch):
+                # committed long ago, record pruned: a replay must not write it again
+                return XidState.COMMITTED
             return self._create(epoch, generation)
         if record.state is XidState.INITIALIZED:
             if record.generation > generation:

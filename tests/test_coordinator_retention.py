@@ -89,6 +89,17 @@ def test_a_pruned_epoch_is_still_reported_committed(zk: KazooClient) -> None:
     assert coord.last_committed() == 2
 
 
+def test_a_replayed_task_of_a_pruned_committed_epoch_begins_no_new_xid(
+        zk: KazooClient) -> None:
+    commit_epochs(zk, range(3))
+    coord, _ = new_coordinator(zk)
+    time.sleep(0.05)
+    coord.prune(0.01)
+    replay, generation = new_coordinator(zk)
+    assert replay.begin(1, generation) is XidState.COMMITTED
+    assert replay.xid(1) is None
+
+
 def test_a_pruned_aborted_epoch_is_not_reported_committed(zk: KazooClient) -> None:
     coord, generation = new_coordinator(zk)
     coord.begin(0, generation)
