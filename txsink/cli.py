@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import sys
+import warnings
 
 
 def _services(args: argparse.Namespace) -> int:
@@ -234,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:  # the client's reconnect chatter; failures come as one line
+        logging.getLogger("kazoo").setLevel(logging.CRITICAL)
+        warnings.filterwarnings("ignore", message="No chroot path exists")
     try:
         return args.func(args)
     except Exception as exc:  # noqa: BLE001 - operator-facing: one clear line, no trace

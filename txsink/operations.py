@@ -24,6 +24,8 @@ from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 
 from kazoo.client import KazooClient
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry
 
 import server_ext
 from coordinator import (
@@ -106,6 +108,17 @@ def _operator() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+class ZooKeeperUnreachable(ConnectionError):
+    """The coordinator store did not answer within ``CONNECT_SECONDS``."""
+
+
+class UnknownSink(LookupError):
+    """An operator named a sink the root does not hold."""
+
+
+CONNECT_SECONDS = 5.0  # an operator waits this long for ZooKeeper, then gets one line
+
+
 class Operations:
     """One ZooKeeper session (and, when needed, one ClickHouse client) per command."""
 
@@ -113,8 +126,17 @@ class Operations:
                  user: str | None = None, password: str | None = None) -> None:
         self.root = zk_root
         self.root_identity = root_identity(zookeeper, zk_root)  # what gc may judge
-        self.zk = KazooClient(hosts=zookeeper)
-        self.zk.start(timeout=15)
+        self.zk = KazooClient(hosts=zookeeper,
+                              connection_retry=KazooRetry(max_tries=-1, max_delay=1.0))
+        try:
+            self.zk.start(timeout=CONNECT_SECONDS)
+        except KazooTimeoutError:
+            self.zk.stop()
+            self.zk.close()
+            hosts = zookeeper.partition("/")[0]
+            raise ZooKeeperUnreachable(
+                f"no answer from ZooKeeper at {hosts} within {CONNECT_SECONDS:.0f} s (is it "
+                "running, and is --zookeeper host:port[/chroot] right?)") from None
         self.url = url
         self._credentials = (user, password)
         self._clients: dict[str, ClickHouseClient] = {}
@@ -133,8 +155,11 @@ class Operations:
             self._clients[url] = ClickHouseClient(url, user=user, password=password)
         return self._clients[url]
 
-    def _sinks(self, only: str | None) -> list[str]:
+    def _sinks(self, only: str | None, must_exist: bool = False) -> list[str]:
         sinks = Coordinator.sinks(self.zk, self.root)
+        if must_exist and only is not None and only not in sinks:
+            raise UnknownSink(f"no sink {only!r} under {self.root_identity} (known: "
+                              f"{', '.join(sinks[:10]) or 'none'})")
         return [s for s in sinks if only is None or s == only]
 
     def _coordinator(self, sink_id: str) -> Coordinator:
@@ -143,7 +168,7 @@ class Operations:
     def status(self, sink: str | None = None, recent: int = 5) -> dict[str, Any]:
         now = time.time()
         sinks = []
-        for sink_id in self._sinks(sink):
+        for sink_id in self._sinks(sink, must_exist=True):
             coord = self._coordinator(sink_id)
             open_xids = coord.xids(states=OPEN_STATES)
             every_committed = coord.xids(states=(XidState.COMMITTED,))
@@ -637,7 +662,7 @@ def render(command: str, result: dict[str, Any]) -> str:
             lines.append(f"pruned {len(epochs)} finished xid(s) of {sink_id}")
         return "\n".join(lines)
     if not result["sinks"]:
-        return "no sinks"
+        return "no sinks under this root (--zookeeper host:port[/chroot], --zk-root)"
     for sink in result["sinks"]:
         if command == "status":
             lines.append(f"{sink['sink_id']}: generation {sink['generation']}, "
