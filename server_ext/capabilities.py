@@ -63,6 +63,7 @@ class Capabilities:
     low_cardinality: bool  # LowCardinality(T) columns can be created
     low_cardinality_native_setting: bool  # low_cardinality_allow_in_native_format exists
     insert_deduplication_token: bool  # per-insert dedup token setting
+    async_insert: bool  # the async_insert setting exists (staging inserts then set it to 0)
     non_replicated_deduplication_window: bool  # dedup for plain MergeTree exists
     keeper: bool  # the server has a ZooKeeper/Keeper configured (Replicated tables work)
     value_ranges: ValueRanges  # Date/DateTime values it stores and reads back unchanged
@@ -229,6 +230,7 @@ def _probe(client: SqlClient) -> Capabilities:
         low_cardinality=_has_type_family(client, "LowCardinality"),
         low_cardinality_native_setting="low_cardinality_allow_in_native_format" in settings,
         insert_deduplication_token="insert_deduplication_token" in settings,
+        async_insert="async_insert" in settings,
         non_replicated_deduplication_window=_has_merge_tree_setting(
             client, "non_replicated_deduplication_window"
         ),
@@ -255,7 +257,7 @@ def _input_formats(client: SqlClient) -> set[str]:
 
 def _known_settings(client: SqlClient) -> set[str]:
     wanted = ("low_cardinality_allow_in_native_format", "insert_deduplication_token",
-              "allow_experimental_low_cardinality_type")
+              "allow_experimental_low_cardinality_type", "async_insert")
     names = ", ".join(sql_string(name) for name in wanted)
     rows = client.query_rows(
         f"SELECT name FROM system.settings WHERE name IN ({names})", purpose="list settings"

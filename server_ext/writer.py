@@ -23,6 +23,14 @@ Contract (like Spark's ``DataWriter``: one writer per task attempt, used from on
   ``DataWriter.abort``); the writer is unusable afterwards.
 - A transient server error on an INSERT (too many parts, ...) is retried by the client:
   the body is re-encoded from the buffered Arrow data for each attempt.
+- Every INSERT is synchronous: where the server knows ``async_insert`` (detected in
+  ``capabilities``; 18.16 has no such setting) it is sent with ``async_insert=0``. A modern
+  server may default to asynchronous inserts (ClickHouse Cloud does, and the 26.x test
+  server reports ``async_insert = 1``): the server would then buffer rows from several
+  INSERTs, flush them later (or acknowledge before writing, without
+  ``wait_for_async_insert``) and, with ``async_insert_deduplicate``, drop blocks that look
+  repeated, while the seal counts the staged rows right after ``flush()`` and every
+  INSERT must be all-or-nothing on its own.
 
 Format: ArrowStream where the server reads it (one IPC stream per INSERT, Arrow types cast
 to the column types first), Native otherwise (``encoder``). The body is streamed, and its
@@ -93,6 +101,12 @@ class BranchWriter:
         self.target = target
         self.staging_table = staging_table
         self.format = "ArrowStream" if caps.arrow_stream else "Native"
+        self.insert_settings: dict[str, int] = {
+            "max_insert_block_size": block_rows,
+            "min_insert_block_size_rows": block_rows,
+            "min_insert_block_size_bytes": 0,
+            **({"async_insert": 0} if caps.async_insert else {}),
+        }
         self.value_ranges = caps.value_ranges  # Date/DateTime are checked against this server
         self.block_rows = block_rows
         self.chunk_rows = min(chunk_rows, block_rows)
@@ -209,11 +223,7 @@ class BranchWriter:
                 self.staging_table, body, fmt=self.format,
                 purpose=f"insert {rows} rows into staging table {self.staging_table}",
                 columns=[c.name for c in self._columns or []],
-                settings={
-                    "max_insert_block_size": self.block_rows,
-                    "min_insert_block_size_rows": self.block_rows,
-                    "min_insert_block_size_bytes": 0,
-                },
+                settings=self.insert_settings,
             )
         except BaseException as exc:
             self._failed = exc

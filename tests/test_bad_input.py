@@ -2,11 +2,23 @@
 
 For every kind of bad input the write must fail with a message that names the column,
 value, table, user or option at fault; the target must hold exactly the rows it held
-before (compared row by row); and after ``txsink gc`` no staging table may remain.
+before (compared row by row); and after ``txsink gc`` no staging table of the test's
+coordinator root may remain.
 
-These tests use a private ClickHouse + ZooKeeper pair (ports 28401..28404): ``txsink gc
---grace 0`` sweeps every staging table its ZooKeeper root does not know, which on the
-shared servers would include other tests' staging.
+Each test runs against ClickHouse 18.16 and the modern server (``[ch18]`` / ``[ch26]``,
+fixture ``server``); the modern server has the same users. Where the server decides, the
+expectation follows the server in hand: the last Date a server reads back is measured on
+it (2105-12-31 on 18.16, 2149-06-06 on 26.x). The malformed-option cases run on 18.16
+only: options are parsed before any server is asked, so a second server adds nothing.
+Column types only the modern server has are refused on [ch26] by name, before anything
+is staged (the writer supports none of them yet).
+
+On 18.16 the target lives on a private ClickHouse + ZooKeeper pair (ports 28401..28404);
+on 26.x it lives on the shared modern server, with the private ZooKeeper. Every target
+gets a coordinator root of its own (``zk_root``): ``txsink gc --grace 0`` drops every
+staging table of its root that no live xid owns, and the root identity leaves the
+ZooKeeper hosts out, so the default root would judge other runs' staging on a shared
+server.
 """
 
 from __future__ import annotations
@@ -15,19 +27,22 @@ import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, timedelta
 
 import pytest
 import requests
 
 import txsink
+from server_ext.staging import STAGING_DATABASE, root_tag
 from txsink import cli
 from txsink.harness.chaos.faults import private_services
 from txsink.harness.services import READONLY_USER, SECRET_PASSWORD, SECRET_USER, Services
+from txsink.options import root_identity
 
 PORT_BASE = 28400
 SCHEMA = "id LONG, day DATE, code STRING, small INT, name STRING"
 GOOD_ROW = (10, date(2026, 3, 1), "wxyz", 7, "ten")
+LAST_DAY = {"ch18": date(2105, 12, 31), "ch26": date(2149, 6, 6)}  # read back unchanged
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +53,8 @@ def private(tmp_path_factory) -> Iterator[Services]:
     services.down()
 
 
-def sql(services: Services, query: str, **params: str) -> str:
-    resp = requests.post(services.clickhouse.url, data=query.encode(), params=params, timeout=30)
+def sql(url: str, query: str, **params: str) -> str:
+    resp = requests.post(url, data=query.encode(), params=params, timeout=30)
     body = resp.content.decode("utf-8")
     assert resp.status_code == 200, body
     return body
@@ -47,32 +62,48 @@ def sql(services: Services, query: str, **params: str) -> str:
 
 @dataclass
 class Target:
-    services: Services
+    url: str
+    zookeeper: str
     table: str
     options: dict[str, str]
     before: str
 
     def rows(self) -> str:
         db, name = self.table.split(".")
-        return sql(self.services, f"SELECT * FROM `{db}`.`{name}` ORDER BY id FORMAT TSV")
+        return sql(self.url, f"SELECT * FROM `{db}`.`{name}` ORDER BY id FORMAT TSV")
+
+    def staging_left(self) -> list[str]:
+        """Staging tables of this target's coordinator root on its server."""
+        tag = root_tag(root_identity(self.zookeeper, self.options["zk_root"]))
+        names = sql(self.url, "SELECT name FROM system.tables "
+                              f"WHERE database = '{STAGING_DATABASE}'").split()
+        return [n for n in names if n.endswith(f"_r{tag}")]
 
 
 @pytest.fixture
-def target(private: Services) -> Iterator[Target]:
-    """A table with two rows, and sink options with a sink id of its own."""
+def target(request, private: Services, server: str) -> Iterator[Target]:
+    """A table with two rows on the test's server, and sink options with a sink id and a
+    coordinator root of their own."""
+    url = (private.clickhouse.url if server == "ch18"
+           else request.getfixturevalue("modern_clickhouse_url"))
     db = f"bad_{uuid.uuid4().hex[:8]}"
-    sql(private, f"CREATE DATABASE `{db}`")
-    sql(private, f"CREATE TABLE `{db}`.`t` (id UInt64, day Date, code FixedString(4), "
-                 "small UInt8, name String) ENGINE = MergeTree() "
-                 "PARTITION BY toYYYYMM(day) ORDER BY id")
-    sql(private, f"INSERT INTO `{db}`.`t` VALUES "
-                 "(1, '2026-01-15', 'abcd', 1, 'one'), (2, '2026-02-15', 'efgh', 2, 'two')")
-    options = {"url": private.clickhouse.url, "zookeeper": private.zookeeper.hosts,
-               "table": f"{db}.t", "sink_id": f"bad-{db}"}
-    t = Target(private, f"{db}.t", options, "")
+    sql(url, f"CREATE DATABASE `{db}`")
+    sql(url, f"CREATE TABLE `{db}`.`t` (id UInt64, day Date, code FixedString(4), "
+             "small UInt8, name String) ENGINE = MergeTree() "
+             "PARTITION BY toYYYYMM(day) ORDER BY id")
+    sql(url, f"INSERT INTO `{db}`.`t` VALUES "
+             "(1, '2026-01-15', 'abcd', 1, 'one'), (2, '2026-02-15', 'efgh', 2, 'two')")
+    options = {"url": url, "zookeeper": private.zookeeper.hosts, "table": f"{db}.t",
+               "sink_id": f"bad-{db}", "zk_root": f"/txsink-{db}"}
+    t = Target(url, private.zookeeper.hosts, f"{db}.t", options, "")
     t.before = t.rows()
     yield t
-    sql(private, f"DROP DATABASE IF EXISTS `{db}`")
+    sql(url, f"DROP DATABASE IF EXISTS `{db}`")
+
+
+def on_18_16_only(test):
+    """Run ``test`` on 18.16 alone (its id still names the server)."""
+    return pytest.mark.parametrize("server", ["ch18"], indirect=True)(test)
 
 
 @pytest.fixture(autouse=True)
@@ -92,12 +123,10 @@ def rejected(target: Target, df, **options: str) -> str:
     message = str(info.value)
     assert SECRET_PASSWORD not in message
     assert target.rows() == target.before, "the target changed"
-    code = cli.main(["gc", "--zookeeper", target.services.zookeeper.hosts,
-                     "--url", target.services.clickhouse.url, "--grace", "0"])
+    code = cli.main(["gc", "--zookeeper", target.zookeeper, "--zk-root",
+                     target.options["zk_root"], "--url", target.url, "--grace", "0"])
     assert code == 0
-    left = sql(target.services,
-               "SELECT count() FROM system.tables WHERE database = 'txsink_staging'")
-    assert left.strip() == "0", "staging tables left after txsink gc"
+    assert target.staging_left() == [], "staging tables left after txsink gc"
     return message
 
 
@@ -152,6 +181,26 @@ def test_negative_number_into_unsigned_column_names_the_value(spark, target):
     assert names(r"column `id`: value out of range for UInt64.*value -5", rejected(target, df))
 
 
+def test_date_after_the_servers_last_day_is_refused_naming_its_range(spark, target, server):
+    last = LAST_DAY[server]
+    day = last + timedelta(days=1)
+    df = frame(spark, GOOD_ROW, (11, day, "qrst", 8, "eleven"))
+    assert names(rf"column `day`: date outside the range of Date on ClickHouse "
+                 rf"[\d.]+ \(1970-01-01 \.\. {last}\).*value {re.escape(repr(day))}",
+                 rejected(target, df))
+
+
+def test_a_day_after_2105_is_refused_by_18_16_and_written_to_26(spark, target, server):
+    row = (11, date(2120, 1, 1), "qrst", 8, "eleven")
+    if server == "ch18":  # 18.16 would read it back as another day
+        assert names(r"column `day`: date outside .*2105-12-31", rejected(target, frame(
+            spark, GOOD_ROW, row)))
+        return
+    (frame(spark, row).write.format("clickhouse_tx").options(**target.options)
+        .mode("append").save())
+    assert target.rows() == target.before + "11\t2120-01-01\tqrst\t8\televen\n"
+
+
 def test_unknown_table_is_named(spark, target):
     db = target.table.split(".")[0]
     message = rejected(target, frame(spark, GOOD_ROW), table=f"{db}.no_such_table")
@@ -199,9 +248,53 @@ MALFORMED_OPTIONS = {
 }
 
 
+@on_18_16_only
 @pytest.mark.parametrize("case", MALFORMED_OPTIONS, ids=list(MALFORMED_OPTIONS))
 def test_malformed_option_is_rejected_naming_it(spark, target, case):
     options, expected = MALFORMED_OPTIONS[case]
     message = rejected(target, frame(spark, GOOD_ROW), **options)
     assert names(expected, message), message[-500:]
     assert "hunter2" not in message
+
+
+# -- column types only the modern server has ------------------------------------------------
+# column -> (its ClickHouse type, a Spark expression of the natural Spark type for it). The
+# writer supports none of these types yet: each must be refused by name before anything
+# is staged (JSON, Variant and Dynamic included).
+MODERN_ONLY_TYPES = {
+    "flag": ("Bool", "true"),
+    "day32": ("Date32", "DATE'2026-01-01'"),
+    "ts64": ("DateTime64(6, 'UTC')", "TIMESTAMP'2026-01-01 00:00:00'"),
+    "huge": ("Int128", "CAST(1 AS DECIMAL(38, 0))"),
+    "dec76": ("Decimal(76, 10)", "CAST(1.5 AS DECIMAL(38, 10))"),
+    "attrs": ("Map(String, Int64)", "map('a', 1L)"),
+    "doc": ("JSON", "'{\"a\": 1}'"),
+    "ip": ("IPv4", "'10.0.0.1'"),
+    "var": ("Variant(Int64, String)", "'x'"),  # the server sorts the variants
+    "dyn": ("Dynamic", "'x'"),
+    "half": ("BFloat16", "CAST(0.5 AS FLOAT)"),
+    "flags": ("Array(Bool)", "array(true)"),
+}
+
+
+@pytest.mark.parametrize("server", ["ch26"], indirect=True)
+def test_types_only_the_modern_server_has_are_refused_by_name_before_staging(spark, target):
+    db = target.table.split(".")[0]
+    columns = ", ".join(f"`{name}` {ch_type}" for name, (ch_type, _) in MODERN_ONLY_TYPES.items())
+    sql(target.url, f"CREATE TABLE `{db}`.`modern` (id UInt64, {columns}) "
+                    "ENGINE = MergeTree() ORDER BY id")
+    df = spark.range(1).selectExpr(
+        "id", *(f"{value} AS `{name}`" for name, (_, value) in MODERN_ONLY_TYPES.items()))
+    message = rejected(target, df, table=f"{db}.modern")
+    for name, (ch_type, _) in MODERN_ONLY_TYPES.items():
+        element = "element: " if ch_type.startswith("Array(") else ""
+        shown = ch_type.removeprefix("Array(")[:-1] if element else ch_type
+        assert f"column `{name}`: {element}type {shown} is not supported by the writer" \
+            in message, name
+    assert sql(target.url, f"SELECT count() FROM `{db}`.`modern`").strip() == "0"
+    # Not even created and swept: the query log shows no statement naming this root's staging.
+    tag = root_tag(root_identity(target.zookeeper, target.options["zk_root"]))
+    sql(target.url, "SYSTEM FLUSH LOGS")
+    staged = sql(target.url, "SELECT count() FROM system.query_log WHERE "
+                             f"position(query, '_r{tag}') > 0 AND position(query, 'system.') = 0")
+    assert staged.strip() == "0"

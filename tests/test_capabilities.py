@@ -45,6 +45,12 @@ def test_18_16_has_low_cardinality_and_keeper_but_no_dedup_token(caps: Capabilit
     assert not caps.non_replicated_deduplication_window
 
 
+def test_18_16_has_no_async_insert_setting(caps: Capabilities) -> None:
+    # Staging inserts send async_insert=0 only where the setting exists: 18.16 would refuse
+    # the INSERT for an unknown setting.
+    assert not caps.async_insert
+
+
 def test_the_move_probe_leaves_no_table_behind(clickhouse_url: str, monkeypatch) -> None:
     marker = uuid.UUID("00000000-0000-4000-8000-00000000beef")
     monkeypatch.setattr(capabilities.uuid, "uuid4", lambda: marker)

@@ -45,7 +45,7 @@ def database(chdb: ChdbClient) -> Iterator[str]:
 
 def test_modern_engine_has_move_partition_and_arrow_stream(caps: Capabilities) -> None:
     assert caps.version >= (26, 9) and caps.move_partition and caps.arrow_stream
-    assert caps.insert_deduplication_token and not caps.keeper
+    assert caps.insert_deduplication_token and caps.async_insert and not caps.keeper
 
 
 def test_plain_target_on_the_modern_engine_gets_move(chdb, caps, database) -> None:

@@ -1,8 +1,8 @@
 """Overlapping actors on one sink: every row once, or a clear refusal with nothing lost.
 
 A batch job of the sink runs through the real data source (``ClickHouseTxDataSource``:
-driver plan with fence and recovery, task writes, commit) against the real 18.16 server
-and ZooKeeper; Spark's scheduling is left out so that the interleaving is exact. The job
+driver plan with fence and recovery, task writes, commit) against a real server and
+ZooKeeper; Spark's scheduling is left out so that the interleaving is exact. The job
 is held at a named step of its commit while another actor runs in its own ZooKeeper
 session: ``txsink recover``, a second driver of the same sink (fence + recovery, as at job
 start), or the job's own session expires and someone else takes over. Then the job goes
@@ -10,6 +10,11 @@ on. An independent checker counts every id in the target over HTTP.
 
 The free-running race at the end lets a recover loop and repeated second drivers hammer
 the sink while jobs commit, and judges each job by the outcome of its xid.
+
+Every test runs once per server and publish strategy (fixture ``sink``, ids such as
+``[ch18-attach_marked-...]``): on ClickHouse 18.16 with a plain target (``attach_marked``)
+and a Replicated one (``attach_replicated``), and on the modern server with a plain target
+(``move``). The modern server has no ZooKeeper/Keeper, so no Replicated target there.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from txsink import driver
 from txsink.datasource import ClickHouseTxDataSource
 from txsink.operations import Operations
 from txsink.options import parse_options
+from txsink.plan import check_target
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("day", DateType()),
                      StructField("name", StringType()), StructField("value", DoubleType())])
@@ -41,7 +47,10 @@ ROWS_PER_TASK = 400
 ENGINES = {
     "attach_marked": "MergeTree()",
     "attach_replicated": "ReplicatedMergeTree('/clickhouse/tables/{db}/events', '{{replica}}')",
+    "move": "MergeTree()",
 }
+# (server, strategy the sink picks there): what ``sink`` runs each test with
+SERVER_STRATEGIES = [("ch18", "attach_marked"), ("ch18", "attach_replicated"), ("ch26", "move")]
 
 
 def task_batch(start: int, count: int) -> pa.RecordBatch:
@@ -153,13 +162,20 @@ def hold_at(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, Callable[[], obje
     return arm
 
 
-@pytest.fixture(params=sorted(ENGINES))
-def sink(request, clickhouse_url: str, zk_hosts: str, ch_db: str) -> Iterator[Sink]:
-    engine = ENGINES[request.param].format(db=ch_db)
-    run_sql(clickhouse_url, f"CREATE TABLE `{ch_db}`.`events` (id UInt64, day Date, "
-                            f"name String, value Float64) ENGINE = {engine} "
-                            "PARTITION BY toYYYYMM(day) ORDER BY id")
-    yield Sink(clickhouse_url, zk_hosts, f"{ch_db}.events")
+@pytest.fixture(params=SERVER_STRATEGIES, ids=[f"{s}-{e}" for s, e in SERVER_STRATEGIES])
+def sink(request, zk_hosts: str) -> Iterator[Sink]:
+    server, strategy = request.param
+    url = request.getfixturevalue("clickhouse_url" if server == "ch18"
+                                  else "modern_clickhouse_url")
+    db = f"t_{uuid.uuid4().hex[:10]}"
+    run_sql(url, f"CREATE DATABASE `{db}`")
+    run_sql(url, f"CREATE TABLE `{db}`.`events` (id UInt64, day Date, name String, "
+                 f"value Float64) ENGINE = {ENGINES[strategy].format(db=db)} "
+                 "PARTITION BY toYYYYMM(day) ORDER BY id")
+    sink = Sink(url, zk_hosts, f"{db}.events")
+    assert check_target(parse_options(sink.options), SCHEMA).strategy == strategy  # the id's
+    yield sink
+    run_sql(url, f"DROP DATABASE IF EXISTS `{db}`")
 
 
 # -- a second actor while the job is held at a step of its commit -------------------------

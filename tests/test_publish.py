@@ -19,7 +19,7 @@ from server_ext.errors import ClickHouseError, InDoubtPublish, PartsDeduplicated
 from server_ext.ledger import MemoryLedger, resolve_partition
 from server_ext.manifest import Manifest
 from server_ext.overwrite import publish_overwrite
-from server_ext.publish import publish
+from server_ext.publish import STATEMENT_WAIT_SECONDS, publish
 from server_ext.publish_steps import STEP_AFTER_ATTACH, STEP_AFTER_INTENT, STEPS
 from server_ext.schema import TargetTable, describe_table
 from server_ext.seal import seal
@@ -62,6 +62,16 @@ class RecordingLedger(MemoryLedger):
 @pytest.fixture
 def staging_names(clickhouse_url: str) -> Iterator[Callable[[], str]]:
     """Factory of fresh staging table names; all of them are dropped after the test."""
+    yield from _staging_names(clickhouse_url)
+
+
+@pytest.fixture
+def server_staging_names(server_url: str) -> Iterator[Callable[[], str]]:
+    """``staging_names`` on the test's server (18.16 or 26.x, fixture ``server``)."""
+    yield from _staging_names(server_url)
+
+
+def _staging_names(clickhouse_url: str) -> Iterator[Callable[[], str]]:
     sink = f"test-{uuid.uuid4().hex}"
     names: list[str] = []
 
@@ -257,22 +267,32 @@ def test_rerun_after_a_crash_inside_the_multi_partition_alter_publishes_each_row
 
 
 def test_attach_marked_rerun_waits_for_a_statement_of_the_interrupted_run_to_end(
-        client, clickhouse_url, ch_db, staging_names) -> None:
-    target = make_target(clickhouse_url, client, ch_db, "plain")
-    manifest = stage(client, clickhouse_url, target, staging_names(), 0)
+        server, server_url, server_db, server_staging_names) -> None:
+    """The rerun waits for a running statement that names the staging table, and for
+    nothing else: on 26.x the server's own keep-alive query (``txsink_keepalive``, running
+    as long as the server does) is in ``system.processes`` throughout, and does not name
+    the staging table. Were it taken for the interrupted ALTER, the rerun would wait
+    ``STATEMENT_WAIT_SECONDS`` and give up with InDoubtPublish."""
+    client = ClickHouseClient(server_url)
+    target = make_target(server_url, client, server_db, "plain")
+    manifest = stage(client, server_url, target, server_staging_names(), 0)
     ledger = MemoryLedger()
     with pytest.raises(Crash):
         publish(client, manifest, "attach_marked", ledger, on_step=crash_at(STEP_AFTER_INTENT))
     staging = f"`{STAGING_DATABASE}`.`{manifest.staging_table}`"
     slow = f"SELECT sleep(1.5), (SELECT count() FROM {staging})"
-    still_running = threading.Thread(target=run_sql, args=(clickhouse_url, slow))  # the ALTER
+    still_running = threading.Thread(target=run_sql, args=(server_url, slow))  # the ALTER
     still_running.start()
     time.sleep(0.3)
+    keepalive = int(run_sql(server_url, "SELECT count() FROM system.processes WHERE "
+                                        "position(query, 'txsink_keepalive') > 0 AND "
+                                        "position(query, 'system.processes') = 0"))
+    assert keepalive == (1 if server == "ch26" else 0)
     started = time.monotonic()
     publish(client, manifest, "attach_marked", ledger)
-    assert time.monotonic() - started > 1.0
+    assert 1.0 < time.monotonic() - started < STATEMENT_WAIT_SECONDS
     still_running.join()
-    assert keys_in(clickhouse_url, ch_db) == expect(range(90))
+    assert keys_in(server_url, server_db) == expect(range(90))
 
 
 @pytest.mark.parametrize("strategy", ["attach_marked", "attach_replicated"])

@@ -13,6 +13,7 @@ from tests.sinkutil import (
     events_df,
     id_counts,
     moves_into,
+    staging_insert_async_settings,
     staging_tables,
 )
 
@@ -63,6 +64,9 @@ def test_append_makes_every_row_visible_exactly_once(
     assert_exactly_once(server_url, table, range(5000))
     if server == "ch26":  # the server has MOVE PARTITION: strategy `move`
         assert moves_into(server_url, table) > 0
+        # its default is async_insert = 1: every staging INSERT turned it off
+        inserts = staging_insert_async_settings(server_url, server_sink_options)
+        assert inserts and set(inserts) == {"0"}, inserts
 
 
 def test_append_leaves_no_staging_behind(spark, server_url, server_db, server_sink_options):
@@ -97,12 +101,14 @@ def test_failed_job_leaves_target_untouched(spark, server_url, server_db, server
     assert_exactly_once(server_url, table, range(100))
 
 
-def test_overwrite_replaces_only_the_partitions_present(spark, clickhouse_url, ch_db, sink_options):
-    table = create_events(clickhouse_url, ch_db)
-    save(events_df(spark, 0, 900), sink_options, table)  # January..March
+def test_overwrite_replaces_only_the_partitions_present(
+    spark, server_url, server_db, server_sink_options
+):
+    table = create_events(server_url, server_db)
+    save(events_df(spark, 0, 900), server_sink_options, table)  # January..March
     january = events_df(spark, 10_000, 3100).where("month(day) = 1")
-    save(january, sink_options, table, mode="overwrite")
-    counts = id_counts(clickhouse_url, table)
+    save(january, server_sink_options, table, mode="overwrite")
+    counts = id_counts(server_url, table)
     new_ids = {r.id for r in january.select("id").collect()}
     old_kept = {i for i in range(900) if i % 90 >= 31}  # February and March rows stay
     assert set(counts) == new_ids | old_kept
@@ -140,9 +146,12 @@ def test_unreachable_server_fails_naming_it(spark, ch_db, sink_options):
         save(events_df(spark, 0, 10), options, f"{ch_db}.events")
 
 
-def test_wrong_password_fails_without_showing_it(spark, clickhouse_url, ch_db, sink_options):
-    table = create_events(clickhouse_url, ch_db)
-    options = {**sink_options, "user": "txsink_secret", "password": "not-the-password"}
+def test_wrong_password_fails_without_showing_it(
+    spark, server_url, server_db, server_sink_options
+):
+    # Both servers have the same users (the modern one answers AUTHENTICATION_FAILED, 516).
+    table = create_events(server_url, server_db)
+    options = {**server_sink_options, "user": "txsink_secret", "password": "not-the-password"}
     with pytest.raises(Exception) as info:
         save(events_df(spark, 0, 10), options, table)
     assert "not-the-password" not in str(info.value)

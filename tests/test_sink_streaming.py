@@ -1,4 +1,11 @@
-"""Streaming writes: each micro-batch is one xid whose epoch is the batch id."""
+"""Streaming writes: each micro-batch is one xid whose epoch is the batch id.
+
+Every test runs on ClickHouse 18.16 and on the modern server (``[ch18]`` / ``[ch26]``,
+fixture ``server``): the driver dying between the sink's commit and Spark's commit log
+(the replay test) must be harmless with either publish strategy (``attach_marked`` on
+18.16, ``move`` on 26.x). Kills at every named crash point are in
+``test_crash_points_streaming.py``.
+"""
 
 from __future__ import annotations
 
@@ -42,32 +49,32 @@ def run_stream(spark, source: Path, checkpoint: Path, options: dict[str, str], t
 
 
 @pytest.fixture
-def stream_setup(tmp_path, clickhouse_url, ch_db, zk_hosts, zk_chroot):
-    table = create_events(clickhouse_url, ch_db)
-    options = {"url": clickhouse_url, "zookeeper": zk_hosts + zk_chroot, "sink_id": "events"}
+def stream_setup(tmp_path, server_url, server_db, zk_hosts, zk_chroot):
+    table = create_events(server_url, server_db)
+    options = {"url": server_url, "zookeeper": zk_hosts + zk_chroot, "sink_id": "events"}
     return tmp_path / "in", tmp_path / "ckpt", options, table
 
 
-def test_each_micro_batch_commits_its_rows_exactly_once(spark, clickhouse_url, stream_setup, zk):
+def test_each_micro_batch_commits_its_rows_exactly_once(spark, server_url, stream_setup, zk):
     source, checkpoint, options, table = stream_setup
     for n in range(3):
         write_input_file(source, n, range(n * 100, n * 100 + 100))
     run_stream(spark, source, checkpoint, options, table)
-    assert_exactly_once(clickhouse_url, table, range(300))
+    assert_exactly_once(server_url, table, range(300))
     assert Coordinator(zk, "events").last_committed() == 2
 
 
-def test_restarted_query_continues_without_duplicates(spark, clickhouse_url, stream_setup):
+def test_restarted_query_continues_without_duplicates(spark, server_url, stream_setup):
     source, checkpoint, options, table = stream_setup
     write_input_file(source, 0, range(0, 100))
     run_stream(spark, source, checkpoint, options, table)
     write_input_file(source, 1, range(100, 250))
     run_stream(spark, source, checkpoint, options, table)
-    assert_exactly_once(clickhouse_url, table, range(250))
+    assert_exactly_once(server_url, table, range(250))
 
 
 def test_replayed_committed_micro_batch_writes_nothing(
-    spark, clickhouse_url, stream_setup, zk: KazooClient
+    spark, server_url, stream_setup, zk: KazooClient
 ):
     source, checkpoint, options, table = stream_setup
     for n in range(2):
@@ -77,5 +84,5 @@ def test_replayed_committed_micro_batch_writes_nothing(
     (checkpoint / "commits" / "1").unlink()
     (checkpoint / "commits" / ".1.crc").unlink(missing_ok=True)
     run_stream(spark, source, checkpoint, options, table)
-    assert_exactly_once(clickhouse_url, table, range(200))
+    assert_exactly_once(server_url, table, range(200))
     assert Coordinator(zk, "events").last_committed() == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import uuid
 from decimal import Decimal
 
 import pyarrow as pa
@@ -15,7 +16,7 @@ from server_ext.capabilities import Capabilities, detect_capabilities
 from server_ext.client import ClickHouseClient
 from server_ext.errors import ClickHouseError, InvalidValue, SchemaMismatch
 from server_ext.schema import TargetTable, describe_table
-from server_ext.sql import qualified_name
+from server_ext.sql import qualified_name, sql_string
 from server_ext.writer import BranchWriter
 from tests import roundtrip
 
@@ -207,3 +208,40 @@ def test_random_tables_written_in_random_batches_come_back_unchanged(
     writer.flush()
     got = roundtrip.read_back(client, target.qualified, example)
     assert roundtrip.by_column(got) == roundtrip.by_column(roundtrip.expected(rows))
+
+
+# -- the modern server (26.x): staging inserts are synchronous -----------------------------
+
+def test_staging_insert_on_the_modern_server_is_synchronous(modern_clickhouse_url) -> None:
+    """The modern server reports ``async_insert = 1`` as its default; a staging INSERT
+    must not be buffered (the seal counts the rows right after ``flush``), so the writer
+    sends ``async_insert=0``: the query log shows the setting on the INSERT, the server
+    counted no asynchronous insert, its queue holds nothing for the table, and every row
+    is in the table when ``flush`` returns."""
+    client = ClickHouseClient(modern_clickhouse_url)
+    caps = detect_capabilities(client)
+    default = client.query_value("SELECT value FROM system.settings WHERE name = 'async_insert'",
+                                 purpose="read the server's default")
+    assert caps.async_insert and default == "1"
+    database = f"t_{uuid.uuid4().hex[:10]}"
+    client.execute(f"CREATE DATABASE `{database}`", purpose="create database")
+    try:
+        table = make_table(client, database)
+        writer = BranchWriter(client, table, table.qualified, caps, block_rows=100)
+        writer.write(rows_batch(0, 250))
+        writer.flush()
+        assert count(client, table) == writer.rows_sent == 250
+        client.execute("SYSTEM FLUSH LOGS", purpose="flush query log")
+        inserts = client.query_rows(
+            "SELECT Settings['async_insert'] AS async_insert, "
+            "ProfileEvents['AsyncInsertQuery'] AS queued FROM system.query_log "
+            "WHERE type = 'QueryFinish' AND query_kind = 'Insert' "
+            f"AND position(query, {sql_string(table.qualified)}) > 0",
+            purpose="read the inserts from the query log")
+        assert [(r["async_insert"], int(r["queued"])) for r in inserts] == [("0", 0)] * 3
+        queued = client.query_value(
+            "SELECT count() FROM system.asynchronous_inserts "
+            f"WHERE database = {sql_string(database)}", purpose="read the async insert queue")
+        assert queued == "0"
+    finally:
+        client.execute(f"DROP DATABASE IF EXISTS `{database}`", purpose="drop database")

@@ -1,0 +1,74 @@
+"""The cases and the pipeline of the crash-point suites (batch and streaming), per server.
+
+On ClickHouse 18.16 (plain target: strategy ``attach_marked``) every point of
+``CRASH_POINTS`` is tried, in both suites. On the modern server (26.x, plain target:
+strategy ``move``) each suite tries one point of the publish path (``MOVE_POINTS``): a
+pipeline run per point costs 20-40 s on the 2-core CI machine (a restart waits for the
+dead driver's ZooKeeper session to expire), too much to run every point twice. Why this
+subset is sound:
+
+- Only publish depends on the strategy. ``branch.*`` (task side) and ``abort.*`` end in
+  a rollback that drops staging, the same statement on every server; ``commit.*`` are
+  ZooKeeper transitions around publish; ``consolidate.*`` builds the combined table with
+  ``ATTACH PARTITION ... FROM`` whatever the strategy. ``publish.after_drop_staging_
+  partition`` is never reached with ``move`` (a move leaves no staging partition to drop).
+- ``move`` decides a repeat on its own evidence, the staging partitions: one that the
+  intent names and staging no longer holds was moved already; one that staging still
+  holds is moved now. The two points between which that evidence changes are
+  ``publish.after_intent`` (intent written, nothing moved: the repeat must move it) and
+  ``publish.after_attach`` (MOVE PARTITION done, not marked: the repeat must find staging
+  empty and not take that for a loss). ``publish.before_partition`` and
+  ``publish.after_mark`` leave no such question (nothing recorded / marked published).
+- How the repeat is started is the mode's business (batch: ``txsink recover`` at the
+  next job's start; streaming: the restarted query replays its micro-batch), is the same
+  for every strategy, and is tried at every point on 18.16. So each suite takes one of
+  the two points: batch the MOVE done (``after_attach``), streaming the MOVE not done
+  (``after_intent``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from kazoo.client import KazooClient
+
+from tests.conftest import run_sql
+from txsink.crashpoints import CRASH_POINTS
+from txsink.harness.chaos.crashrun import CrashPointRun
+
+#: The points tried on 26.x, per mode (see the module docstring).
+MOVE_POINTS = {"batch": ("publish.after_attach",), "stream": ("publish.after_intent",)}
+
+
+def cases(mode: str) -> list:
+    """``(server, point)`` for ``crash_run`` (the server, indirect) and ``point``; the ids
+    name the server."""
+    return ([pytest.param("ch18", p, id=f"ch18-{p}") for p in CRASH_POINTS]
+            + [pytest.param("ch26", p, id=f"ch26-{p}") for p in MOVE_POINTS[mode]])
+
+
+def crash_point_run(request, tmp_path_factory, zk_hosts: str, mode: str
+                    ) -> Iterator[CrashPointRun]:
+    """One long-lived pipeline (``mode`` batch or stream) on the server ``request.param``
+    names, in a fresh database and ZooKeeper chroot; both are removed afterwards."""
+    url = request.getfixturevalue("clickhouse_url" if request.param == "ch18"
+                                  else "modern_clickhouse_url")
+    db, chroot = f"t_{uuid.uuid4().hex[:10]}", f"/tests/{uuid.uuid4().hex[:10]}"
+    points = len(CRASH_POINTS) if request.param == "ch18" else len(MOVE_POINTS[mode])
+    run = CrashPointRun(tmp_path_factory.mktemp(f"crash-{mode}-{request.param}"), url,
+                        zk_hosts + chroot, f"{db}.events", mode=mode,
+                        standby=min(2, points))  # warm drivers to restart with
+    admin = KazooClient(hosts=zk_hosts)
+    admin.start(timeout=15)
+    admin.ensure_path(chroot)
+    try:
+        run.setup()
+        yield run
+    finally:
+        run.close()
+        run_sql(url, f"DROP DATABASE IF EXISTS `{db}`")
+        admin.delete(chroot, recursive=True)
+        admin.stop()
+        admin.close()
