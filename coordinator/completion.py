@@ -32,6 +32,7 @@ from typing import Any
 
 from kazoo.exceptions import KazooException
 
+from coordinator import steps
 from coordinator.callbacks import BranchCallback, CallbackPolicy
 from coordinator.epochs import LastCommitted
 from coordinator.errors import CallbackFailed, CoordinatorError, PublishLeaseLost
@@ -87,8 +88,8 @@ class Completion:
             if branch.state is BranchState.COMMITTED:
                 continue  # marked by an earlier, partly applied final write
             self.policy.call(publish, branch, "publish", XidState.COMMITTING)
-            self.step("commit.after_branch_published")
-        self.step("commit.after_publish")
+            self.step(steps.COMMIT_AFTER_BRANCH_PUBLISHED)
+        self.step(steps.COMMIT_AFTER_PUBLISH)
         # Every non-winner, read *after* the decision: no branch can register any more.
         names = [b for b in self.store.run(self.store.branch_ids, record.epoch)
                  if b not in record.winners]
@@ -97,7 +98,7 @@ class Completion:
                                metrics or {})
         log.info("xid %s committed: %d winner(s) published, %d other branch(es) aborted",
                  record.xid, len(record.winners), len(losers))
-        self.step("commit.after_committed")
+        self.step(steps.COMMIT_AFTER_COMMITTED)
         self._clean_up(final, [b for b in losers.values() if b.state is not BranchState.ABORTED],
                        rollback)
         return final
@@ -162,7 +163,7 @@ class Completion:
         for branch in branches.values():
             if branch.state is not BranchState.ABORTED:
                 self.policy.call(rollback, branch, "rollback", XidState.ABORTING)
-        self.step("abort.after_rollback")
+        self.step(steps.ABORT_AFTER_ROLLBACK)
         final = self.store.run(self._write_aborted, record, lease, generation, branches)
         log.info("xid %s aborted: %d branch(es) rolled back", record.xid, len(branches))
         return final

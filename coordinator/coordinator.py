@@ -46,6 +46,7 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
+from coordinator import steps
 from coordinator.callbacks import BranchCallback, CallbackPolicy
 from coordinator.completion import Completion
 from coordinator.epochs import EpochCounter, LastCommitted
@@ -216,7 +217,7 @@ class Coordinator:
         if record.state is XidState.COMMITTED:
             return record
         if decided_now:
-            self._step("commit.after_decision")
+            self._step(steps.COMMIT_AFTER_DECISION)
         return self._finish(record, generation, fresh=decided_now, finish=lambda r, lease:
                             self._completion.finish_commit(r, lease, generation, publish,
                                                            rollback, metrics, known))
@@ -230,7 +231,7 @@ class Coordinator:
         if record.state is XidState.ABORTED:
             return record
         if decided_now:
-            self._step("abort.after_decision")
+            self._step(steps.ABORT_AFTER_DECISION)
         return self._finish(record, generation, fresh=decided_now, finish=lambda r, lease:
                             self._completion.finish_abort(r, lease, generation, rollback))
 
@@ -383,7 +384,7 @@ class Coordinator:
         if record.state is XidState.INITIALIZED:
             return None
         if decided_now:
-            self._step("abort.after_decision")
+            self._step(steps.ABORT_AFTER_DECISION)
         if record.state is XidState.ABORTED:
             return record
         with self.publish_lease(epoch, generation) as lease:

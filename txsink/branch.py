@@ -171,7 +171,7 @@ class _Attempt:
                               new_branch_id(self.partition, self.attempt, index), server)
         owner = {**self.owner, "staging": branch.staging, "server": server, "shard": index}
         self.coord.register_branch(self.epoch, branch.branch_id, self.generation, owner=owner)
-        crashpoints.hit("branch.after_register")
+        crashpoints.hit(crashpoints.BRANCH_AFTER_REGISTER)
         self.branches[index] = branch
         return branch
 
@@ -179,15 +179,15 @@ class _Attempt:
         """Seal every branch and record it ``Prepared``: (rows, bytes, partitions)."""
         for branch in self.branches.values():
             branch.flush()
-        crashpoints.hit("branch.after_staging_write")
+        crashpoints.hit(crashpoints.BRANCH_AFTER_STAGING_WRITE)
         sealed = [(branch, *branch.seal()) for branch in self.branches.values()]
-        crashpoints.hit("branch.after_seal")
+        crashpoints.hit(crashpoints.BRANCH_AFTER_SEAL)
         for branch, manifest, rows, _ in sealed:
             self.coord.prepare_branch(self.epoch, branch.branch_id, payload.to_record(
                 payload.StagedBranch(manifest=manifest, strategy=self.plan.strategy,
                                      staging=branch.staging, server=branch.server, rows=rows,
                                      overwrite=self.plan.overwrite)))
-        crashpoints.hit("branch.after_prepare")
+        crashpoints.hit(crashpoints.BRANCH_AFTER_PREPARE)
         return (sum(s[2] for s in sealed), sum(s[3] for s in sealed),
                 sum(len(s[1].partitions) for s in sealed))
 

@@ -21,25 +21,24 @@ import os
 import signal
 from pathlib import Path
 
-#: Every crash point of the protocol, in the order an epoch passes them.
+from coordinator import steps
+from server_ext import consolidate, publish_steps
+
+BRANCH_AFTER_REGISTER = "branch.after_register"  # task: branch recorded, nothing staged
+BRANCH_AFTER_STAGING_WRITE = "branch.after_staging_write"  # task: rows staged, not sealed
+BRANCH_AFTER_SEAL = "branch.after_seal"  # task: manifest built, not recorded
+BRANCH_AFTER_PREPARE = "branch.after_prepare"  # task: branch Prepared, no message yet
+
+#: Every crash point of the protocol, in the order an epoch passes them: the tasks' own,
+#: then those the coordinator and ``server_ext`` declare (their modules say what each
+#: means); ``publish.*`` are passed once per winner, the combined branch first.
 CRASH_POINTS: tuple[str, ...] = (
-    "branch.after_register",          # task: branch recorded, nothing staged yet
-    "branch.after_staging_write",     # task: rows in staging, not sealed
-    "branch.after_seal",              # task: manifest built, not recorded
-    "branch.after_prepare",           # task: branch Prepared, message not yet returned
-    "commit.after_decision",          # driver: xid Committing, nothing published
-    "consolidate.after_combine",      # driver: winners combined in one table, not recorded
-    "consolidate.after_record",       # driver: combined table recorded, sources still there
-    "publish.before_partition",       # driver: about to publish a branch's partitions
-    "publish.after_intent",           # driver: publish intent recorded, nothing attached
-    "publish.after_attach",           # driver: partitions visible, not yet marked
-    "publish.after_mark",             # driver: partitions marked published
-    "publish.after_drop_staging_partition",
-    "commit.after_branch_published",  # driver: one winning branch fully published
-    "commit.after_publish",           # driver: all published, xid not yet Committed
-    "commit.after_committed",         # driver: xid Committed, Spark has not recorded it
-    "abort.after_decision",           # driver: xid Aborting, staging not dropped
-    "abort.after_rollback",           # driver: staging dropped, xid not yet Aborted
+    BRANCH_AFTER_REGISTER, BRANCH_AFTER_STAGING_WRITE, BRANCH_AFTER_SEAL, BRANCH_AFTER_PREPARE,
+    steps.COMMIT_AFTER_DECISION,
+    *consolidate.STEPS,
+    *publish_steps.STEPS["attach_marked"],
+    *steps.COMMIT_STEPS[1:],
+    *steps.ABORT_STEPS,
 )
 
 
