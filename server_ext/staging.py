@@ -52,6 +52,7 @@ import re
 from dataclasses import dataclass
 
 from server_ext.capabilities import SqlClient
+from server_ext.errors import ClickHouseError
 from server_ext.schema import TargetTable
 from server_ext.sql import qualified_name, quote_identifier, setting_assignments, split_table_name
 
@@ -158,14 +159,34 @@ def staging_qualified(table: str) -> str:
 def create_staging(client: SqlClient, target: TargetTable, table_name: str) -> str:
     """Create (if absent) the staging table ``table_name`` for ``target``; returns it quoted.
 
-    Idempotent: a repeat finds the table and only stops its merges again.
+    Idempotent: a repeat finds the table and only stops its merges again. The staging
+    database is created once per server and process (every task of an epoch would ask
+    again); if it vanished since, the table's creation says so and it is made again.
     """
     staging = staging_qualified(table_name)
-    client.execute(f"CREATE DATABASE IF NOT EXISTS {quote_identifier(STAGING_DATABASE)}",
-                   purpose="create staging database")
-    client.execute(staging_ddl(target, staging), purpose="create staging table")
+    server = getattr(client, "url", None)
+    if server is None or server not in _DATABASE_MADE:
+        _create_database(client, server)
+    try:
+        client.execute(staging_ddl(target, staging), purpose="create staging table")
+    except ClickHouseError as exc:
+        if exc.code != UNKNOWN_DATABASE:
+            raise
+        _create_database(client, server)
+        client.execute(staging_ddl(target, staging), purpose="create staging table")
     client.execute(f"SYSTEM STOP MERGES {staging}", purpose="stop merges in staging table")
     return staging
+
+
+_DATABASE_MADE: set[str] = set()  # servers where this process made the staging database
+UNKNOWN_DATABASE = 81
+
+
+def _create_database(client: SqlClient, server: str | None) -> None:
+    client.execute(f"CREATE DATABASE IF NOT EXISTS {quote_identifier(STAGING_DATABASE)}",
+                   purpose="create staging database")
+    if server is not None:
+        _DATABASE_MADE.add(server)
 
 
 def staging_ddl(target: TargetTable, staging: str) -> str:

@@ -202,3 +202,23 @@ def test_rollback_is_idempotent_and_accepts_a_qualified_name(
     rollback(client, staging)
     rollback(client, staging_name)
     assert run_sql(clickhouse_url, f"EXISTS TABLE {staging}").strip() == "0"
+
+
+def test_staging_database_dropped_since_the_last_staging_table_is_made_again() -> None:
+    """The database is created once per server and process; a vanished one is remade.
+
+    In-process ClickHouse (chdb), so that dropping the staging database disturbs nobody.
+    """
+    from server_ext.chdb_client import ChdbClient
+
+    chdb = ChdbClient.for_process()
+    chdb.execute("CREATE DATABASE IF NOT EXISTS remade", purpose="test")
+    chdb.execute("CREATE TABLE IF NOT EXISTS remade.t (d Date, k UInt64) ENGINE = MergeTree "
+                 "PARTITION BY d ORDER BY k", purpose="test")
+    target = describe_table(chdb, "remade.t")
+    create_staging(chdb, target, "txs_remade_first")
+    chdb.execute(f"DROP DATABASE {STAGING_DATABASE}", purpose="test")
+    create_staging(chdb, target, "txs_remade_second")
+    assert chdb.query_value(f"SELECT count() FROM system.tables WHERE database = "
+                            f"'{STAGING_DATABASE}' AND name = 'txs_remade_second'",
+                            purpose="test") in (1, "1")
