@@ -35,7 +35,7 @@ from server_ext.capabilities import SqlClient
 from server_ext.ledger import Ledger
 from server_ext.manifest import Manifest
 from server_ext.publish import publish
-from server_ext.publish_steps import PublishReport, StepHook, alter_in_chunks, no_step
+from server_ext.publish_steps import MAX_COMMANDS_PER_ALTER, PublishReport, StepHook, no_step
 from server_ext.schema import describe_table
 from server_ext.seal import merge_partitions, require_sealed, seal
 from server_ext.sql import qualified_name, sql_string
@@ -108,18 +108,24 @@ def _build(client: SqlClient, sources: list[Manifest], combined_table: str,
     staging = staging_qualified(combined_table)
     client.execute(f"DROP TABLE IF EXISTS {staging}", purpose="drop unrecorded combined table")
     create_staging(client, target, combined_table)
-    commands = [f"ATTACH PARTITION ID {sql_string(p.partition_id)} FROM "
-                f"{qualified_name(m.staging_database, m.staging_table)}"
-                for m in sources for p in m.partitions]
-    alter_in_chunks(client, staging, commands, purpose="combine winners into one table",
-                    retry=False)
     sizes: dict[str, tuple[int, int]] = {}
     for source in sources:
         for partition in source.partitions:
             parts, size = sizes.get(partition.partition_id, (0, 0))
             sizes[partition.partition_id] = (parts + len(partition.parts), size + partition.bytes)
-    merge_partitions(client, staging, [pid for pid, (parts, size) in sorted(sizes.items())
-                                       if parts > 1 and size <= merge_max_bytes])
+    small = {pid for pid, (parts, size) in sizes.items() if parts > 1 and size <= merge_max_bytes}
+    commands = [(p.partition_id, f"ATTACH PARTITION ID {sql_string(p.partition_id)} FROM "
+                                 f"{qualified_name(m.staging_database, m.staging_table)}")
+                for m in sources for p in m.partitions]
+    for start in range(0, len(commands), MAX_COMMANDS_PER_ALTER):
+        chunk = commands[start:start + MAX_COMMANDS_PER_ALTER]
+        client.execute(f"ALTER TABLE {staging} {', '.join(c for _, c in chunk)}",
+                       purpose="combine winners into one table", retry=False)
+        if start + MAX_COMMANDS_PER_ALTER < len(commands):
+            # An ATTACH costs more the more parts its table holds (measured on 18.16:
+            # ~1 ms at 200 sources, ~9 ms at 1,000): merge as we go, so it stays cheap.
+            merge_partitions(client, staging, sorted({pid for pid, _ in chunk} & small))
+    merge_partitions(client, staging, sorted(small))
     manifest = seal(client, target, combined_table, sum(m.rows for m in sources))
     log.info("combined %d branches into %s: %d partitions, %d parts",
              len(sources), staging, len(manifest.partitions),
