@@ -1,8 +1,9 @@
 """PNG plots of a benchmark run, drawn from its JSON files alone.
 
 Reads ``sink.json`` (``bench_sink.py``) and, when present, ``writer.json``,
-``publish.json`` and ``coordinator.json`` (the component benchmarks) and ``shards.json``
-(``bench_shards.py``) from one results directory and writes one small PNG per figure
+``publish.json`` and ``coordinator.json`` (the component benchmarks), ``shards.json``
+(``bench_shards.py``) and ``partitions.json`` (``bench_partitions.py``) from one results
+directory and writes one small PNG per figure
 next to them. Plots never measure anything: re-drawing a recorded run gives the same
 pictures.
 
@@ -31,6 +32,7 @@ LABELS = {"noop": 'format("noop")', "arrow_noop": "no-op Arrow writer",
           "client_executor": "foreachBatch+client (tasks)", "tx": "clickhouse_tx"}
 SHARD_COLORS = {"one_server": "#2ca02c", "two_shards_id": "#1f77b4",
                 "two_shards_hash": "#9467bd"}
+SERVER_COLORS = {"ch18": "#2ca02c", "ch26": "#9467bd"}
 STEP_COLORS = {"begin": "#8c564b", "stage": "#1f77b4", "seal": "#17becf",
                "decision": "#d62728", "publish": "#2ca02c", "drop": "#bcbd22",
                "finish": "#9467bd", "other": "#c7c7c7"}
@@ -258,6 +260,59 @@ def shards(data: dict, out: Path) -> Path | None:
     return _save(fig, out / "shards.png")
 
 
+def partitions(data: dict, out: Path) -> Path | None:
+    """``bench_partitions.py``: tx commit_ms vs branches with the goal line (left), tx ÷
+    plain wall time in every round and the paired median vs Spark partitions (right)."""
+    rows = [r for r in data.get("results", []) if r.get("tx_s") or r.get("plain_s")]
+    if not rows:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(7.6, 3.4))
+    xs = sorted({r["partitions"] for r in rows})
+    for server in dict.fromkeys(r["server"] for r in rows):
+        mine = sorted((r for r in rows if r["server"] == server), key=lambda r: r["partitions"])
+        color = SERVER_COLORS.get(server, "#7f7f7f")
+        strategy = mine[0]["strategy"]
+        for r in mine:
+            branches = r["branches"] or r["partitions"]
+            rounds = [c for c in r["commit_ms_rounds"] if c is not None]
+            left.scatter([branches] * len(rounds), rounds, color=color, alpha=0.35, s=12)
+            ratios = r["tx_over_plain_rounds"]
+            right.scatter([r["partitions"]] * len(ratios), ratios, color=color, alpha=0.35,
+                          s=12)
+        commits = [((r["branches"] or r["partitions"]), r["commit_ms"]) for r in mine
+                   if r["commit_ms"] is not None]
+        if commits:
+            left.plot(*zip(*commits, strict=True), marker="o", color=color,
+                      label=f"{server} ({strategy})")
+        paired = [(r["partitions"], r["tx_over_plain_paired"]) for r in mine
+                  if r["tx_over_plain_paired"] is not None]
+        if paired:
+            right.plot(*zip(*paired, strict=True), marker="o", color=color,
+                       label=f"{server} median")
+    goal_x = [min(xs), max(xs)]
+    grid = [min(xs) * (max(xs) / min(xs)) ** (i / 40) for i in range(41)]
+    left.plot(grid, [100 + x for x in grid], color="black", linestyle="--", linewidth=0.8,
+              label="goal 100 ms + 1 ms/branch")
+    right.axhline(1.0, color="black", linewidth=0.6)
+    right.axhline(1.15, color="black", linewidth=0.8, linestyle="--")
+    right.text(goal_x[0], 1.16, "goal at 200: 1.15", fontsize=7, va="bottom")
+    for ax in (left, right):
+        ax.set_xscale("log")
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.minorticks_off()
+    left.set_yscale("log")
+    left.set_xlabel("branches (= Spark partitions)", fontsize=8)
+    left.set_ylabel("tx commit_ms (median; dots: rounds)", fontsize=8)
+    left.set_title(f"driver commit, {rows[0]['rows']:,} rows over 4 days", fontsize=9)
+    left.legend(fontsize=7)
+    right.set_ylim(bottom=0)
+    right.set_xlabel("Spark partitions (repartition(N))", fontsize=8)
+    right.set_ylabel("tx ÷ plain wall time", fontsize=8)
+    right.set_title("tx ÷ plain per round (dots), paired median", fontsize=9)
+    right.legend(fontsize=7)
+    return _save(fig, out / "partitions.png")
+
+
 def components(results: Path, out: Path) -> Path | None:
     """The three component benchmarks side by side, if their JSON is there."""
     loaded = {name: json.loads((results / f"{name}.json").read_text())
@@ -339,6 +394,9 @@ def draw_all(results: Path) -> list[Path]:
     shards_file = results / "shards.json"
     if shards_file.exists():
         written.append(shards(json.loads(shards_file.read_text()), results))
+    partitions_file = results / "partitions.json"
+    if partitions_file.exists():
+        written.append(partitions(json.loads(partitions_file.read_text()), results))
     return [p for p in written if p is not None]
 
 

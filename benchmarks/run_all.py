@@ -9,14 +9,18 @@ process so one's memory or failure cannot disturb the next:
 4. ``bench_sink.py`` — the sink against its baselines in Spark;
 5. ``bench_shards.py`` — the sink into one server vs 2 shards (starts and stops its own
    2 x 1 layout of ClickHouse servers, HTTP 29511 and 29521);
-6. ``plots.py`` — PNGs of all of the above.
+6. ``bench_partitions.py`` — ``tx`` vs ``plain`` by Spark partitions (2 to 1000): wall
+   time, commit_ms, parts created (issue 14); also on the modern server if it runs;
+7. ``plots.py`` — PNGs of all of the above.
 
 Every JSON and PNG goes into ``--out`` (``benchmarks/results`` by default; ``--quick``
 writes to ``benchmarks/results/quick`` so a smoke run never overwrites a recorded one),
 with ``suite.json`` saying how long each step took and the load average around it.
 
     python benchmarks/run_all.py           # ~15 minutes (17 at load 8) + ~7 for the shards
+                                           # + ~40 for the partitions (both servers, load 5-9)
     python benchmarks/run_all.py --quick   # smoke run, ~2 minutes on a quiet machine + ~2.5
+                                           # + ~3 for the partitions
 """
 
 from __future__ import annotations
@@ -95,6 +99,9 @@ def main() -> None:
     shards = [sys.executable, str(HERE / "bench_shards.py"), "--out", str(out)]
     shards += ["--quick"] if args.quick else []
     ok &= step("shards", shards, log)
+    partitions = [sys.executable, str(HERE / "bench_partitions.py"), "--out", str(out)]
+    partitions += ["--quick"] if args.quick else []
+    ok &= step("partitions", partitions, log)
     print("\n=== plots", flush=True)
     for path in plots.draw_all(out):
         print(f"written {path} ({path.stat().st_size // 1024} KB)")

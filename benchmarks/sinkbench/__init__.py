@@ -13,7 +13,9 @@ Modules, one job each:
 - :mod:`sinkbench.batch` — the batch experiments (baselines, writers, epoch size, scale);
 - :mod:`sinkbench.streaming` — visibility latency vs trigger interval;
 - :mod:`sinkbench.breakdown` — the cost of each protocol step of one epoch;
-- :mod:`sinkbench.report` — tables and the goals, read from the results.
+- :mod:`sinkbench.report` — tables and the goals, read from the results;
+- :mod:`sinkbench.commit_trace` — where a ``tx`` commit spends its time, traced inside
+  Spark's Python workers (``bench_partitions.py --trace-commit``).
 
 Run through ``benchmarks/bench_sink.py`` (or ``benchmarks/run_all.py`` for the suite).
 """

@@ -34,16 +34,22 @@ import time
 from pathlib import Path
 
 #: (module, attribute path, step name): the commit path, as ``txsink.driver`` calls it.
+#: The sink changes: a name the running code does not have is skipped (and listed in the
+#: trace file), so one list serves its versions before and after a refactoring.
 STEPS = (
     ("txsink.driver", "commit_epoch", "other"),
     ("txsink.driver", "generation_of", "zk: before decision"),
     ("coordinator.coordinator", "Coordinator.begin", "zk: before decision"),
     ("coordinator.coordinator", "Coordinator.is_committed", "zk: is_committed (not in commit_ms)"),
     ("txsink.driver", "combined_branches", "combined branch: read winners, register, prepare"),
-    ("coordinator.coordinator", "Coordinator.commit", "zk: decision, lease, end multi"),
+    ("coordinator.coordinator", "Coordinator.commit", "zk: decision, lease, reads"),
+    ("coordinator.completion", "Completion._write_committed", "zk: Committed write (end multi)"),
+    ("coordinator.completion", "Completion._clean_up",
+     "cleanup after Committed: drop non-winners"),
     ("txsink.publisher", "BranchPublisher.publish", "publisher (python)"),
     ("server_ext.consolidate", "combine", "combine: ledger record"),
     ("server_ext.consolidate", "_check_sources", "combine: check sources' parts"),
+    ("server_ext.consolidate", "require_sealed", "combine: check sources' parts"),
     ("server_ext.consolidate", "describe_table", "combine: describe target"),
     ("server_ext.consolidate", "create_staging", "combine: create combined table"),
     ("server_ext.consolidate", "alter_in_chunks", "combine: ATTACH ... FROM sources"),
@@ -56,6 +62,8 @@ STEPS = (
      "zk: record metrics (not in commit_ms)"),
 )
 SQL_METHODS = ("execute", "query_rows", "query_value")
+#: Steps that run statements in a thread pool (counted under "(worker threads)").
+POOLS = ("drop_tables", "_clean_up")
 LOGGERS = ("txsink", "server_ext", "coordinator")
 ROOT = "other"  # the exclusive time of commit_epoch itself
 
@@ -136,7 +144,8 @@ def _sql_wrapper(function):
 
 
 # Statements run by a thread pool inside a traced commit (the parallel drops) have no
-# stack of their own; they are counted against the one commit of the process.
+# stack of their own; they are counted against the one commit of the process. Their
+# time is already in the step that waited for the pool.
 _pool_commit = None
 
 
@@ -172,15 +181,20 @@ def install(directory: str) -> None:
     Path(directory).mkdir(parents=True, exist_ok=True)
     _out = open(Path(directory) / f"trace-{os.getpid()}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
     os.register_at_fork(after_in_child=_reopen(directory))
+    missing = []
     for module_name, path, step in STEPS:
         owner = importlib.import_module(module_name)
         *parents, attribute = path.split(".")
         for parent in parents:
-            owner = getattr(owner, parent)
+            owner = getattr(owner, parent, None)
+        if owner is None or not hasattr(owner, attribute):
+            missing.append(f"{module_name}.{path}")
+            continue
         wrapped = _step_wrapper(getattr(owner, attribute), step, root=path == "commit_epoch")
-        if attribute == "drop_tables":
+        if attribute in POOLS:
             wrapped = _pool_aware(wrapped)
         setattr(owner, attribute, wrapped)
+    _write({"kind": "install", "pid": os.getpid(), "t": time.time(), "missing": missing})
     for method in SQL_METHODS:
         setattr(ClickHouseClient, method, _sql_wrapper(getattr(ClickHouseClient, method)))
     handler = _Handler(logging.INFO)
