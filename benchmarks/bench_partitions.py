@@ -81,6 +81,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -255,11 +256,13 @@ def error_text(exc: BaseException) -> str:
 class PartitionBench:
     """Measures ``plain`` and ``tx`` jobs in one Spark session."""
 
-    def __init__(self, spark, scratch: Scratch, plan: Plan, trace_dir: Path | None) -> None:
+    def __init__(self, spark, scratch: Scratch, plan: Plan, trace_dir: Path | None,
+                 checkpoint: Path | None = None) -> None:
         self.spark = spark
         self.scratch = scratch
         self.plan = plan
         self.trace_dir = trace_dir
+        self.checkpoint = checkpoint
         self.sink_ids: set[str] = set()
 
     def options(self, server: Server, variant: str, sink_id: str) -> dict[str, str]:
@@ -413,7 +416,17 @@ class PartitionBench:
                     for variant in order:
                         samples[(server.name, partitions, variant)].append(
                             self.measure(server, variant, partitions, f"r{number + 1}"))
+                        self.save_checkpoint(samples)
         return samples
+
+    def save_checkpoint(self, samples: dict[tuple[str, int, str], list[dict]]) -> None:
+        """Every job so far, in case the run is killed (the shared machine's other users
+        have done so); removed once the results are written."""
+        if self.checkpoint is None:
+            return
+        raw = {f"{s} p{p} {v}": runs for (s, p, v), runs in samples.items() if runs}
+        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        self.checkpoint.write_text(json.dumps(raw, indent=1) + "\n")
 
 
 def parts_created(url: str, table: str) -> dict:
@@ -494,6 +507,13 @@ def summarize(servers: list[Server], plan: Plan,
                 row["commit_trace_ms"] = {
                     step: _median([t["steps_ms"].get(step, 0.0) for t in traced])
                     for step in dict.fromkeys(k for t in traced for k in t["steps_ms"])}
+                purposes = dict.fromkeys(k for t in traced for k in t.get("purposes", {}))
+                row["commit_statements"] = {
+                    purpose: [_median([t["purposes"].get(purpose, [0, 0.0])[0]
+                                       for t in traced]),
+                              _median([t["purposes"].get(purpose, [0, 0.0])[1]
+                                       for t in traced])]
+                    for purpose in purposes}
             rows.append(row)
     return rows
 
@@ -523,6 +543,22 @@ def render_trace(rows: list[dict]) -> str | None:
                                                           for r in traced)),
                         [(step, *(r["commit_trace_ms"].get(step) for r in traced))
                          for step in steps])
+
+
+def render_statements(rows: list[dict]) -> str | None:
+    """ClickHouse statements of the commit by purpose: count and ms (medians)."""
+    traced = [r for r in rows if r.get("commit_statements")]
+    if not traced:
+        return None
+    purposes = sorted(dict.fromkeys(p for r in traced for p in r["commit_statements"]),
+                      key=lambda p: -max(r["commit_statements"].get(p, [0, 0.0])[1]
+                                         for r in traced))
+    def cell(row: dict, purpose: str) -> str:
+        count, ms = row["commit_statements"].get(purpose, [0, 0.0])
+        return f"{count:g} / {ms:,.0f}" if count else ""
+    return report.table(("statement purpose (count / ms, median)",
+                         *(f"{r['server']} p{r['partitions']}" for r in traced)),
+                        [(purpose, *(cell(r, purpose) for r in traced)) for purpose in purposes])
 
 
 def goals(rows: list[dict], partitions: tuple[int, ...]) -> list[dict]:
@@ -577,7 +613,7 @@ def render_goals(found: list[dict]) -> str:
                      for g in found)
 
 
-def run(plan: Plan, args: argparse.Namespace) -> dict:
+def run(plan: Plan, args: argparse.Namespace, checkpoint: Path | None = None) -> dict:
     started, load_start = time.time(), load()
     code = snapshot.info() if not args.live_code else {"frozen": False, **sink_code()}
     servers, skipped = find_servers(args.url, None if args.no_modern else args.modern_url)
@@ -608,7 +644,7 @@ def run(plan: Plan, args: argparse.Namespace) -> dict:
         if code["frozen"] and not all(p.startswith(code["dir"]) for p in code["worker_paths"]):
             log(f"WARNING: Spark workers import the sink from {code['worker_paths']}, "
                 "not from the frozen copy")
-        bench = PartitionBench(spark, scratch, plan, trace_dir)
+        bench = PartitionBench(spark, scratch, plan, trace_dir, checkpoint)
         bench.warm_up(servers)
         samples = bench.rounds(servers)
     finally:
@@ -616,6 +652,8 @@ def run(plan: Plan, args: argparse.Namespace) -> dict:
             spark.stop()
         leftovers = scratch.remove(bench.sink_ids if bench else set())
         snapshot.remove()
+        if trace_dir is not None:
+            shutil.rmtree(trace_dir, ignore_errors=True)  # what matters is in the JSON
     rows = summarize(servers, plan, samples)
     return {
         "benchmark": "clickhouse_tx vs clickhouse_plain by Spark partitions (issue 14)",
@@ -665,7 +703,10 @@ def main() -> None:
                 rounds=args.rounds or plan.rounds)
     logging.getLogger("txsink").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=FutureWarning)  # pyspark on pandas 3
-    results = run(plan, args)
+    out = args.out or (RESULTS / "quick" if args.quick else RESULTS)
+    checkpoint = out / "partitions.json.tmp"
+    log(f"every job is also written to {checkpoint} as the run goes")
+    results = run(plan, args, checkpoint)
     results["quick"] = args.quick
     rows = results["results"]
     print(f"\n### clickhouse_tx vs clickhouse_plain by Spark partitions ({plan.rows:,} rows, "
@@ -681,6 +722,10 @@ def main() -> None:
     traced = render_trace(rows)
     if traced:
         print(f"where the tx commit's time goes (traced):\n\n{traced}\n")
+    statements = render_statements(rows)
+    if statements:
+        print("ClickHouse statements of the tx commit, by purpose (statements of "
+              f"parallel drops add up beyond wall time):\n\n{statements}\n")
     print("goals (issue 14):\n" + render_goals(results["goals"]))
     for row in rows:
         for error in row["errors"]:
@@ -690,9 +735,9 @@ def main() -> None:
                   "and single-block parts listed differ; see partitions.json")
     if results["staging_left_at_end"]:
         print(f"staging tables the sink left (dropped now): {results['staging_left_at_end']}")
-    out = args.out or (RESULTS / "quick" if args.quick else RESULTS)
     out.mkdir(parents=True, exist_ok=True)
     (out / "partitions.json").write_text(json.dumps(results, indent=1) + "\n")
+    checkpoint.unlink(missing_ok=True)
     picture = plots.partitions(results, out)
     print(f"written {out / 'partitions.json'}" + (f" and {picture}" if picture else "")
           + f" in {results['duration_s']:.0f} s (load {results['load']['start']:.1f} -> "

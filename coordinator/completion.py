@@ -4,12 +4,12 @@ This is everything that happens *after* the decision, so it runs identically in 
 ``commit``/``abort`` that made the decision and in a later ``recover`` by another process:
 
 - commit: publish each winner, then one multi-op marks the branches
-  ``Committed``/``Aborted``, sets the xid ``Committed``, advances ``last_committed`` and
-  drops the xid from the open index; then every other branch is rolled back (its staging
-  dropped; what a crash or a failure leaves there is ``txsink gc``'s). Branches are
-  marked only at the end (one round trip instead of one per branch); a recovery
-  therefore publishes every winner again, which the publish contract (idempotent) makes
-  harmless.
+  ``Committed``/``Aborted``, sets the xid ``Committed``, advances ``last_committed`` (and
+  ``txn_version`` for a versioned xid) and drops the xid from the open index; then
+  every other branch is rolled back (its staging dropped; what a crash or a failure
+  leaves there is ``txsink gc``'s). Branches are marked only at the end (one round trip
+  instead of one per branch); a recovery therefore publishes every winner again, which
+  the publish contract (idempotent) makes harmless.
 - abort: roll back every branch, then one multi-op marks them and sets ``Aborted``.
 
 Crash safety comes from the order: nothing here changes the decision, the callbacks are
@@ -34,7 +34,7 @@ from kazoo.exceptions import KazooException
 
 from coordinator import steps
 from coordinator.callbacks import BranchCallback, CallbackPolicy
-from coordinator.epochs import LastCommitted
+from coordinator.epochs import LastCommitted, TxnVersion
 from coordinator.errors import CallbackFailed, CoordinatorError, PublishLeaseLost
 from coordinator.multi import CHUNK_BYTES, CONFLICT_RETRIES, Multi, MultiFailed
 from coordinator.publish_lease import LEASE, PublishLease
@@ -65,6 +65,7 @@ class Completion:
                  step: Step) -> None:
         self.store = store
         self.last = last
+        self.txn_versions = TxnVersion(store)
         self.policy = policy
         self.step = step
 
@@ -140,10 +141,14 @@ class Completion:
             updates += [b.moved_to(BranchState.ABORTED) for b in losers.values()
                         if b.state is not BranchState.ABORTED]
             last_epoch, last_version = self.last.read()
+            txn = self.txn_versions.read() if record.txn_version is not None else None
 
             def close(multi: Multi, last_epoch: int | None = last_epoch,
-                      last_version: int = last_version) -> None:
+                      last_version: int = last_version,
+                      txn: tuple[int | None, int] | None = txn) -> None:
                 self.last.advance(multi, record.epoch, last_epoch, last_version)
+                if txn is not None and record.txn_version is not None:
+                    self.txn_versions.advance(multi, record.txn_version, *txn)
                 multi.delete(self.store.layout.open_marker(record.epoch), label="open")
 
             try:

@@ -49,7 +49,7 @@ from kazoo.retry import KazooRetry
 from coordinator import steps
 from coordinator.callbacks import BranchCallback, CallbackPolicy
 from coordinator.completion import Completion
-from coordinator.epochs import EpochCounter, LastCommitted
+from coordinator.epochs import EpochCounter, LastCommitted, TxnVersion
 from coordinator.errors import PublishInProgress, PublishLeaseLost, SinkTakenOver
 from coordinator.fencing import Generation
 from coordinator.layout import SinkLayout
@@ -91,6 +91,7 @@ class Coordinator:
         self.on_step = on_step
         self._sink_generation = Generation(self.store)
         self._epochs = EpochCounter(self.store)
+        self._txn_versions = TxnVersion(self.store)
         self._last = LastCommitted(self.store)
         self._completion = Completion(self.store, self._last,
                                       callback_policy or CallbackPolicy(), self._step)
@@ -203,7 +204,8 @@ class Coordinator:
 
     def commit(self, epoch: int, generation: int, winners: list[str] | None,
                publish: BranchCallback, rollback: BranchCallback,
-               metrics: dict[str, Any] | None = None) -> XidRecord:
+               metrics: dict[str, Any] | None = None,
+               txn_version: int | None = None) -> XidRecord:
         """Decide ``Committing`` with ``winners`` (None: the selected branches), publish
         them, roll back every other branch, mark ``Committed``; returns the record.
 
@@ -211,9 +213,11 @@ class Coordinator:
         is ignored); on a ``Committed`` one nothing happens. ``Aborted`` raises
         :class:`XidAborted`; a winner that is not ``Prepared`` raises before deciding.
         A publish that keeps failing raises :class:`PublishFailed` with the xid left
-        ``Committing``.
+        ``Committing``. ``txn_version`` is recorded with the decision and becomes the
+        sink's :meth:`txn_version` with the ``Committed`` write.
         """
-        record, decided_now, known = self._steps.decide_commit(epoch, generation, winners)
+        record, decided_now, known = self._steps.decide_commit(epoch, generation, winners,
+                                                               txn_version)
         if record.state is XidState.COMMITTED:
             return record
         if decided_now:
@@ -261,6 +265,21 @@ class Coordinator:
                             raise_on_failure)
 
     # -- reads -----------------------------------------------------------------------
+
+    def txn_version(self) -> int | None:
+        """The highest ``txn_version`` of the sink that is committed or decided (a decided
+        xid is never rolled back), None if no commit carried one.
+
+        A batch job with a version at most this one must write nothing: it, or a newer
+        one, already committed. Call it after fencing: from then on no older writer can
+        decide, so the answer cannot go stale before this writer's own decision.
+        """
+        committed, _ = self._txn_versions.read()
+        deciding = [r.txn_version for r in self.store.run(
+                        self.store.read_xids, self.store.epochs(open_only=True))
+                    if r.state in (XidState.COMMITTING, XidState.COMMITTED)
+                    and r.txn_version is not None]
+        return max([v for v in (committed, *deciding) if v is not None], default=None)
 
     def is_committed(self, epoch: int) -> bool:
         """True if the xid is ``Committed`` (also after its record was pruned)."""

@@ -7,6 +7,11 @@ counter itself is never pruned. Do not mix allocated and caller-chosen epochs in
 
 ``last_committed`` only moves forward: the commit that finishes an xid sets it to
 ``max(last_committed, epoch)`` in the same multi-op that marks the xid ``Committed``.
+
+``txn_version`` (a batch job's idempotency version, like Delta's ``txnVersion``) moves the
+same way: an xid decided with a version records it in its own record, and its
+``Committed`` multi-op sets the sink's ``txn_version`` node to the highest version
+committed so far.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from coordinator.records import encode
 from coordinator.store import SinkStore
 
 LAST_COMMITTED = "last_committed"  # label of the last_committed write in a multi-op
+TXN_VERSION = "txn_version"  # label of the txn_version write in a multi-op
 
 
 class EpochCounter:
@@ -82,3 +88,38 @@ class LastCommitted:
             return  # it only ever grows, so no check is needed to keep it >= epoch
         multi.set_data(self.path, encode({"epoch": epoch, "at": time.time()}, LAST_COMMITTED),
                        version, label=LAST_COMMITTED)
+
+
+class TxnVersion:
+    """Read the sink's highest committed ``txn_version``; add its forward-only update to a
+    multi. The node is created by the first commit that carries a version.
+
+    Usage::
+
+        versions = TxnVersion(store)
+        version, node_version = versions.read()     # (None, -1) before any
+        versions.advance(multi, 7, version, node_version)
+    """
+
+    def __init__(self, store: SinkStore) -> None:
+        self.store = store
+        self.path = store.layout.txn_version
+
+    def read(self) -> tuple[int | None, int]:
+        found = self.store.read_json(self.path)
+        if found is None:
+            return None, -1
+        data, version = found
+        return int(data["version"]), version
+
+    def advance(self, multi: Multi, txn_version: int, current: int | None,
+                node_version: int) -> None:
+        """Add ``txn_version := max(current, txn_version)``; a concurrent change of the
+        node fails the multi (the caller re-reads and retries)."""
+        if current is not None and current >= txn_version:
+            return
+        data = encode({"version": txn_version, "at": time.time()}, TXN_VERSION)
+        if node_version < 0:
+            multi.create(self.path, data, label=TXN_VERSION)
+        else:
+            multi.set_data(self.path, data, node_version, label=TXN_VERSION)

@@ -8,6 +8,7 @@ One sink's tree (``root`` defaults to ``/txsink``; a kazoo chroot may sit above 
       next_epoch      {"next": 42}            batch epoch allocation
       pruned          {"committed": [[0, 30]], "aborted": [[12, 12]]}
       stream          {"query_id": "...", ...}  streaming query owning the epochs (stream.py)
+      txn_version     {"version": 7, "at": ...}  highest committed txn_version (epochs.py)
       open/<epoch>    (empty) index of unfinished xids: all that recovery reads
       xids/<epoch>    xid record (state, generation, attempt, winners, metrics, history)
         publisher/<lock node>        publish lease (ephemeral; coordinator/publish_lease.py)
@@ -82,6 +83,7 @@ class SinkLayout:
         self.open = f"{self.sink}/open"
         self.xids = f"{self.sink}/xids"
         self.stream = f"{self.sink}/stream"  # absent until a streaming query writes
+        self.txn_version = f"{self.sink}/txn_version"  # absent until a versioned commit
 
     def xid(self, epoch: int) -> str:
         return f"{self.xids}/{epoch_name(epoch)}"

@@ -58,7 +58,8 @@ class XidRecord:
     ``generation`` is the generation that began (or last adopted) the current attempt;
     ``winners`` is the decision written with ``Committing``; ``selected`` accumulates
     branches chosen by :meth:`Coordinator.select` before the decision; ``history`` lists
-    every state entered, with time, generation and attempt.
+    every state entered, with time, generation and attempt; ``txn_version`` is the batch
+    job's idempotency version, written with the decision (None: not given).
     """
 
     sink_id: str
@@ -73,6 +74,7 @@ class XidRecord:
     selected: tuple[str, ...] = ()
     metrics: dict[str, Any] = field(default_factory=dict)
     history: tuple[dict[str, Any], ...] = ()
+    txn_version: int | None = None
     version: int = field(default=-1, compare=False)
 
     @property
@@ -116,6 +118,7 @@ class XidRecord:
             "decided_at": self.decided_at, "winners": list(self.winners),
             "selected": list(self.selected), "metrics": self.metrics,
             "history": list(self.history),
+            **({"txn_version": self.txn_version} if self.txn_version is not None else {}),
         }, f"xid {self.xid}")
 
     @classmethod
@@ -127,7 +130,8 @@ class XidRecord:
             created=float(raw.get("created", 0.0)), updated=float(raw.get("updated", 0.0)),
             decided_at=raw.get("decided_at"), winners=tuple(raw.get("winners", ())),
             selected=tuple(raw.get("selected", ())), metrics=dict(raw.get("metrics", {})),
-            history=tuple(raw.get("history", ())), version=version,
+            history=tuple(raw.get("history", ())), txn_version=raw.get("txn_version"),
+            version=version,
         )
 
 

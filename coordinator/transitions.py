@@ -85,12 +85,14 @@ class Transitions:
         self._run(epoch, generation,
                   lambda cached: self._select_once(epoch, generation, branch_ids, cached))
 
-    def decide_commit(self, epoch: int, generation: int, winners: list[str] | None
+    def decide_commit(self, epoch: int, generation: int, winners: list[str] | None,
+                      txn_version: int | None = None
                       ) -> tuple[XidRecord, bool, dict[str, BranchRecord]]:
-        """Write ``Committing`` with the winners. Returns (record, decided by this call,
-        winner records read while validating). A decided xid is returned as it is."""
-        return self._run(epoch, generation,
-                         lambda cached: self._commit_once(epoch, generation, winners, cached))
+        """Write ``Committing`` with the winners (and the job's ``txn_version``). Returns
+        (record, decided by this call, winner records read while validating). A decided
+        xid is returned as it is."""
+        return self._run(epoch, generation, lambda cached: self._commit_once(
+            epoch, generation, winners, txn_version, cached))
 
     def decide_abort(self, epoch: int, generation: int, older_than: int | None = None
                      ) -> tuple[XidRecord, bool]:
@@ -195,7 +197,8 @@ class Transitions:
                 "select", selected=(*record.selected, *new), updated=time.time()))
 
     def _commit_once(self, epoch: int, generation: int, winners: list[str] | None,
-                     cached: bool) -> tuple[XidRecord, bool, dict[str, BranchRecord]]:
+                     txn_version: int | None, cached: bool
+                     ) -> tuple[XidRecord, bool, dict[str, BranchRecord]]:
         record = self._require(epoch, cached)
         if record.state in (XidState.COMMITTING, XidState.COMMITTED):
             return record, False, {}  # decided already: finish that decision
@@ -203,7 +206,7 @@ class Transitions:
         chosen = list(dict.fromkeys(record.selected if winners is None else winners))
         known = self._require_prepared(record, chosen)
         decided = record.moved_to(XidState.COMMITTING, generation, winners=tuple(chosen),
-                                  decided_at=time.time())
+                                  decided_at=time.time(), txn_version=txn_version)
         return self._write(record, generation, decided), True, known
 
     def _abort_once(self, epoch: int, generation: int, older_than: int | None,

@@ -92,6 +92,25 @@ def detect_capabilities(client: SqlClient, *, refresh: bool = False) -> Capabili
     return caps
 
 
+def known_settings(client: SqlClient, wanted: tuple[str, ...]) -> frozenset[str]:
+    """Which of the query settings ``wanted`` the server knows (cached per url and names).
+
+    For a statement that sends a setting only where it exists: one small query per
+    process, where ``detect_capabilities`` would probe everything.
+    """
+    key = (client.url, wanted)
+    with _CACHE_LOCK:
+        cached = _SETTINGS_CACHE.get(key)
+    if cached is None:
+        cached = frozenset(_known_settings(client, wanted))
+        with _CACHE_LOCK:
+            _SETTINGS_CACHE[key] = cached
+    return cached
+
+
+_SETTINGS_CACHE: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {}
+
+
 def choose_strategy(caps: Capabilities, target: ReplicatedTarget) -> Strategy:
     """The publish strategy for ``target`` on this server.
 
@@ -219,7 +238,7 @@ def engine_problem(target: DescribedTarget) -> str | None:
 def _probe(client: SqlClient) -> Capabilities:
     version_text = client.query_value("SELECT version()", purpose="read server version")
     formats = _input_formats(client)
-    settings = _known_settings(client)
+    settings = _known_settings(client, _PROBED_SETTINGS)
     return Capabilities(
         version=_version_tuple(version_text),
         version_text=version_text,
@@ -255,9 +274,11 @@ def _input_formats(client: SqlClient) -> set[str]:
     return {row["name"] for row in rows}
 
 
-def _known_settings(client: SqlClient) -> set[str]:
-    wanted = ("low_cardinality_allow_in_native_format", "insert_deduplication_token",
-              "allow_experimental_low_cardinality_type", "async_insert")
+_PROBED_SETTINGS = ("low_cardinality_allow_in_native_format", "insert_deduplication_token",
+                    "allow_experimental_low_cardinality_type", "async_insert")
+
+
+def _known_settings(client: SqlClient, wanted: tuple[str, ...]) -> set[str]:
     names = ", ".join(sql_string(name) for name in wanted)
     rows = client.query_rows(
         f"SELECT name FROM system.settings WHERE name IN ({names})", purpose="list settings"

@@ -2,27 +2,32 @@
 
 Publishing every winning branch on its own costs a merges stop/start, a watermark, an
 intent, an ALTER, a mark and a staging drop per branch, and adds one part per branch and
-partition to the target. ``publish_combined`` instead gathers the winners' staged
-partitions into one *combined* staging table on the server (hard links, no data
-rewritten), merges each small partition into one part, seals the result and publishes
-that single table with the strategy's ordinary ``publish``: one pass per xid and server,
-and at most one new part per target partition while partitions stay under
-``merge_max_bytes``.
+partition to the target. ``publish_combined`` instead gathers the winners' staged rows
+into one *combined* staging table on the server, seals it and publishes that single
+table with the strategy's ordinary ``publish``: one pass per xid and server.
+
+How the rows get there depends on their size (``docs/benchmarks.md`` has the figures):
+
+- up to ``SizeLimits.rewrite_max_bytes`` on disk, one ``INSERT ... SELECT`` from all sources
+  (``merge()`` over their names) rewrites them: one part per target partition, in one
+  statement whose cost follows the bytes, not the number of branches;
+- above it, the sources' parts are attached (hard links, nothing rewritten), and
+  partitions of at most ``SizeLimits.merge_max_bytes`` are merged into one part each.
 
 Contract (the same as ``publish``: may be repeated after a crash anywhere, by this actor
 or by whoever holds the xid's publish lease next):
 
 - Until the ledger records the combined table (``{"state": "combined", "manifest": ...}``
   under :func:`combine_key`), nothing of it counts: a repeat drops and rebuilds it from
-  the sources, which are still intact (ATTACH ... FROM copies parts, it does not take
-  them). The record is written only after the combined table was sealed with exactly the
-  sources' rows, so from then on the combined table is the one source of truth and the
-  sources may be dropped.
+  the sources, which are still intact (neither path takes anything from them). The
+  record is written only after the combined table was sealed with exactly the sources'
+  rows, so from then on the combined table is the one source of truth and the sources
+  may be dropped.
 - Before anything is combined, every source must hold exactly its sealed parts
   (``StagingChanged`` otherwise): rows that left a source are never silently skipped.
 - The sources stay until the caller rolls them back (txsink: as non-winners, once the
   xid is ``Committed``); a repeat before that finds them, after that the record.
-- Merging rewrites the data of a partition once, inside the server; above
+- Rewriting and merging copy the data once, inside the server; above
   ``merge_max_bytes`` a partition keeps the sources' parts (they are large already and
   the rewrite would cost more than the parts it saves).
 """
@@ -30,15 +35,17 @@ or by whoever holds the xid's publish lease next):
 from __future__ import annotations
 
 import logging
+import re
+from dataclasses import dataclass
 
-from server_ext.capabilities import SqlClient
+from server_ext.capabilities import SqlClient, known_settings
 from server_ext.ledger import Ledger
 from server_ext.manifest import Manifest
 from server_ext.publish import publish
 from server_ext.publish_steps import MAX_COMMANDS_PER_ALTER, PublishReport, StepHook, no_step
-from server_ext.schema import describe_table
+from server_ext.schema import TargetTable, describe_table
 from server_ext.seal import merge_partitions, require_sealed, seal
-from server_ext.sql import qualified_name, sql_string
+from server_ext.sql import qualified_name, quote_identifier, sql_string
 from server_ext.staging import create_staging, staging_qualified
 
 log = logging.getLogger(__name__)
@@ -48,7 +55,20 @@ STEP_AFTER_RECORD = "consolidate.after_record"  # recorded, nothing published ye
 STEPS = (STEP_AFTER_COMBINE, STEP_AFTER_RECORD)
 
 COMBINED = "combined"
-MERGE_MAX_BYTES = 256 * 1024 * 1024  # per partition; see docs/benchmarks.md
+REWRITE_BLOCK_BYTES = 256 * 1024 * 1024  # uncompressed rows per part written
+DEFAULT_MAX_QUERY_SIZE = 262_144  # the servers' default max_query_size
+PARTITIONS_LIMIT = "max_partitions_per_insert_block"  # not on 18.16
+
+
+@dataclass(frozen=True)
+class SizeLimits:
+    """Where consolidation stops copying data (figures in ``docs/benchmarks.md``)."""
+
+    rewrite_max_bytes: int = 64 * 1024 * 1024  # all sources together, on disk
+    merge_max_bytes: int = 256 * 1024 * 1024  # per partition, when attaching
+
+
+DEFAULT_LIMITS = SizeLimits()
 
 
 def combine_key(combined_table: str) -> str:
@@ -64,14 +84,13 @@ def publish_combined(
     ledger: Ledger,
     *,
     on_step: StepHook | None = None,
-    merge_max_bytes: int = MERGE_MAX_BYTES,
+    limits: SizeLimits = DEFAULT_LIMITS,
 ) -> PublishReport:
     """Publish the sealed staging tables ``sources`` (one target, one server) in one pass
     through ``combined_table`` (in the staging database). Re-runnable; the caller drops
     the combined table afterwards, as it drops a branch's staging after ``publish``."""
     step = on_step or no_step
-    manifest = combine(client, sources, combined_table, ledger, on_step=step,
-                       merge_max_bytes=merge_max_bytes)
+    manifest = combine(client, sources, combined_table, ledger, on_step=step, limits=limits)
     return publish(client, manifest, strategy, ledger, on_step=step)
 
 
@@ -82,7 +101,7 @@ def combine(
     ledger: Ledger,
     *,
     on_step: StepHook = no_step,
-    merge_max_bytes: int = MERGE_MAX_BYTES,
+    limits: SizeLimits = DEFAULT_LIMITS,
 ) -> Manifest:
     """The sealed manifest of the combined table, built now or recorded earlier."""
     key = combine_key(combined_table)
@@ -90,7 +109,7 @@ def combine(
     if record.get("state") == COMBINED:
         manifest = Manifest.from_dict(record["manifest"])
     else:
-        manifest = _build(client, sources, combined_table, merge_max_bytes)
+        manifest = _build(client, sources, combined_table, limits)
         on_step(STEP_AFTER_COMBINE)
         ledger.put(key, {"state": COMBINED, "manifest": manifest.to_dict()})
         on_step(STEP_AFTER_RECORD)
@@ -98,7 +117,7 @@ def combine(
 
 
 def _build(client: SqlClient, sources: list[Manifest], combined_table: str,
-           merge_max_bytes: int) -> Manifest:
+           limits: SizeLimits) -> Manifest:
     targets = {(m.target_database, m.target_table) for m in sources}
     if len(targets) != 1:
         raise ValueError(f"sources of one combined table must share a target, got {targets}")
@@ -108,6 +127,52 @@ def _build(client: SqlClient, sources: list[Manifest], combined_table: str,
     staging = staging_qualified(combined_table)
     client.execute(f"DROP TABLE IF EXISTS {staging}", purpose="drop unrecorded combined table")
     create_staging(client, target, combined_table)
+    if _rewrites(sources, limits):
+        _rewrite(client, target, sources, staging)
+    else:
+        _attach(client, sources, staging, limits.merge_max_bytes)
+    manifest = seal(client, target, combined_table, sum(m.rows for m in sources))
+    log.info("combined %d branches into %s: %d partitions, %d parts",
+             len(sources), staging, len(manifest.partitions),
+             sum(len(p.parts) for p in manifest.partitions))
+    return manifest
+
+
+def _rewrites(sources: list[Manifest], limits: SizeLimits) -> bool:
+    """Whether the sources are small enough to be rewritten rather than attached."""
+    return (sum(p.bytes for m in sources for p in m.partitions) <= limits.rewrite_max_bytes
+            and len({m.staging_database for m in sources}) == 1)
+
+
+def _rewrite(client: SqlClient, target: TargetTable, sources: list[Manifest],
+             staging: str) -> None:
+    """Copy every source's rows into the combined table with one ``INSERT ... SELECT``.
+
+    The server squashes the rows into blocks of up to ``REWRITE_BLOCK_BYTES``, so each
+    partition gets one part per block: one, for the epochs this path takes. Not
+    repeatable (a failed INSERT may have written some blocks): a repeat of the combine
+    drops the table first. MATERIALIZED columns are copied, not recomputed.
+    """
+    columns = [c for c in target.columns if c.default_kind in ("", "DEFAULT", "MATERIALIZED")]
+    names = ", ".join(quote_identifier(c.name) for c in columns)
+    tables = "|".join(re.escape(m.staging_table) for m in sources)
+    sql = (f"INSERT INTO {staging} ({names}) SELECT {names} FROM "
+           f"merge({sql_string(sources[0].staging_database)}, {sql_string(f'^({tables})$')})")
+    settings: dict[str, object] = {
+        "min_insert_block_size_rows": 0, "min_insert_block_size_bytes": REWRITE_BLOCK_BYTES,
+        "max_query_size": max(DEFAULT_MAX_QUERY_SIZE, len(sql) + 1)}
+    if PARTITIONS_LIMIT in known_settings(client, (PARTITIONS_LIMIT,)):
+        settings[PARTITIONS_LIMIT] = 0  # an epoch may span more than 100 partitions
+    if any(c.default_kind == "MATERIALIZED" for c in columns):
+        settings["insert_allow_materialized_columns"] = 1
+    client.execute(sql, purpose="combine winners into one table", settings=settings,
+                   retry=False)
+
+
+def _attach(client: SqlClient, sources: list[Manifest], staging: str,
+            merge_max_bytes: int) -> None:
+    """Attach every source partition (hard links), merging partitions of at most
+    ``merge_max_bytes`` into one part."""
     sizes: dict[str, tuple[int, int]] = {}
     for source in sources:
         for partition in source.partitions:
@@ -126,8 +191,3 @@ def _build(client: SqlClient, sources: list[Manifest], combined_table: str,
             # ~1 ms at 200 sources, ~9 ms at 1,000): merge as we go, so it stays cheap.
             merge_partitions(client, staging, sorted({pid for pid, _ in chunk} & small))
     merge_partitions(client, staging, sorted(small))
-    manifest = seal(client, target, combined_table, sum(m.rows for m in sources))
-    log.info("combined %d branches into %s: %d partitions, %d parts",
-             len(sources), staging, len(manifest.partitions),
-             sum(len(p.parts) for p in manifest.partitions))
-    return manifest

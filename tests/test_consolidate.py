@@ -1,4 +1,5 @@
-"""Publishing several winners in one pass through one combined staging table (18.16).
+"""Publishing several winners in one pass through one combined staging table (18.16; the
+rewrite path on 26.x too).
 
 Each test stages a few sealed branches into fresh staging tables, then publishes them with
 ``publish_combined``; a crash is an ``on_step`` hook that raises at a named step, and the
@@ -13,11 +14,13 @@ import pytest
 
 from server_ext.client import ClickHouseClient
 from server_ext.consolidate import STEPS as COMBINE_STEPS
-from server_ext.consolidate import combine_key, publish_combined
+from server_ext.consolidate import SizeLimits, combine_key, publish_combined
 from server_ext.errors import StagingChanged
 from server_ext.ledger import MemoryLedger
 from server_ext.publish_steps import STEPS as PUBLISH_STEPS
-from server_ext.staging import STAGING_DATABASE, staging_table_name
+from server_ext.schema import describe_table
+from server_ext.seal import seal
+from server_ext.staging import STAGING_DATABASE, create_staging, staging_table_name
 from tests.conftest import run_sql
 from tests.test_publish import Crash, crash_at, expect, keys_in, make_target, stage
 
@@ -30,16 +33,28 @@ def client(clickhouse_url: str) -> ClickHouseClient:
     return ClickHouseClient(clickhouse_url)
 
 
+def drop_staging(url: str, sink_id: str) -> None:
+    prefix = staging_table_name(sink_id, 1, "x").split("_e1_")[0]
+    for name in run_sql(url, "SELECT name FROM system.tables WHERE database = "
+                             f"'{STAGING_DATABASE}'").split():
+        if name.startswith(prefix):
+            run_sql(url, f"DROP TABLE IF EXISTS `{STAGING_DATABASE}`.`{name}`")
+
+
 @pytest.fixture
 def sink(clickhouse_url: str):
     """A fresh sink id; its staging tables (sources and combined) are dropped after."""
     sink_id = f"test-{uuid.uuid4().hex}"
     yield sink_id
-    prefix = staging_table_name(sink_id, 1, "x").split("_e1_")[0]
-    for name in run_sql(clickhouse_url, "SELECT name FROM system.tables WHERE database = "
-                                        f"'{STAGING_DATABASE}'").split():
-        if name.startswith(prefix):
-            run_sql(clickhouse_url, f"DROP TABLE IF EXISTS `{STAGING_DATABASE}`.`{name}`")
+    drop_staging(clickhouse_url, sink_id)
+
+
+@pytest.fixture
+def server_sink(server_url: str):
+    """``sink`` on the test's server."""
+    sink_id = f"test-{uuid.uuid4().hex}"
+    yield sink_id
+    drop_staging(server_url, sink_id)
 
 
 @pytest.fixture
@@ -122,11 +137,63 @@ def test_source_that_lost_its_parts_is_refused_before_anything_is_combined(
     assert tables_left(clickhouse_url, [combined]) == []
 
 
+def test_sources_above_rewrite_max_bytes_are_attached_and_small_partitions_merged(
+        client, clickhouse_url, ch_db, staging_names, combined):
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    sources = staged_branches(client, clickhouse_url, target, staging_names)
+    publish_combined(client, sources, combined, "attach_marked", MemoryLedger(),
+                     limits=SizeLimits(rewrite_max_bytes=0))
+    assert keys_in(clickhouse_url, ch_db) == expect(range(BRANCHES * ROWS))
+    assert active_parts(clickhouse_url, ch_db) == {"202401": 1, "202402": 1, "202403": 1}
+
+
 def test_partitions_above_merge_max_bytes_keep_their_parts(
         client, clickhouse_url, ch_db, staging_names, combined):
     target = make_target(clickhouse_url, client, ch_db, "plain")
     sources = staged_branches(client, clickhouse_url, target, staging_names)
     publish_combined(client, sources, combined, "attach_marked", MemoryLedger(),
-                     merge_max_bytes=0)
+                     limits=SizeLimits(rewrite_max_bytes=0, merge_max_bytes=0))
     assert keys_in(clickhouse_url, ch_db) == expect(range(BRANCHES * ROWS))
     assert set(active_parts(clickhouse_url, ch_db).values()) == {BRANCHES}
+
+
+# -- the rewrite path on both servers -------------------------------------------------------
+
+
+def stage_sql(client: ClickHouseClient, url: str, target, sink_id: str, branch: int,
+              select: str, rows: int):
+    staging = create_staging(client, target, staging_table_name(sink_id, 1, f"p{branch}-a0-0"))
+    run_sql(url, f"INSERT INTO {staging} {select}")
+    return seal(client, target, staging, expected_rows=rows)
+
+
+def test_rewrite_copies_materialized_values_as_staged(server_url, server_db, server_sink):
+    client = ClickHouseClient(server_url)
+    run_sql(server_url, f"CREATE TABLE `{server_db}`.t (d Date, k UInt64, "
+                        "m UInt32 MATERIALIZED rand()) ENGINE = MergeTree() "
+                        "PARTITION BY toYYYYMM(d) ORDER BY k")
+    target = describe_table(client, f"{server_db}.t")
+    sources = [stage_sql(client, server_url, target, server_sink, i,
+                         f"(d, k) SELECT toDate('2024-01-01') + number, {i * 10} + number "
+                         "FROM system.numbers LIMIT 10", rows=10) for i in range(3)]
+    staged = sum(int(run_sql(server_url, f"SELECT sum(m) FROM `{STAGING_DATABASE}`."
+                                         f"`{m.staging_table}`")) for m in sources)
+    publish_combined(client, sources, staging_table_name(server_sink, 1, "combined-0"),
+                     "attach_marked", MemoryLedger())
+    assert int(run_sql(server_url, f"SELECT sum(m) FROM `{server_db}`.t")) == staged
+
+
+def test_rewrite_of_an_epoch_over_more_than_100_partitions_adds_one_part_each(
+        server_url, server_db, server_sink):
+    client = ClickHouseClient(server_url)
+    run_sql(server_url, f"CREATE TABLE `{server_db}`.t (d Date, k UInt64) ENGINE = MergeTree() "
+                        "PARTITION BY d ORDER BY k")
+    target = describe_table(client, f"{server_db}.t")
+    sources = [stage_sql(client, server_url, target, server_sink, i,
+                         f"SELECT toDate('2024-01-01') + number % 60 + {i * 60}, number "
+                         "FROM system.numbers LIMIT 60", rows=60) for i in range(3)]
+    publish_combined(client, sources, staging_table_name(server_sink, 1, "combined-0"),
+                     "attach_marked", MemoryLedger())
+    parts = run_sql(server_url, "SELECT count(), uniqExact(partition_id) FROM system.parts "
+                                f"WHERE database = '{server_db}' AND table = 't' AND active")
+    assert parts.split() == ["180", "180"]

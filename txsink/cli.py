@@ -14,7 +14,7 @@
                                         rows against what its committed xids put there
     txsink reset   --sink S --forget-epochs | --committed-through N
                                         way out of a stream state mismatch (stop the query)
-    txsink demo                         the exactly-once demo under injected faults
+    txsink demo [--server modern]       the exactly-once demo under injected faults
 
 ClickHouse credentials come from TXSINK_CLICKHOUSE_USER / TXSINK_CLICKHOUSE_PASSWORD,
 never from the command line (it would show in ``ps``).
@@ -227,6 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--epochs", type=int, default=12)
     demo.add_argument("--rows-per-epoch", type=int, default=20_000)
     demo.add_argument("--seed", type=int, default=None)
+    demo.add_argument("--server", choices=["18.16", "modern"], default="18.16",
+                      help="the private ClickHouse the demo runs against and kills: the "
+                           "18.16 server (default) or the modern 26.x one from chdb "
+                           "(needs the chdb package)")
     demo.set_defaults(func=_demo)
     return parser
 

@@ -25,6 +25,7 @@ from pyspark.sql.types import StructType
 from coordinator import Fenced
 from txsink import driver
 from txsink.branch import streaming_epoch, write_branch
+from txsink.messages import SkippedMessage
 from txsink.operations import explain_blocked
 from txsink.options import OptionError, parse_options
 from txsink.plan import WritePlan, check_publish, check_target
@@ -56,10 +57,18 @@ class ClickHouseTxDataSource(DataSource):
         if options.in_transaction():
             generation, epoch = options.tx_generation, options.tx_epoch
         elif streaming:
+            if options.txn_version is not None:
+                raise OptionError("option txn_version is for batch jobs: a stream's "
+                                  "micro-batches are idempotent by their batch id already")
             driver.open_stream(options, sink_id)
             generation = epoch = None
         else:
             coord, generation = driver.open_sink(options, sink_id)
+            covered = driver.covered_txn_version(options, coord)
+            if covered is not None:
+                return WritePlan(options, sink_id, generation, checked.strategy, overwrite,
+                                 checked.columns, None, checked.layout, checked.table,
+                                 covered_by_txn=covered)
             epoch = coord.allocate_epoch()
             try:
                 coord.begin(epoch, generation)
@@ -79,13 +88,20 @@ class BatchWriter(DataSourceArrowWriter):
         self.plan = plan
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        if self.plan.epoch is None:  # covered by the sink's txn_version: write nothing
+            return SkippedMessage(-1, self.plan.generation or 0)
         return write_branch(self.plan, self.plan.epoch, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.plan.epoch is None:
+            driver.log_covered(self.plan.sink_id, self.plan.options.txn_version,
+                               self.plan.covered_by_txn)
+            return
         driver.commit_epoch(self.plan, self.plan.epoch, messages)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        driver.abort_epoch(self.plan, self.plan.epoch, messages)
+        if self.plan.epoch is not None:
+            driver.abort_epoch(self.plan, self.plan.epoch, messages)
 
 
 class StreamWriter(DataSourceStreamArrowWriter):

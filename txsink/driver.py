@@ -69,11 +69,30 @@ def open_stream(options: SinkOptions, sink_id: str) -> Coordinator:
 
 def _recover(options: SinkOptions, coord: Coordinator, older_than_generation: int | None) -> None:
     publisher = publisher_for(options, coord)
-    report = coord.recover(publish=publisher.publish, rollback=publisher.rollback,
-                           older_than_generation=older_than_generation,
-                           wait_for_holders=HOLDER_WAIT_SECONDS)
+    try:
+        report = coord.recover(publish=publisher.publish, rollback=publisher.rollback,
+                               older_than_generation=older_than_generation,
+                               wait_for_holders=HOLDER_WAIT_SECONDS)
+    finally:
+        publisher.drain()
     if report.actions:
         log.warning("txsink sink=%s recovered: %s", coord.sink_id, report)
+
+
+def covered_txn_version(options: SinkOptions, coord: Coordinator) -> int | None:
+    """The sink's ``txn_version`` if it covers this job's (the job must write nothing),
+    else None. Call after ``open_sink``: fenced and recovered, so a job that died after
+    its decision is committed by now, and no older writer can decide meanwhile."""
+    if options.txn_version is None:
+        return None
+    recorded = coord.txn_version()
+    return recorded if recorded is not None and recorded >= options.txn_version else None
+
+
+def log_covered(sink_id: str, txn_version: int | None, covered_by: int | None) -> None:
+    """The one line a job covered by the sink's ``txn_version`` leaves."""
+    log.warning("txsink sink=%s txn_version=%s already committed (the sink's txn_version is "
+                "%s): nothing written", sink_id, txn_version, covered_by)
 
 
 def generation_of(plan: WritePlan, coord: Coordinator, messages: Sequence[object]) -> int:
@@ -155,22 +174,24 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> Non
         return
     started = time.time()
     generation = generation_of(plan, coord, messages)
+    publisher = publisher_for(plan.options, coord)
     try:
         coord.begin(epoch, generation)  # a micro-batch with no task still gets its xid
         winners = [b for m in branch_messages for b in m.branch_ids]
-        publisher = publisher_for(plan.options, coord)
         if winners:
             winners = combined_branches(plan, coord, epoch, generation, winners, publisher)
         if plan.options.in_transaction():
             coord.select(epoch, generation, winners)
             return
         final = coord.commit(epoch, generation, winners, publish=publisher.publish,
-                             rollback=publisher.rollback)
+                             rollback=publisher.rollback, txn_version=plan.options.txn_version)
     except (Fenced, XidDecided) as exc:
         taken = coord.taken_over(generation, exc)
         if taken is None:
             raise
         raise taken from exc
+    finally:
+        publisher.drain()
     metrics = epoch_metrics(branch_messages, started, final.updated)
     coord.record_metrics(epoch, metrics)
     log.info(

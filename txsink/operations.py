@@ -241,6 +241,7 @@ class Operations:
                 actions = list(coord.recover(publish=publisher.publish,
                                              rollback=publisher.rollback,
                                              raise_on_failure=False).actions)
+                publisher.drain()
             else:
                 actions = self._finish_decided(coord, epoch, strategy)
             failed = [a for a in actions if a.action == FAILED]
@@ -288,6 +289,7 @@ class Operations:
                     publisher = BranchPublisher(self.client_for, coord)
                     coord.commit(epoch, generation, None, publish=publisher.publish,
                                  rollback=publisher.rollback)
+                    publisher.drain()
                     detail = "; ".join(str(s) for s in switches)
                     return RecoveryAction(record.xid, record.state, ROLLED_FORWARD, epoch, detail)
                 if record.state is XidState.ABORTING:

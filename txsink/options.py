@@ -53,6 +53,7 @@ class SinkOptions:
     shards: str | None = None
     sharding_key: str | None = None
     replica_choice: str = "round_robin"
+    txn_version: int | None = None
     tx_epoch: int | None = None
     tx_generation: int | None = None
 
@@ -108,7 +109,7 @@ def root_identity(zookeeper: str, zk_root: str) -> str:
 PUBLIC_OPTIONS = (
     "url", "table", "zookeeper", "user", "password", "sink_id", "zk_root", "strategy",
     "insert_block_rows", "timeout", "retries", "recover_on_start", "shards", "sharding_key",
-    "replica_choice",
+    "replica_choice", "txn_version",
 )
 
 _NAMES = {
@@ -161,7 +162,7 @@ def parse_options(
     values.setdefault("password", env.get("TXSINK_CLICKHOUSE_PASSWORD") or None)
     for name, kind, minimum in (
         ("insert_block_rows", int, 1), ("timeout", float, 0.1), ("retries", int, 0),
-        ("tx_epoch", int, 0), ("tx_generation", int, 0),
+        ("tx_epoch", int, 0), ("tx_generation", int, 0), ("txn_version", int, 0),
     ):
         if name in values:
             values[name] = _number(name, str(values[name]), kind, minimum)
@@ -180,6 +181,9 @@ def parse_options(
             parse_shard_urls(str(values["shards"]))
         except ShardingError as exc:
             raise OptionError(f"option shards: {exc}") from None
+    if "txn_version" in values and not values.get("sink_id"):
+        raise OptionError("option txn_version needs sink_id: the pair (sink_id, txn_version) "
+                          "names the job's data across reruns")
     root = str(values.get("zk_root", "/txsink"))
     if not root.startswith("/") or root.endswith("/") and root != "/":
         raise OptionError(f"option zk_root={root!r} must be an absolute ZooKeeper path")

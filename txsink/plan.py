@@ -47,6 +47,7 @@ class WritePlan:
     epoch: int | None = None  # None for streaming: the micro-batch id arrives per task
     layout: ShardLayout | None = None  # None: the ``url`` server alone
     table: server_ext.TargetTable | None = None  # the local table as the driver saw it
+    covered_by_txn: int | None = None  # the sink's txn_version that makes this job a no-op
 
     @property
     def target(self) -> str:

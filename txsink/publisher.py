@@ -11,18 +11,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
 import server_ext
 from coordinator import BranchRecord, Coordinator, CoordinatorError
 from server_ext.client import ClickHouseClient
-from server_ext.consolidate import COMBINED, MERGE_MAX_BYTES, combine_key, publish_combined
+from server_ext.consolidate import (
+    COMBINED,
+    DEFAULT_LIMITS,
+    SizeLimits,
+    combine_key,
+    publish_combined,
+)
 from txsink import crashpoints
 from txsink.payload import CombinedBranch, StagedBranch, from_record, staged_manifest
 
 log = logging.getLogger(__name__)
 
 SWITCH_KEY = "operator.strategy_switch"  # ledger key of a winner's strategy switch
+RELEASE_WORKERS = 2  # published winners' staging drops in flight at once
 
 
 class BranchPublisher:
@@ -31,21 +39,25 @@ class BranchPublisher:
     Each branch is published on, and rolled back from, the server that holds its staging
     (recorded with the branch); ``client_for(None)`` serves records written before
     branches named their server. A combined branch publishes its sources in one pass;
-    they are rolled back (dropped) as non-winners once the xid is ``Committed``.
+    they are rolled back (dropped) as non-winners once the xid is ``Committed``. A
+    published winner's own staging is dropped in the background (``drain`` waits).
 
     Usage::
 
         publisher = BranchPublisher(lambda url: ClickHouseClient(url or default_url), coord)
         coord.commit(epoch, generation, winners, publish=publisher.publish,
                      rollback=publisher.rollback)
+        publisher.drain()
     """
 
     def __init__(self, client_for: Callable[[str | None], ClickHouseClient],
-                 coord: Coordinator, merge_max_bytes: int = MERGE_MAX_BYTES) -> None:
+                 coord: Coordinator, limits: SizeLimits = DEFAULT_LIMITS) -> None:
         self.client_for = client_for
         self.coord = coord
-        self.merge_max_bytes = merge_max_bytes
+        self.limits = limits
         self._known: dict[tuple[int, str], BranchRecord] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list[tuple[BranchRecord, Future[None]]] = []
 
     def remember(self, records: Iterable[BranchRecord]) -> None:
         """Branch records the caller has just read (spares reading sources again)."""
@@ -65,11 +77,34 @@ class BranchPublisher:
                                              on_step=crashpoints.hit)
             else:
                 publish_combined(client, sources, payload.staging, strategy, ledger,
-                                 on_step=crashpoints.hit, merge_max_bytes=self.merge_max_bytes)
+                                 on_step=crashpoints.hit, limits=self.limits)
         elif payload.manifest.partitions:
             server_ext.publish(client, payload.manifest, strategy, ledger,
                                on_step=crashpoints.hit)
-        self.rollback(record)
+        self._release(record)
+
+    def _release(self, record: BranchRecord) -> None:
+        """Drop a published winner's staging in the background.
+
+        Its rows are visible and its publish recorded, so the drop only frees space; on
+        18.16 dropping a table of many parts takes seconds, which the commit need not
+        wait for. A repeat of the publish needs nothing of it (the ledger says what is
+        done), exactly as when the drop was synchronous.
+        """
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(RELEASE_WORKERS, thread_name_prefix="txsink-release")
+        self._pending.append((record, self._pool.submit(self.rollback, record)))
+
+    def drain(self) -> None:
+        """Wait for the staging drops ``publish`` started; a failed one is logged and its
+        staging left to ``txsink gc``. Call it after ``commit``/``recover`` returns."""
+        pending, self._pending = self._pending, []
+        for record, future in pending:
+            try:
+                future.result()
+            except Exception as exc:  # noqa: BLE001 - a drop only frees space
+                log.warning("xid %s: staging of winner %s left for txsink gc: %s",
+                            record.xid, record.branch_id, exc)
 
     def source_manifests(self, record: BranchRecord, combined: CombinedBranch
                          ) -> list[server_ext.Manifest]:

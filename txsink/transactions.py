@@ -44,15 +44,22 @@ class Transaction:
         parsed = parse_options({**options, TX_SINK_ID: sink_id}, require_table=False)
         check_server_options(parsed)  # before the sink is fenced and the xid begun
         self.coord, self.generation = driver.open_sink(parsed, sink_id)
-        self.epoch = self.coord.allocate_epoch()
-        self.coord.begin(self.epoch, self.generation)
         self._parsed = parsed
         self.tables: list[str] = []
+        #: the sink's txn_version when it covers this transaction's: then nothing is written
+        self.covered_by_txn = driver.covered_txn_version(parsed, self.coord)
+        self.epoch = -1
+        if self.covered_by_txn is not None:
+            return
+        self.epoch = self.coord.allocate_epoch()
+        self.coord.begin(self.epoch, self.generation)
 
     def write(self, df: DataFrame, table: str, mode: str = "append") -> None:
         """Stage ``df`` for ``table``; visible only when the whole transaction commits."""
         if mode not in ("append", "overwrite"):
             raise ValueError(f"mode must be append or overwrite, got {mode!r}")
+        if self.covered_by_txn is not None:
+            return
         (df.write.format("clickhouse_tx").options(**self.options)
             .option("table", table).option(TX_SINK_ID, self.sink_id)
             .option(TX_EPOCH, str(self.epoch)).option(TX_GENERATION, str(self.generation))
@@ -60,13 +67,21 @@ class Transaction:
         self.tables.append(table)
 
     def commit(self) -> None:
+        if self.covered_by_txn is not None:
+            driver.log_covered(self.sink_id, self._parsed.txn_version, self.covered_by_txn)
+            return
         publisher = driver.publisher_for(self._parsed, self.coord)
-        self.coord.commit(self.epoch, self.generation, None, publish=publisher.publish,
-                          rollback=publisher.rollback)
+        try:
+            self.coord.commit(self.epoch, self.generation, None, publish=publisher.publish,
+                              rollback=publisher.rollback, txn_version=self._parsed.txn_version)
+        finally:
+            publisher.drain()
         log.info("txsink sink=%s epoch=%d committed tables=%s",
                  self.sink_id, self.epoch, ",".join(self.tables))
 
     def abort(self) -> None:
+        if self.covered_by_txn is not None:
+            return
         publisher = driver.publisher_for(self._parsed, self.coord)
         self.coord.abort(self.epoch, self.generation, rollback=publisher.rollback)
         log.warning("txsink sink=%s epoch=%d aborted", self.sink_id, self.epoch)
@@ -75,7 +90,11 @@ class Transaction:
 @contextmanager
 def transaction(spark: SparkSession, *, url: str, zookeeper: str, sink_id: str,
                 **options: str) -> Iterator[Transaction]:
-    """Group DataFrame writes into one xid: all become visible together, or none."""
+    """Group DataFrame writes into one xid: all become visible together, or none.
+
+    With ``txn_version="N"`` (see docs/usage.md) a transaction whose version the sink
+    has committed already writes nothing: its ``write`` calls return at once.
+    """
     from txsink import register
 
     register(spark)

@@ -13,7 +13,9 @@ long the commit took but not where. With tracing on (``bench_partitions.py
 - every ClickHouse statement (``ClickHouseClient.execute``/``query_rows``/``query_value``)
   is counted, with its time, against the innermost step it ran in (statements of worker
   threads, e.g. the parallel drops, are counted but their time is already in the step
-  that waited for them);
+  that waited for them), and by its ``purpose`` (the client's name for the step, e.g.
+  "combine winners into one table"): that view does not depend on how the sink's
+  functions are cut, and statements of threads running at once add up beyond wall time;
 - INFO records of the loggers ``txsink``, ``server_ext`` and ``coordinator`` are kept with
   their time (``server_ext.consolidate``'s "combined ..." line among them).
 
@@ -48,6 +50,7 @@ STEPS = (
      "cleanup after Committed: drop non-winners"),
     ("txsink.publisher", "BranchPublisher.publish", "publisher (python)"),
     ("server_ext.consolidate", "combine", "combine: ledger record"),
+    ("server_ext.consolidate", "_build", "combine: ATTACH ... FROM sources"),
     ("server_ext.consolidate", "_check_sources", "combine: check sources' parts"),
     ("server_ext.consolidate", "require_sealed", "combine: check sources' parts"),
     ("server_ext.consolidate", "describe_table", "combine: describe target"),
@@ -95,7 +98,8 @@ def _step_wrapper(function, step: str, root: bool):
         if root:
             plan = args[0] if args else kwargs.get("plan")
             frame.update(sink_id=getattr(plan, "sink_id", None), epoch=args[1]
-                         if len(args) > 1 else kwargs.get("epoch"), steps={}, statements={})
+                         if len(args) > 1 else kwargs.get("epoch"), steps={}, statements={},
+                         purposes={})
             _state.commit = frame
         stack.append(frame)
         started = time.perf_counter()
@@ -119,7 +123,8 @@ def _step_wrapper(function, step: str, root: bool):
                 _write({"kind": "commit", "pid": os.getpid(), "sink_id": frame["sink_id"],
                         "epoch": frame["epoch"], "end": time.time(), "ms": elapsed * 1000,
                         "steps_ms": {k: round(v * 1000, 2) for k, v in frame["steps"].items()},
-                        "statements": frame["statements"], "error": error})
+                        "statements": frame["statements"], "purposes": frame["purposes"],
+                        "error": error})
     return traced
 
 
@@ -140,6 +145,11 @@ def _sql_wrapper(function):
                 entry = commit["statements"].setdefault(step, [0, 0.0])
                 entry[0] += 1
                 entry[1] = round(entry[1] + elapsed * 1000, 2)
+                purpose = str(kwargs.get("purpose", "?"))
+                with _lock:  # pool threads add to the same entries
+                    entry = commit["purposes"].setdefault(purpose, [0, 0.0])
+                    entry[0] += 1
+                    entry[1] = round(entry[1] + elapsed * 1000, 2)
     return traced
 
 

@@ -3,7 +3,10 @@
 What it shows, in a few minutes:
 
 1. A private ClickHouse + ZooKeeper pair starts on ports 28101..28104 (its own data
-   folder, so the demo may kill it without touching anything else).
+   folder, so the demo may kill it without touching anything else). With
+   ``--server modern`` the ClickHouse is a modern 26.x server (from the chdb wheel,
+   :mod:`txsink.harness.modern_server`) on ports 28105/28106 instead of the 18.16 one;
+   the sink picks its publish strategy by itself (``move`` there).
 2. A streaming pipeline (:mod:`txsink.harness.chaos.pipeline`, its own driver process) reads
    uniquely keyed event files, one file per micro-batch, and writes them through
    ``clickhouse_tx`` into a plain MergeTree table. At seeded epochs, the moment that
@@ -39,6 +42,8 @@ from txsink.harness.chaos.faults import private_services
 from txsink.harness.chaos.schedule import ChaosRun, Fault, RunReport
 
 PORT_BASE = 28100
+#: ``--server`` choices: the Debian ClickHouse 18.16, or the modern 26.x from chdb.
+SERVER_LABELS = {"18.16": "ClickHouse 18.16", "modern": "the modern ClickHouse 26.x (chdb)"}
 SINKS = ("clickhouse_tx", "clickhouse_plain")
 WRITING, PUBLISHING = "writing", "publishing"
 #: The demo's faults and the moment of their epoch at which each strikes:
@@ -190,13 +195,24 @@ def render(reports: dict[str, RunReport]) -> str:
     return "\n".join(lines)
 
 
+def server_version(url: str) -> str:
+    """``SELECT version()`` over plain HTTP, or ``?`` when the server does not answer."""
+    try:
+        resp = requests.post(url, data=b"SELECT version()", timeout=5)
+    except requests.RequestException:
+        return "?"
+    return resp.content.decode("utf-8").strip() if resp.status_code == 200 else "?"
+
+
 def main(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     epochs, rows = args.epochs, args.rows_per_epoch
+    server = getattr(args, "server", "18.16")
     workdir = Path(tempfile.mkdtemp(prefix="txsink-demo-"))
-    services = private_services(workdir / "services", PORT_BASE)
-    print(f"txsink demo (seed {seed}): {epochs} epochs x {rows} rows, "
-          f"through clickhouse_tx and then clickhouse_plain under the same faults")
+    services = private_services(workdir / "services", PORT_BASE, server)
+    print(f"txsink demo (seed {seed}) against {SERVER_LABELS[server]}: {epochs} epochs x "
+          f"{rows} rows, through clickhouse_tx and then clickhouse_plain under the same "
+          "faults")
     print(f"starting a private ClickHouse ({services.clickhouse.url}) and ZooKeeper "
           f"({services.zookeeper.hosts}) that the demo may kill")
     plan = plan_demo(epochs, seed)
@@ -204,6 +220,8 @@ def main(args: argparse.Namespace) -> int:
     runs: list[ChaosRun] = []
     try:
         services.up()
+        print(f"ClickHouse {server_version(services.clickhouse.url)} "
+              f"({services.clickhouse.url}) and ZooKeeper ready")
         if jvm.ensure_archive(quiet=False) is None:
             print("fast Spark driver start-up unavailable: drivers start the slow way")
         with tqdm(total=epochs * len(SINKS), unit="epoch", desc="epochs committed") as bar:

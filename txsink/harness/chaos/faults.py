@@ -108,35 +108,56 @@ def kill_python_worker(driver_pid: int, rng: random.Random | None = None) -> int
 
 
 def kill_server(services: Services, kind: str, timeout: float = 10.0) -> bool:
-    """SIGKILL ClickHouse or ZooKeeper of ``services``; True if it was running.
+    """SIGKILL ClickHouse (18.16 or the modern one) or ZooKeeper of ``services``; True if
+    it was running.
 
-    Returns once the server's port is closed: a dying JVM can look gone (its command
+    Returns once the server's ports are closed: a dying JVM can look gone (its command
     line is emptied first) while its listening socket is still open, and a restart in
     that moment would find the port taken.
     """
-    service: ClickHouse | ZooKeeper = getattr(services, kind)
+    service = getattr(services, kind)  # ClickHouse, ModernClickHouse or ZooKeeper
     was_running = service.process.kill()
-    port = service.port if isinstance(service, ZooKeeper) else service.http_port
+    ports = ([service.port] if isinstance(service, ZooKeeper)
+             else [service.http_port, service.tcp_port])
     deadline = time.monotonic() + timeout
-    while port_open(port) and time.monotonic() < deadline:
+    while any(port_open(port) for port in ports) and time.monotonic() < deadline:
         time.sleep(0.05)
     return was_running
 
 
 def restart_server(services: Services, kind: str) -> None:
-    """Start a killed server again and wait until it is usable (ZooKeeper first)."""
-    if kind == "clickhouse" and not services.zookeeper.ready():
+    """Start a killed server again and wait until it is usable.
+
+    ZooKeeper first when an 18.16 ClickHouse restarts (its config names ZooKeeper); the
+    modern server does not use ZooKeeper and starts on its own.
+    """
+    if (kind == "clickhouse" and isinstance(services.clickhouse, ClickHouse)
+            and not services.zookeeper.ready()):
         services.zookeeper.start()
     getattr(services, kind).start()
 
 
-def private_services(home: Path, port_base: int) -> Services:
-    """A ClickHouse + ZooKeeper pair of our own: ports ``port_base+1`` .. ``port_base+4``.
+def private_services(home: Path, port_base: int, server: str = "18.16") -> Services:
+    """A ClickHouse + ZooKeeper pair of our own, on ports from ``port_base``.
 
-    A fault run kills these freely without disturbing anyone using the shared pair.
-    Call ``up()`` to start and ``down()`` to stop them.
+    ``server="18.16"``: ZooKeeper on ``port_base+1``, ClickHouse 18.16 on ``+2`` (HTTP),
+    ``+3`` (native) and ``+4`` (interserver). ``server="modern"``: the same ZooKeeper and,
+    as ``services.clickhouse``, a modern ClickHouse 26.x (chdb) on ``+5`` (HTTP) and
+    ``+6`` (native). A fault run kills these freely without disturbing anyone using the
+    shared servers. Call ``up()`` to start and ``down()`` to stop them.
     """
     zk = ZooKeeper(home, port=port_base + 1)
+    if server == "modern":
+        from txsink.harness.modern_server import ModernClickHouse
+
+        http, tcp = port_base + 5, port_base + 6
+        # modern_*_port too: ``Services.modern`` (which ``down()`` stops) must be this
+        # server, never one on the shared default ports.
+        modern = ModernClickHouse(home, http_port=http, tcp_port=tcp)
+        return Services(home, zk, modern,  # type: ignore[arg-type]
+                        modern_http_port=http, modern_tcp_port=tcp)
+    if server != "18.16":
+        raise ValueError(f"unknown server {server!r} (18.16 or modern)")
     ch = ClickHouse(home, zk, http_port=port_base + 2, tcp_port=port_base + 3,
                     interserver_port=port_base + 4)
     return Services(home, zk, ch)

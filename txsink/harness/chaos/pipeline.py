@@ -182,7 +182,7 @@ def _stand_by(spark, go_file: Path, stop_file: Path) -> bool:
     return True
 
 
-def _die_with_crash_points(once_dir: Path) -> None:
+def die_with_crash_points(once_dir: Path) -> None:
     """Kill this driver's whole session as soon as a crash point fires in any process.
 
     A crash point in ``group`` mode kills its own process group. In a task that is the
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         once_dir = os.environ.get("TXSINK_CRASH_ONCE_DIR")
         if once_dir and os.environ.get("TXSINK_CRASH_MODE", "group") == "group":
-            _die_with_crash_points(Path(once_dir))
+            die_with_crash_points(Path(once_dir))
         if args.mode == "batch":
             return _run_batch(spark, args)
         _run_stream(spark, args)

@@ -1,0 +1,37 @@
+"""A batch job with a ``txn_version``, as an orchestrator would (re)run it.
+
+``python -m tests.jobs.versioned_batch URL ZK TABLE SINK_ID TXN_VERSION FIRST COUNT``
+writes ids ``FIRST .. FIRST+COUNT-1`` through ``clickhouse_tx`` in its own driver
+(``local[2]``); a crash point armed in the environment kills it where the test wants
+(the whole driver: start it with ``start_new_session=True``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+import txsink
+from tests.sinkutil import events_df
+from txsink.harness.chaos.pipeline import die_with_crash_points
+
+
+def main(url: str, zookeeper: str, table: str, sink_id: str, txn_version: str,
+         first: str, count: str) -> None:
+    if os.environ.get("TXSINK_CRASH_ONCE_DIR"):
+        die_with_crash_points(Path(os.environ["TXSINK_CRASH_ONCE_DIR"]))
+    spark = (SparkSession.builder.master("local[2]").appName("txsink-versioned-batch")
+             .config("spark.ui.enabled", "false").getOrCreate())
+    txsink.register(spark)
+    (events_df(spark, int(first), int(count)).write.format("clickhouse_tx")
+        .option("url", url).option("zookeeper", zookeeper).option("table", table)
+        .option("sink_id", sink_id).option("txn_version", txn_version)
+        .mode("append").save())
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:8])

@@ -1,0 +1,94 @@
+"""``txsink demo --server modern``: the demo's private modern server, killed and restarted.
+
+The demo itself (Spark, minutes) is not run here; this checks what it relies on: the
+private services it builds for ``--server modern`` (its own ZooKeeper and modern server,
+never the shared ones), a kill -9 and restart of that server through the chaos faults,
+and the strategy the sink picks there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from server_ext.capabilities import choose_strategy, detect_capabilities
+from server_ext.client import ClickHouseClient
+from tests.conftest import run_sql
+from txsink import cli
+from txsink.harness.chaos.faults import kill_server, private_services, restart_server
+from txsink.harness.demo import PORT_BASE
+from txsink.harness.modern_server import ModernClickHouse, chdb_version
+from txsink.harness.services import ClickHouse, Services, port_open
+
+pytestmark = pytest.mark.skipif(chdb_version() is None, reason="needs the chdb package")
+
+
+def free_base() -> int:
+    """A port base whose ZooKeeper (+1) and modern (+5, +6) ports are free, away from
+    the demo's own range (a demo may be running)."""
+    for base in range(PORT_BASE + 300, PORT_BASE + 900, 10):
+        if not any(port_open(base + offset) for offset in (1, 5, 6)):
+            return base
+    raise RuntimeError("no free port range for a private modern server")
+
+
+@pytest.fixture
+def private(tmp_path: Path) -> Iterator[Services]:
+    services = private_services(tmp_path / "services", free_base(), "modern")
+    try:
+        services.up()
+        yield services
+    finally:
+        services.down()
+
+
+def test_cli_demo_server_option() -> None:
+    parser = cli.build_parser()
+    assert parser.parse_args(["demo"]).server == "18.16"
+    assert parser.parse_args(["demo", "--server", "modern"]).server == "modern"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["demo", "--server", "19.1"])
+
+
+def test_private_services_layout(tmp_path: Path) -> None:
+    classic = private_services(tmp_path, PORT_BASE)
+    assert isinstance(classic.clickhouse, ClickHouse)
+    assert classic.clickhouse.http_port == PORT_BASE + 2
+    modern = private_services(tmp_path, PORT_BASE, "modern")
+    assert isinstance(modern.clickhouse, ModernClickHouse)
+    assert modern.zookeeper.port == PORT_BASE + 1
+    assert (modern.clickhouse.http_port, modern.clickhouse.tcp_port) == (PORT_BASE + 5,
+                                                                         PORT_BASE + 6)
+    # down() stops ``services.modern``: it must be this private server, not the shared one
+    assert modern.modern.process.pid_file == modern.clickhouse.process.pid_file
+    assert modern.modern.url == modern.clickhouse.url
+    with pytest.raises(ValueError, match="unknown server"):
+        private_services(tmp_path, PORT_BASE, "19.1")
+
+
+def test_kill_and_restart_the_private_modern_server(private: Services) -> None:
+    server = private.clickhouse
+    url = server.url
+    assert run_sql(url, "SELECT version()").startswith("26.")
+    caps = detect_capabilities(ClickHouseClient(url))
+    assert choose_strategy(caps, SimpleNamespace(replicated=False)) == "move"
+    run_sql(url, "CREATE DATABASE demo")
+    run_sql(url, "CREATE TABLE demo.t (id UInt64) ENGINE = MergeTree ORDER BY id")
+    run_sql(url, "INSERT INTO demo.t SELECT number FROM numbers(1000)")
+
+    pid = server.process.pid()
+    assert kill_server(private, "clickhouse")
+    assert server.process.pid() is None
+    assert not port_open(server.http_port) and not port_open(server.tcp_port)
+    assert private.zookeeper.ready()  # only the killed server is down
+
+    restart_server(private, "clickhouse")
+    assert server.ready() and server.process.pid() not in (None, pid)
+    assert run_sql(url, "SELECT count(), uniqExact(id) FROM demo.t") == "1000\t1000\n"
+
+    assert kill_server(private, "zookeeper") and not private.zookeeper.ready()
+    restart_server(private, "zookeeper")
+    assert private.zookeeper.ready() and server.ready()
