@@ -97,6 +97,10 @@ class ClickHouseClient:
         self.url, url_user, url_password = _strip_credentials(url)
         self.user = user if user is not None else url_user
         self._password = password if password is not None else url_password
+        for what, value in (("user", self.user), ("password", self._password)):
+            problem = header_problem(value)
+            if problem:
+                raise ValueError(f"the ClickHouse {what} cannot be sent: {problem}")
         self.timeout = timeout
         self.retries = retries
         self._session = session or requests.Session()
@@ -295,6 +299,25 @@ class ClickHouseClient:
         if self._password:
             text = text.replace(self._password, _REDACTED)
         return text
+
+
+def header_problem(credential: str | None) -> str | None:
+    """Why a credential cannot travel in an HTTP header (None: it can).
+
+    ``requests`` sends header values as Latin-1 and refuses line breaks; failing here
+    says so once, instead of a ``UnicodeEncodeError`` or a retry loop on every request.
+    The value itself is never part of the answer.
+    """
+    if not credential:
+        return None
+    if any(ch in credential for ch in "\r\n\0"):
+        return "it contains a line break or NUL, which an HTTP header cannot carry"
+    try:
+        credential.encode("latin-1")
+    except UnicodeEncodeError:
+        return ("it contains characters outside Latin-1, which an HTTP header cannot "
+                "carry; choose a password of ASCII characters")
+    return None
 
 
 def _never_sent(exc: requests.RequestException) -> bool:

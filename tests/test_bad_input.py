@@ -245,6 +245,12 @@ MALFORMED_OPTIONS = {
                                      r"recover_on_start='maybe' must be true or false"),
     "empty_table": ({"table": ""}, r"missing required option\(s\): table"),
     "empty_zookeeper": ({"zookeeper": ""}, r"missing required option\(s\): zookeeper"),
+    "password_with_a_line_break": ({"password": "hunter2\nx"},
+                                   r"option password .* cannot be used: .*line break"),
+    "password_outside_latin1": ({"password": "hunter2\u20ac"},
+                                r"option password .* cannot be used: .*outside Latin-1"),
+    "txn_version_without_sink_id": ({"txn_version": "3", "sink_id": ""},
+                                    r"txn_version needs sink_id"),
 }
 
 

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 
+from server_ext.client import header_problem
 from server_ext.sharding import ShardingError, parse_shard_urls
 
 STRATEGIES = ("auto", "move", "attach_replicated", "attach_marked")
@@ -160,6 +161,11 @@ def parse_options(
         raise OptionError(f"option strategy={strategy!r} is not one of {', '.join(STRATEGIES)}")
     values.setdefault("user", env.get("TXSINK_CLICKHOUSE_USER") or None)
     values.setdefault("password", env.get("TXSINK_CLICKHOUSE_PASSWORD") or None)
+    for name in ("user", "password"):
+        problem = header_problem(values.get(name))  # type: ignore[arg-type]
+        if problem:
+            raise OptionError(f"option {name} (or TXSINK_CLICKHOUSE_{name.upper()}) cannot "
+                              f"be used: {problem}")
     for name, kind, minimum in (
         ("insert_block_rows", int, 1), ("timeout", float, 0.1), ("retries", int, 0),
         ("tx_epoch", int, 0), ("tx_generation", int, 0), ("txn_version", int, 0),
