@@ -44,7 +44,7 @@ import contextlib
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from queue import Full, Queue
 from typing import Protocol
@@ -91,6 +91,7 @@ class BranchWriter:
         block_rows: int = DEFAULT_BLOCK_ROWS,
         target_columns: list[Column] | None = None,
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        extra_settings: Mapping[str, str] | None = None,
     ) -> None:
         if block_rows < 1 or chunk_rows < 1:
             raise ValueError("block_rows and chunk_rows must be positive")
@@ -101,7 +102,8 @@ class BranchWriter:
         self.target = target
         self.staging_table = staging_table
         self.format = "ArrowStream" if caps.arrow_stream else "Native"
-        self.insert_settings: dict[str, int] = {
+        self.insert_settings: dict[str, object] = {
+            **(extra_settings or {}),  # the user's; the protocol's own below win
             "max_insert_block_size": block_rows,
             "min_insert_block_size_rows": block_rows,
             "min_insert_block_size_bytes": 0,

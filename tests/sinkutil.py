@@ -52,18 +52,21 @@ def staging_tables(url: str, options: dict[str, str]) -> list[str]:
     return [name for name in body.split() if name.endswith(f"_r{tag}")]
 
 
-def staging_insert_async_settings(url: str, options: dict[str, str]) -> list[str]:
-    """The ``async_insert`` setting of every finished INSERT into the staging tables of
-    ``options``' coordinator root, from ``system.query_log`` ('' where the INSERT did not
-    set it; the modern test server keeps the log)."""
+def staging_insert_settings(url: str, options: dict[str, str],
+                            setting: str = "async_insert") -> list[str]:
+    """The ``setting`` of every finished INSERT of rows (``... FORMAT``, not the combine's
+    ``INSERT ... SELECT``) into the staging tables of ``options``' coordinator root, from
+    ``system.query_log`` ('' where the INSERT did not set it; the modern test server keeps
+    the log, 18.16 logs no settings)."""
     from server_ext.staging import root_tag
     from txsink.options import root_identity
 
     tag = root_tag(root_identity(options["zookeeper"], options.get("zk_root", "/txsink")))
     run_sql(url, "SYSTEM FLUSH LOGS")
     body = run_sql(url, (
-        "SELECT Settings['async_insert'] FROM system.query_log WHERE type = 'QueryFinish' "
+        f"SELECT Settings['{setting}'] FROM system.query_log WHERE type = 'QueryFinish' "
         "AND query_kind = 'Insert' AND position(query, '`txsink_staging`.') > 0 "
+        "AND position(query, ' FORMAT ') > 0 "
         f"AND position(query, '_r{tag}`') > 0"))
     return body.splitlines()
 

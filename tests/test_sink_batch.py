@@ -13,7 +13,7 @@ from tests.sinkutil import (
     events_df,
     id_counts,
     moves_into,
-    staging_insert_async_settings,
+    staging_insert_settings,
     staging_tables,
 )
 
@@ -65,7 +65,7 @@ def test_append_makes_every_row_visible_exactly_once(
     if server == "ch26":  # the server has MOVE PARTITION: strategy `move`
         assert moves_into(server_url, table) > 0
         # its default is async_insert = 1: every staging INSERT turned it off
-        inserts = staging_insert_async_settings(server_url, server_sink_options)
+        inserts = staging_insert_settings(server_url, server_sink_options)
         assert inserts and set(inserts) == {"0"}, inserts
 
 

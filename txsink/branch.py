@@ -124,6 +124,7 @@ class _ShardBranch:
             self.writer = server_ext.BranchWriter(
                 self.client, target, qualified, caps,
                 block_rows=self.plan.options.insert_block_rows, target_columns=columns,
+                extra_settings=dict(self.plan.options.insert_settings),
             )
         self.writer.write(batch)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from server_ext.client import header_problem
 from server_ext.sharding import ShardingError, parse_shard_urls
+from txsink import insert_settings
 
 STRATEGIES = ("auto", "move", "attach_replicated", "attach_marked")
 REPLICA_CHOICES = ("round_robin", "random")
@@ -55,6 +56,7 @@ class SinkOptions:
     sharding_key: str | None = None
     replica_choice: str = "round_robin"
     txn_version: int | None = None
+    insert_settings: tuple[tuple[str, str], ...] = ()  # settings.<name> options
     tx_epoch: int | None = None
     tx_generation: int | None = None
 
@@ -141,12 +143,18 @@ def parse_options(
     """
     env = os.environ if env is None else env
     given = {str(k).lower(): str(v) for k, v in raw.items()}
-    unknown = sorted(k for k in given if k not in _NAMES and k not in SPARK_OPTIONS)
+    unknown = sorted(k for k in given if k not in _NAMES and k not in SPARK_OPTIONS
+                     and not k.startswith(insert_settings.PREFIX))
     if unknown:
         raise OptionError(
-            f"unknown option(s): {', '.join(unknown)} (known: {', '.join(PUBLIC_OPTIONS)})"
+            f"unknown option(s): {', '.join(unknown)} (known: {', '.join(PUBLIC_OPTIONS)}, "
+            "settings.<name>)"
         )
     values: dict[str, object] = {_NAMES[k]: v for k, v in given.items() if k in _NAMES}
+    try:
+        values["insert_settings"] = insert_settings.parse(given)
+    except insert_settings.SettingRefused as exc:
+        raise OptionError(str(exc)) from None
     required = ("url", "table", "zookeeper") if require_table else ("url", "zookeeper")
     missing = [n for n in required if not values.get(n)]
     if missing:

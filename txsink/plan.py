@@ -32,7 +32,7 @@ from server_ext.sharding import (
     layout_from_urls,
     parse_shard_urls,
 )
-from txsink import connections
+from txsink import connections, insert_settings
 from txsink.options import OptionError, SinkOptions
 
 
@@ -159,6 +159,12 @@ def check_target(options: SinkOptions, spark_schema) -> CheckedTarget:
         shard_tables = describe_every_shard(options, layout)
     table, server = shard_tables[0]
     columns = server_ext.check_arrow_schema(table, arrow_schema(spark_schema))
+    for url in dict.fromkeys(url for _, url in shard_tables):
+        try:
+            insert_settings.check_on_server(connections.clickhouse(options, url),
+                                            options.insert_settings, url)
+        except insert_settings.SettingRefused as exc:
+            raise OptionError(f"{exc}. Nothing was staged") from None
     caps = server_ext.detect_capabilities(connections.clickhouse(options, server))
     strategy = options.strategy
     if strategy == "auto":
