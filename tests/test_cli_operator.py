@@ -1,4 +1,5 @@
-"""What an operator sees from the CLI when there is nothing, or nobody, to talk to."""
+"""What an operator sees from the CLI: when there is nothing, or nobody, to talk to, and
+what it shows of epochs that recovery finished."""
 
 from __future__ import annotations
 
@@ -6,6 +7,12 @@ import socket
 import subprocess
 import sys
 import time
+
+import pytest
+
+from coordinator import Coordinator
+from server_ext.manifest import Manifest
+from txsink import payload
 
 
 def txsink(*args: str) -> subprocess.CompletedProcess:
@@ -40,3 +47,35 @@ def test_unreachable_zookeeper_is_one_line_naming_the_host_within_seconds():
     assert done.stderr.strip().splitlines() == [
         f"txsink status: ZooKeeperUnreachable: no answer from ZooKeeper at 127.0.0.1:{port} "
         "within 5 s (is it running, and is --zookeeper host:port[/chroot] right?)"]
+
+
+def test_status_shows_rows_and_branches_of_an_epoch_finished_by_recovery(zk, zk_hosts,
+                                                                          zk_chroot):
+    """The driver died after its decision (publish raised), so it recorded no metrics;
+    ``txsink recover`` finished the xid; ``status`` reads rows and branches from the
+    winners' records."""
+    coord = Coordinator(zk, "nightly")
+    generation = coord.fence()
+    coord.begin(0, generation)
+    sources = {}
+    for branch_id, rows in (("p0-a0-1", 30), ("p1-a0-1", 12)):
+        coord.register_branch(0, branch_id, generation, owner={})
+        sources[branch_id] = Manifest("db", "t", "txsink_staging", f"s_{branch_id}", ())
+        coord.prepare_branch(0, branch_id, payload.to_record(payload.StagedBranch(
+            manifest=sources[branch_id], strategy="move", staging=f"s_{branch_id}",
+            server=None, rows=rows)))
+    combined = payload.CombinedBranch.of(sources, staging="c", strategy="move", server=None)
+    coord.register_branch(0, "combined-1", generation, owner={})
+    coord.prepare_branch(0, "combined-1", payload.to_record(
+        payload.CombinedBranch(**{**combined.__dict__, "rows": 42})))
+
+    def dies(_branch):
+        raise KeyboardInterrupt("the driver dies")
+
+    with pytest.raises(KeyboardInterrupt):
+        coord.commit(0, generation, ["combined-1"], publish=dies, rollback=lambda b: None)
+    Coordinator(zk, "nightly").recover(publish=lambda b: None, rollback=lambda b: None,
+                                       older_than_generation=0)
+    done = txsink("status", "--zookeeper", zk_hosts + zk_chroot, "--sink", "nightly")
+    assert done.returncode == 0, done.stderr
+    assert "epoch 0: 42 rows, 2 branches, finished by recovery" in done.stdout

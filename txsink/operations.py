@@ -33,6 +33,7 @@ from coordinator import (
     Coordinator,
     PublishInProgress,
     RecoveryIncomplete,
+    XidRecord,
     XidState,
     audit,
 )
@@ -45,6 +46,7 @@ from server_ext.sql import qualified_name
 from server_ext.staging import root_tag
 from server_ext.sweeper import sweep
 from txsink.options import root_identity
+from txsink.payload import CombinedBranch, from_record
 from txsink.publisher import (
     SWITCH_KEY,
     BranchPublisher,
@@ -183,7 +185,9 @@ class Operations:
                     for x in open_xids
                 ],
                 "in_doubt": [x.epoch for x in open_xids if x.state == XidState.COMMITTING],
-                "recent": [{"epoch": x.epoch, **x.metrics} for x in committed],
+                "recent": [{"epoch": x.epoch, **(x.metrics if "rows" in x.metrics
+                                                 else _recovered_metrics(coord, x))}
+                           for x in committed],
                 "operator_decisions": _decisions(open_xids, every_committed),
             })
         return {"sinks": sinks}
@@ -673,11 +677,11 @@ def render(command: str, result: dict[str, Any]) -> str:
                 flag = "  IN DOUBT: run txsink recover" if x["epoch"] in sink["in_doubt"] else ""
                 lines.append(f"  epoch {x['epoch']}: {x['state']} for {x['age_s']}s{flag}")
             for m in sink["recent"]:
-                lines.append(
-                    f"  epoch {m['epoch']}: {m.get('rows', '?')} rows, "
-                    f"{m.get('branches', '?')} branches, commit {m.get('commit_ms', '?')} ms, "
-                    f"latency {m.get('latency_ms', '?')} ms"
-                )
+                timing = ("finished by recovery" if m.get("finished_by") == "recovery" else
+                          f"commit {m.get('commit_ms', '?')} ms, "
+                          f"latency {m.get('latency_ms', '?')} ms")
+                lines.append(f"  epoch {m['epoch']}: {m.get('rows', '?')} rows, "
+                             f"{m.get('branches', '?')} branches, {timing}")
             lines += [f"  {line}" for line in _render_decisions(sink.get("operator_decisions",
                                                                          []))]
         elif command in ("recover", "resolve"):
@@ -691,6 +695,16 @@ def render(command: str, result: dict[str, Any]) -> str:
               f"the staging table txsink_staging.{g['staging']} when the xid finishes)"
               for g in result.get("given_up", [])]
     return "\n".join(lines)
+
+
+def _recovered_metrics(coord: Coordinator, record: XidRecord) -> dict[str, Any]:
+    """What the winners' records say of an xid that recovery finished (its driver died
+    before recording the epoch's metrics): rows and task branches, no timings."""
+    payloads = [from_record(b.manifest) for b in coord.branches(record.epoch, record.winners)]
+    return {**record.metrics, "finished_by": "recovery",
+            "rows": sum(p.rows for p in payloads if p is not None),
+            "branches": sum(len(p.sources) if isinstance(p, CombinedBranch) and p.sources
+                            else 1 for p in payloads if p is not None)}
 
 
 def _render_verify(sink: dict[str, Any]) -> list[str]:
