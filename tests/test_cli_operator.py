@@ -79,3 +79,21 @@ def test_status_shows_rows_and_branches_of_an_epoch_finished_by_recovery(zk, zk_
     done = txsink("status", "--zookeeper", zk_hosts + zk_chroot, "--sink", "nightly")
     assert done.returncode == 0, done.stderr
     assert "epoch 0: 42 rows, 2 branches, finished by recovery" in done.stdout
+
+
+def test_every_option_of_every_command_has_help_text():
+    from txsink.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    missing = [f"{name} {'/'.join(action.option_strings) or action.dest}"
+               for name, command in commands.items() for action in command._actions
+               if not action.help and action.dest != "help"]
+    assert missing == []
+
+
+def test_commands_that_reach_clickhouse_name_the_credential_variables():
+    for command in ("recover", "gc", "verify", "resolve"):
+        done = txsink(command, "--help")
+        assert "TXSINK_CLICKHOUSE_USER" in done.stdout, command
+        assert "TXSINK_CLICKHOUSE_PASSWORD" in done.stdout, command

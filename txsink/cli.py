@@ -126,13 +126,18 @@ def _demo(args: argparse.Namespace) -> int:
     return demo.main(args)
 
 
+CREDENTIALS = ("ClickHouse credentials: TXSINK_CLICKHOUSE_USER and TXSINK_CLICKHOUSE_PASSWORD "
+               "(environment), the same variables the sink reads; never put them in --url.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="txsink", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
 
     svc = sub.add_parser("services", help="install/start/stop the local servers")
-    svc.add_argument("action", choices=["up", "down", "status"])
+    svc.add_argument("action", choices=["up", "down", "status"],
+                     help="start (installing what is missing), stop, or list the servers")
     svc.add_argument("--shards", type=int, default=None,
                      help="also run a cluster of this many shards (default $TXSINK_SHARDS "
                           "or 0: no cluster); down stops any cluster server anyway")
@@ -153,9 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     svc.set_defaults(func=_services)
 
     def ops_parser(name: str, help_text: str, url: bool) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=CREDENTIALS
+                           if url else None)
         p.add_argument("--zookeeper", default="127.0.0.1:2181", help="host:port[/chroot]")
-        p.add_argument("--zk-root", default="/txsink")
+        p.add_argument("--zk-root", default="/txsink",
+                       help="root of the sinks' records in ZooKeeper (the sinks' zk_root)")
         p.add_argument("--json", action="store_true", help="machine-readable output")
         if url:
             p.add_argument("--url", default="http://127.0.0.1:8123", help="ClickHouse HTTP URL")
@@ -175,9 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
                               "(recorded; see docs/operations.md)")
     resolve = ops_parser("resolve", "decide an in-doubt partition, or give partitions up",
                          url=True)
-    resolve.add_argument("--sink", required=True)
-    resolve.add_argument("--epoch", type=int, required=True)
-    resolve.add_argument("--branch", required=True)
+    resolve.add_argument("--sink", required=True, help="the sink id of the in-doubt xid")
+    resolve.add_argument("--epoch", type=int, required=True, help="the xid's epoch")
+    resolve.add_argument("--branch", required=True,
+                         help="the winner branch (txsink status lists the winners)")
     resolve.add_argument("--partition", required=True, action="append",
                          help="partition id (repeat for several)")
     decision = resolve.add_mutually_exclusive_group(required=True)
@@ -199,7 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify = ops_parser("verify", "audit the history; compare targets with committed rows",
                         url=True)
     verify.add_argument("--sink", help="only this sink id")
-    verify.add_argument("--committing-older-than", type=float, default=300.0)
+    verify.add_argument("--committing-older-than", type=float, default=300.0,
+                        help="report a Committing xid older than this many seconds as "
+                             "stuck (default 300)")
     verify.add_argument("--no-target", action="store_true",
                         help="audit the ZooKeeper history only; do not read the targets")
     writers = verify.add_mutually_exclusive_group()
@@ -224,9 +234,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "query goes on at N+1")
 
     demo = sub.add_parser("demo", help="exactly-once demo under injected faults")
-    demo.add_argument("--epochs", type=int, default=12)
-    demo.add_argument("--rows-per-epoch", type=int, default=20_000)
-    demo.add_argument("--seed", type=int, default=None)
+    demo.add_argument("--epochs", type=int, default=12,
+                      help="micro-batches per sink (default 12)")
+    demo.add_argument("--rows-per-epoch", type=int, default=20_000,
+                      help="rows per micro-batch (default 20,000)")
+    demo.add_argument("--seed", type=int, default=None,
+                      help="fixes which fault strikes which epoch (default: random, printed)")
     demo.add_argument("--server", choices=["18.16", "modern"], default="18.16",
                       help="the private ClickHouse the demo runs against and kills: the "
                            "18.16 server (default) or the modern 26.x one from chdb "
