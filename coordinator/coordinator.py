@@ -363,6 +363,12 @@ class Coordinator:
         survive (pruned epochs are remembered as ranges)."""
         return Retention(self.store).prune(max_age_seconds)
 
+    def forget_sink(self, max_age_seconds: float) -> float | None:
+        """Delete this whole sink when nothing is open and nothing changed for
+        ``max_age_seconds`` (returns that age; None: kept). For one-off sinks only:
+        a sink written again afterwards would start from scratch."""
+        return Retention(self.store).forget_sink(max_age_seconds)
+
     # -- internals -------------------------------------------------------------------
 
     def _finish(self, record: XidRecord, generation: int, fresh: bool,

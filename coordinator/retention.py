@@ -10,6 +10,11 @@ ranges in ``<sink>/pruned`` (a streaming sink's history stays one range), and
 
 Each xid is deleted in one multi-op guarded by the version it was read at, so an xid that
 changed meanwhile (a new attempt of an aborted one) is left alone.
+
+A sink that will never write again (a one-off batch job's, whose id is never reused) can
+be forgotten as a whole with :meth:`Retention.forget_sink`: nothing open, nothing changed
+for an age. Which sinks are one-off is the caller's call (``txsink gc`` decides by the id
+a job without ``sink_id`` gets).
 """
 
 from __future__ import annotations
@@ -77,6 +82,23 @@ class Retention:
             return []
         self.store.run(self._remember, old)
         return [r.epoch for r in old if self.store.run(self._delete, r)]
+
+    def forget_sink(self, max_age_seconds: float) -> float | None:
+        """Delete the whole sink if no xid is open and nothing of it (generation, xids)
+        changed for ``max_age_seconds``; returns the age of its last change, None if it
+        was kept. Not atomic (a recursive delete), but repeatable: a repeat after a crash
+        deletes the rest. Only for sinks that nobody writes again."""
+        layout = self.store.layout
+        if self.store.run(self.store.epochs, True):
+            return None
+        records = self.store.run(self.store.read_xids, self.store.run(self.store.epochs, False))
+        stat = self.store.run(self.store.client.exists, layout.generation)
+        changes = [r.updated for r in records] + ([stat.mtime / 1000] if stat else [])
+        age = time.time() - max(changes, default=0.0)
+        if age < max_age_seconds:
+            return None
+        self.store.run(self.store.client.delete, layout.sink, recursive=True)
+        return age
 
     def _remember(self, records: list[XidRecord]) -> None:
         while True:

@@ -97,3 +97,39 @@ def test_commands_that_reach_clickhouse_name_the_credential_variables():
         done = txsink(command, "--help")
         assert "TXSINK_CLICKHOUSE_USER" in done.stdout, command
         assert "TXSINK_CLICKHOUSE_PASSWORD" in done.stdout, command
+
+
+def committed_sink(zk, sink_id: str, open_epoch: bool = False) -> None:
+    coord = Coordinator(zk, sink_id)
+    generation = coord.fence()
+    coord.begin(0, generation)
+    coord.commit(0, generation, [], publish=lambda b: None, rollback=lambda b: None)
+    if open_epoch:
+        coord.begin(1, generation)
+
+
+def gc_forgetting(zk_hosts, zk_chroot, clickhouse_url, after: str) -> subprocess.CompletedProcess:
+    return txsink("gc", "--zookeeper", zk_hosts + zk_chroot, "--url", clickhouse_url,
+                  "--forget-one-off-sinks-after", after)
+
+
+def test_gc_forgets_an_idle_one_off_sink_and_keeps_named_and_open_ones(
+        zk, zk_hosts, zk_chroot, clickhouse_url):
+    committed_sink(zk, "batch-0123456789abcdef")
+    committed_sink(zk, "batch-fedcba9876543210", open_epoch=True)
+    committed_sink(zk, "nightly")
+    time.sleep(0.2)
+    done = gc_forgetting(zk_hosts, zk_chroot, clickhouse_url, "0.1")
+    assert done.returncode == 0, done.stderr
+    assert "forgot one-off sink batch-0123456789abcdef" in done.stdout
+    status = txsink("status", "--zookeeper", zk_hosts + zk_chroot).stdout
+    assert "batch-0123456789abcdef" not in status
+    assert "batch-fedcba9876543210" in status and "nightly" in status
+
+
+def test_gc_keeps_one_off_sinks_younger_than_the_age(zk, zk_hosts, zk_chroot, clickhouse_url):
+    committed_sink(zk, "batch-0123456789abcdef")
+    done = gc_forgetting(zk_hosts, zk_chroot, clickhouse_url, "3600")
+    assert done.returncode == 0, done.stderr
+    assert "batch-0123456789abcdef" in txsink("status", "--zookeeper",
+                                               zk_hosts + zk_chroot).stdout

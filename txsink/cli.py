@@ -92,7 +92,9 @@ def _operations(args: argparse.Namespace) -> int:
 
             servers = ([url for shard in parse_shard_urls(args.shards) for url in shard]
                        if args.shards else None)
-            result = ops.gc(args.grace, args.prune_older_than, servers)
+            forget = args.forget_one_off_sinks_after
+            result = ops.gc(args.grace, args.prune_older_than, servers,
+                            operations.ONE_OFF_RETENTION if forget is None else forget or None)
         elif args.command == "reset":
             result = ops.reset(args.sink, args.forget_epochs, args.committed_through)
         else:
@@ -204,6 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds a staging table of an unknown xid is kept (default 3600)")
     gc.add_argument("--prune-older-than", type=float, default=None,
                     help="also remove finished xids older than this many seconds")
+    gc.add_argument("--forget-one-off-sinks-after", type=float, default=None,
+                    metavar="SECONDS",
+                    help="remove the whole record of a one-off sink (a batch job without "
+                         "sink_id) with nothing open and idle this long (default 7 days; "
+                         "0: never)")
     verify = ops_parser("verify", "audit the history; compare targets with committed rows",
                         url=True)
     verify.add_argument("--sink", help="only this sink id")

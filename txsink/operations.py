@@ -45,7 +45,7 @@ from server_ext.seal import read_staged_partitions
 from server_ext.sql import qualified_name
 from server_ext.staging import root_tag
 from server_ext.sweeper import sweep
-from txsink.options import root_identity
+from txsink.options import is_one_off, root_identity
 from txsink.payload import CombinedBranch, from_record
 from txsink.publisher import (
     SWITCH_KEY,
@@ -119,6 +119,7 @@ class UnknownSink(LookupError):
 
 
 CONNECT_SECONDS = 5.0  # an operator waits this long for ZooKeeper, then gets one line
+ONE_OFF_RETENTION = 7 * 24 * 3600.0  # gc forgets one-off sinks idle this long (default)
 
 
 class Operations:
@@ -543,12 +544,15 @@ class Operations:
         return False
 
     def gc(self, grace_seconds: float, prune_older_than: float | None,
-           servers: list[str] | None = None) -> dict[str, Any]:
+           servers: list[str] | None = None,
+           forget_one_off_after: float | None = ONE_OFF_RETENTION) -> dict[str, Any]:
         """Sweep ``servers`` (every server of a sharded target; default ``--url``).
 
         Drops only this root's staging (see ``server_ext.sweeper``); every table of the
         staging database that belongs to another root, has no root tag or is not a
-        staging name is listed under ``foreign_staging`` and left alone.
+        staging name is listed under ``foreign_staging`` and left alone. Then forgets the
+        one-off sinks (batch jobs without ``sink_id``) idle for ``forget_one_off_after``
+        seconds, after their staging was swept.
         """
         dropped: list[str] = []
         foreign: list[dict[str, Any]] = []
@@ -563,8 +567,15 @@ class Operations:
         if prune_older_than is not None:
             for sink_id in self._sinks(None):
                 pruned[sink_id] = self._coordinator(sink_id).prune(prune_older_than)
+        forgotten: dict[str, float] = {}
+        if forget_one_off_after is not None:
+            for sink_id in filter(is_one_off, self._sinks(None)):
+                age = self._coordinator(sink_id).forget_sink(forget_one_off_after)
+                if age is not None:
+                    forgotten[sink_id] = round(age)
         return {"root": self.root_identity, "root_tag": root_tag(self.root_identity),
-                "dropped_staging": dropped, "foreign_staging": foreign, "pruned": pruned}
+                "dropped_staging": dropped, "foreign_staging": foreign, "pruned": pruned,
+                "forgotten_sinks": forgotten}
 
     def verify(self, sink: str | None = None, committing_older_than: float = 300.0,
                target: bool = True, writers: Writers = "unknown") -> dict[str, Any]:
@@ -666,6 +677,8 @@ def render(command: str, result: dict[str, Any]) -> str:
                       for f in result["foreign_staging"]]
         for sink_id, epochs in result["pruned"].items():
             lines.append(f"pruned {len(epochs)} finished xid(s) of {sink_id}")
+        for sink_id, age in result.get("forgotten_sinks", {}).items():
+            lines.append(f"forgot one-off sink {sink_id} (idle {age / 86400:.1f} days)")
         return "\n".join(lines)
     if not result["sinks"]:
         return "no sinks under this root (--zookeeper host:port[/chroot], --zk-root)"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -92,6 +93,14 @@ class SinkOptions:
             digest = hashlib.sha1(self.checkpoint_location.rstrip("/").encode()).hexdigest()
             return f"stream-{digest[:16]}"
         return f"batch-{uuid.uuid4().hex[:16]}"
+
+
+ONE_OFF_SINK = re.compile(r"^batch-[0-9a-f]{16}$")  # what resolved_sink_id gives a batch job
+
+
+def is_one_off(sink_id: str) -> bool:
+    """Whether ``sink_id`` is a one-off batch job's (written once, never again)."""
+    return ONE_OFF_SINK.match(sink_id) is not None
 
 
 def root_identity(zookeeper: str, zk_root: str) -> str:
