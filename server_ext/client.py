@@ -150,6 +150,7 @@ class ClickHouseClient:
         columns: list[str] | None = None,
         settings: dict | None = None,
         retry: bool = True,
+        deduplicated: bool = False,
     ) -> None:
         """INSERT ``body`` (already encoded in ``fmt``) into ``table`` (qualified, quoted).
 
@@ -157,14 +158,16 @@ class ClickHouseClient:
         generator) is retried only if the failure came before its first chunk was
         consumed; a re-iterable body (a list, or an object whose ``__iter__`` starts over)
         is iterated afresh for each attempt, so it is retried like bytes. A failed insert
-        whose outcome is unknown (timeout after sending) is never retried: the caller
-        must check.
+        whose outcome is unknown (timeout after sending) is retried only when the caller
+        says the server deduplicates it (``deduplicated``: a table with a deduplication
+        window and an ``insert_deduplication_token`` in ``settings``); otherwise the
+        caller must check.
         """
         params = self._params(settings, wait=False)
         # No trailing newline: the server puts one between this text and the body, and
         # skips only one before the data (a second would be read as data).
         params["query"] = f"INSERT INTO {table}{column_list(columns)} FORMAT {fmt}"
-        attempt = _Attempt(purpose, may_repeat=retry, outcome_unknown_ok=False)
+        attempt = _Attempt(purpose, may_repeat=retry, outcome_unknown_ok=retry and deduplicated)
         if isinstance(body, bytes | bytearray | memoryview):
             self._send(params, bytes(body), attempt)
         else:

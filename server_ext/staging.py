@@ -59,6 +59,7 @@ from server_ext.sql import qualified_name, quote_identifier, setting_assignments
 STAGING_DATABASE = "txsink_staging"
 
 # Table settings that make a staging table hold its parts exactly as written.
+DEDUP_WINDOW = 100  # blocks a staging table remembers; a repeat is of the latest one
 STAGING_SETTINGS: dict[str, str] = {
     "max_bytes_to_merge_at_max_space_in_pool": "1",
     "max_bytes_to_merge_at_min_space_in_pool": "1",
@@ -156,8 +157,13 @@ def staging_qualified(table: str) -> str:
     return qualified_name(*split_table_name(table, default_database=STAGING_DATABASE))
 
 
-def create_staging(client: SqlClient, target: TargetTable, table_name: str) -> str:
+def create_staging(client: SqlClient, target: TargetTable, table_name: str,
+                   dedup_window: bool = False) -> str:
     """Create (if absent) the staging table ``table_name`` for ``target``; returns it quoted.
+
+    ``dedup_window``: give it a ``non_replicated_deduplication_window`` (servers that
+    have one), so that an INSERT repeated with the same ``insert_deduplication_token``
+    after a lost answer is dropped by the server (``writer.BranchWriter``).
 
     Idempotent: a repeat finds the table and only stops its merges again. The staging
     database is created once per server and process (every task of an epoch would ask
@@ -168,12 +174,12 @@ def create_staging(client: SqlClient, target: TargetTable, table_name: str) -> s
     if server is None or server not in _DATABASE_MADE:
         _create_database(client, server)
     try:
-        client.execute(staging_ddl(target, staging), purpose="create staging table")
+        client.execute(staging_ddl(target, staging, dedup_window), purpose="create staging table")
     except ClickHouseError as exc:
         if exc.code != UNKNOWN_DATABASE:
             raise
         _create_database(client, server)
-        client.execute(staging_ddl(target, staging), purpose="create staging table")
+        client.execute(staging_ddl(target, staging, dedup_window), purpose="create staging table")
     client.execute(f"SYSTEM STOP MERGES {staging}", purpose="stop merges in staging table")
     return staging
 
@@ -189,7 +195,7 @@ def _create_database(client: SqlClient, server: str | None) -> None:
         _DATABASE_MADE.add(server)
 
 
-def staging_ddl(target: TargetTable, staging: str) -> str:
+def staging_ddl(target: TargetTable, staging: str, dedup_window: bool = False) -> str:
     """``CREATE TABLE IF NOT EXISTS`` statement for a staging table of ``target``.
 
     ``AS <target>`` copies the column definitions exactly as the server stores them (no
@@ -209,7 +215,9 @@ def staging_ddl(target: TargetTable, staging: str) -> str:
     if target.primary_key and target.primary_key != target.sorting_key:
         clauses.append(f"PRIMARY KEY {_key_expression(target.primary_key)}")
     settings = {"index_granularity": str(target.index_granularity),
-                **table_settings(target.engine_full), **STAGING_SETTINGS}
+                **table_settings(target.engine_full), **STAGING_SETTINGS,
+                **({"non_replicated_deduplication_window": str(DEDUP_WINDOW)}
+                   if dedup_window else {})}
     return (f"CREATE TABLE IF NOT EXISTS {staging} AS {target.qualified} "
             f"ENGINE = MergeTree() {' '.join(clauses)} "
             f"SETTINGS {setting_assignments(settings)}")

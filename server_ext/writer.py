@@ -23,6 +23,11 @@ Contract (like Spark's ``DataWriter``: one writer per task attempt, used from on
   ``DataWriter.abort``); the writer is unusable afterwards.
 - A transient server error on an INSERT (too many parts, ...) is retried by the client:
   the body is re-encoded from the buffered Arrow data for each attempt.
+- With ``dedup_token`` (servers with ``insert_deduplication_token``; the staging table
+  then has a ``non_replicated_deduplication_window``), every INSERT carries the token
+  ``<dedup_token>-<block number>``, and one whose answer was lost (timeout or connection
+  lost after the body was sent) is sent again: the server drops the repeat if the first
+  try was written. Without it such an INSERT fails the writer (see above).
 - Every INSERT is synchronous: where the server knows ``async_insert`` (detected in
   ``capabilities``; 18.16 has no such setting) it is sent with ``async_insert=0``. A modern
   server may default to asynchronous inserts (ClickHouse Cloud does, and the 26.x test
@@ -92,6 +97,7 @@ class BranchWriter:
         target_columns: list[Column] | None = None,
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
         extra_settings: Mapping[str, str] | None = None,
+        dedup_token: str | None = None,
     ) -> None:
         if block_rows < 1 or chunk_rows < 1:
             raise ValueError("block_rows and chunk_rows must be positive")
@@ -109,6 +115,10 @@ class BranchWriter:
             "min_insert_block_size_bytes": 0,
             **({"async_insert": 0} if caps.async_insert else {}),
         }
+        if dedup_token is not None:
+            self.insert_settings["insert_deduplicate"] = 1
+        self.dedup_token = dedup_token
+        self._blocks = 0
         self.value_ranges = caps.value_ranges  # Date/DateTime are checked against this server
         self.block_rows = block_rows
         self.chunk_rows = min(chunk_rows, block_rows)
@@ -210,7 +220,9 @@ class BranchWriter:
             raise
         if self._sender is None:
             self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txsink-insert")
-        self._in_flight = self._sender.submit(self._send, body, sum(b.num_rows for b in batches))
+        self._blocks += 1
+        self._in_flight = self._sender.submit(self._send, body, sum(b.num_rows for b in batches),
+                                              self._blocks)
 
     def _wait(self) -> None:
         """Wait for the INSERT in flight; its failure is raised here."""
@@ -219,13 +231,16 @@ class BranchWriter:
         in_flight, self._in_flight = self._in_flight, None
         in_flight.result()
 
-    def _send(self, body: _InsertBody, rows: int) -> None:
+    def _send(self, body: _InsertBody, rows: int, block: int) -> None:
+        settings = dict(self.insert_settings)
+        if self.dedup_token is not None:
+            settings["insert_deduplication_token"] = f"{self.dedup_token}-{block}"
         try:
             self.client.insert(
                 self.staging_table, body, fmt=self.format,
                 purpose=f"insert {rows} rows into staging table {self.staging_table}",
                 columns=[c.name for c in self._columns or []],
-                settings=self.insert_settings,
+                settings=settings, deduplicated=self.dedup_token is not None,
             )
         except BaseException as exc:
             self._failed = exc

@@ -1,4 +1,5 @@
-"""BranchWriter against the real 18.16 server (Native path)."""
+"""BranchWriter against the real 18.16 server (Native path), and the modern one where
+it differs (synchronous inserts, deduplicated repeats)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from decimal import Decimal
 
 import pyarrow as pa
 import pytest
+import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -243,5 +245,65 @@ def test_staging_insert_on_the_modern_server_is_synchronous(modern_clickhouse_ur
             "SELECT count() FROM system.asynchronous_inserts "
             f"WHERE database = {sql_string(database)}", purpose="read the async insert queue")
         assert queued == "0"
+    finally:
+        client.execute(f"DROP DATABASE IF EXISTS `{database}`", purpose="drop database")
+
+
+# -- the modern server: an INSERT whose answer was lost is sent again, once ------------------
+
+class LoseFirstAnswer:
+    """Wraps a session's ``post``: the first INSERT reaches the server and is written, then
+    its answer is "lost" (``ReadTimeout``), as when a connection drops after the body."""
+
+    def __init__(self, post):
+        self.post, self.lost = post, 0
+
+    def __call__(self, url, params=None, **kwargs):
+        answer = self.post(url, params=params, **kwargs)
+        if "INSERT" in (params or {}).get("query", "") and not self.lost:
+            self.lost += 1
+            raise requests.ReadTimeout("answer lost")
+        return answer
+
+
+def test_insert_repeated_after_a_lost_answer_keeps_its_rows_once(modern_clickhouse_url) -> None:
+    """26.x: the staging table has a deduplication window and each INSERT a token, so the
+    client sends an INSERT whose answer was lost again, and the server drops the repeat."""
+    from server_ext.staging import create_staging
+
+    client = ClickHouseClient(modern_clickhouse_url)
+    caps = detect_capabilities(client)
+    assert caps.insert_deduplication_token and caps.non_replicated_deduplication_window
+    database = f"t_{uuid.uuid4().hex[:10]}"
+    client.execute(f"CREATE DATABASE `{database}`", purpose="create database")
+    try:
+        target = make_table(client, database, name="target")
+        staging = create_staging(client, target, f"{database}.staging", dedup_window=True)
+        writer = BranchWriter(client, target, staging, caps, block_rows=100,
+                              dedup_token="branch-1")
+        client._session.post = LoseFirstAnswer(client._session.post)
+        writer.write(rows_batch(0, 250))
+        writer.flush()
+        assert client._session.post.lost == 1
+        assert writer.rows_sent == 250
+        assert int(client.query_value(f"SELECT count() FROM {staging}", purpose="count")) == 250
+    finally:
+        client.execute(f"DROP DATABASE IF EXISTS `{database}`", purpose="drop database")
+
+
+def test_insert_whose_answer_was_lost_fails_the_writer_without_a_token(clickhouse_url) -> None:
+    """18.16 has no insert_deduplication_token: a lost answer leaves the outcome unknown,
+    so the writer fails (the branch is rolled back) instead of risking a double."""
+    client = ClickHouseClient(clickhouse_url)
+    caps = detect_capabilities(client)
+    database = f"t_{uuid.uuid4().hex[:10]}"
+    client.execute(f"CREATE DATABASE `{database}`", purpose="create database")
+    try:
+        table = make_table(client, database)
+        writer = BranchWriter(client, table, table.qualified, caps, block_rows=100)
+        client._session.post = LoseFirstAnswer(client._session.post)
+        with pytest.raises(ClickHouseError, match="may or may not have run"):
+            writer.write(rows_batch(0, 250))
+            writer.flush()
     finally:
         client.execute(f"DROP DATABASE IF EXISTS `{database}`", purpose="drop database")

@@ -120,11 +120,14 @@ class _ShardBranch:
             columns = send_columns(target, self.plan.columns)
             # values out of this server's ranges fail before its staging table exists
             server_ext.check_batch(columns, batch, caps.value_ranges)
-            qualified = server_ext.create_staging(self.client, target, self.staging)
+            dedup = caps.insert_deduplication_token and caps.non_replicated_deduplication_window
+            qualified = server_ext.create_staging(self.client, target, self.staging,
+                                                  dedup_window=dedup)
             self.writer = server_ext.BranchWriter(
                 self.client, target, qualified, caps,
                 block_rows=self.plan.options.insert_block_rows, target_columns=columns,
                 extra_settings=dict(self.plan.options.insert_settings),
+                dedup_token=self.staging if dedup else None,
             )
         self.writer.write(batch)
 
