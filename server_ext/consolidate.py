@@ -122,15 +122,17 @@ def _build(client: SqlClient, sources: list[Manifest], combined_table: str,
     if len(targets) != 1:
         raise ValueError(f"sources of one combined table must share a target, got {targets}")
     database, table = next(iter(targets))
+    sources = [m for m in sources if m.partitions]  # a task without rows staged no table
     require_sealed(client, sources, purpose="read winners' staged parts before combining")
     target = describe_table(client, f"{database}.{table}")
     staging = staging_qualified(combined_table)
     client.execute(f"DROP TABLE IF EXISTS {staging}", purpose="drop unrecorded combined table")
     create_staging(client, target, combined_table)
-    if _rewrites(sources, limits):
+    if sources and _rewrites(sources, limits):
         _rewrite(client, target, sources, staging)
-    else:
+    elif sources:
         _attach(client, sources, staging, limits.merge_max_bytes)
+    # no source with rows: the combined table stays empty and is sealed with 0 rows
     manifest = seal(client, target, combined_table, sum(m.rows for m in sources))
     log.info("combined %d branches into %s: %d partitions, %d parts",
              len(sources), staging, len(manifest.partitions),

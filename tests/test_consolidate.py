@@ -17,6 +17,7 @@ from server_ext.consolidate import STEPS as COMBINE_STEPS
 from server_ext.consolidate import SizeLimits, combine_key, publish_combined
 from server_ext.errors import StagingChanged
 from server_ext.ledger import MemoryLedger
+from server_ext.manifest import Manifest
 from server_ext.publish_steps import STEPS as PUBLISH_STEPS
 from server_ext.schema import describe_table
 from server_ext.seal import seal
@@ -197,3 +198,25 @@ def test_rewrite_of_an_epoch_over_more_than_100_partitions_adds_one_part_each(
     parts = run_sql(server_url, "SELECT count(), uniqExact(partition_id) FROM system.parts "
                                 f"WHERE database = '{server_db}' AND table = 't' AND active")
     assert parts.split() == ["180", "180"]
+
+
+def empty_branch(target, staging_names):
+    """A winner whose task got no rows: sealed with no partitions, no staging table."""
+    return Manifest(target.database, target.name, STAGING_DATABASE, staging_names(), ())
+
+
+def test_winners_that_staged_nothing_are_left_out_of_the_combine(
+        client, clickhouse_url, ch_db, staging_names, combined):
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    sources = [*staged_branches(client, clickhouse_url, target, staging_names, count=2),
+               empty_branch(target, staging_names)]
+    publish_combined(client, sources, combined, "attach_marked", MemoryLedger())
+    assert keys_in(clickhouse_url, ch_db) == expect(range(2 * ROWS))
+
+
+def test_a_combine_of_winners_that_all_staged_nothing_publishes_nothing(
+        client, clickhouse_url, ch_db, staging_names, combined):
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    sources = [empty_branch(target, staging_names) for _ in range(3)]
+    publish_combined(client, sources, combined, "attach_marked", MemoryLedger())
+    assert keys_in(clickhouse_url, ch_db) == (0, 0, 0)

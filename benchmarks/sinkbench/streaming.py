@@ -51,6 +51,7 @@ class StreamCase:
     trigger_s: float
     rate: int
     seconds: int
+    partitions: int | None = None  # repartition every micro-batch into this many tasks
 
     @property
     def rows(self) -> int:
@@ -131,13 +132,15 @@ class VisibilityPoller:
                            ).strip())
 
 
-def _stream(spark, rate: int, base: float):
-    """The rate source as benchmark columns; event time (seconds since ``base``) in score."""
+def _stream(spark, rate: int, base: float, partitions: int | None = None):
+    """The rate source as benchmark columns; event time (seconds since ``base``) in score;
+    with ``partitions``, every micro-batch is repartitioned into that many tasks."""
     source = (spark.readStream.format("rate").option("rowsPerSecond", rate)
               .option("numPartitions", 2).load())
-    return source.selectExpr(
+    frame = source.selectExpr(
         "value AS id", "concat('user-', lpad(cast(value AS string), 15, '0')) AS name",
         f"unix_micros(timestamp) / 1e6 - {base} AS score", "timestamp AS ts")
+    return frame.repartition(partitions) if partitions else frame
 
 
 def _start(frame, case: StreamCase, sink: Sink, checkpoint: str):
@@ -182,7 +185,7 @@ def run_case(spark, scratch: Scratch, case: StreamCase, log: Callable[[str], Non
     base = float(int(time.time()))
     load_start, started = load(), time.time()
     deadline = started + 120 + 3 * case.trigger_s + case.seconds
-    query = _start(_stream(spark, case.rate, base), case, sink, checkpoint)
+    query = _start(_stream(spark, case.rate, base, case.partitions), case, sink, checkpoint)
     poller = None
     try:
         window = _window_after_warm_up(query, table, sink.url, case, base, deadline)
@@ -200,6 +203,7 @@ def run_case(spark, scratch: Scratch, case: StreamCase, log: Callable[[str], Non
         shutil.rmtree(checkpoint, ignore_errors=True)
     result = {
         "sink": case.sink, "trigger_s": case.trigger_s, "rate": case.rate,
+        "partitions": case.partitions,
         "seconds": case.seconds, "rows": case.rows, "visible_rows": poller.count,
         "total_s": _round(poller.done_at - window.start if poller.done_at else None),
         "latency_mean_s": _round(poller.weighted_latency / poller.count

@@ -1,0 +1,126 @@
+"""A streaming query whose micro-batches have 200 Spark partitions, at a 5 s trigger.
+
+Issue 14's streaming goal: a 200-partition micro-batch at a 5 s trigger keeps up. The rate
+source emits ``--rate`` rows per second (default 40,000: 200,000 rows per micro-batch, the
+batch benchmark's job size); every micro-batch is repartitioned into ``--partitions``
+tasks (default 200) and written by ``clickhouse_tx`` and, for comparison, by
+``clickhouse_plain``, one after the other, on the 18.16 server and (if it answers) the
+modern one. After the first micro-batch with rows, the workload is the next ``--seconds``
+seconds of ids (``sinkbench/streaming.py``: visibility polled every 100 ms).
+
+Printed per (server, sink): Spark's median ``triggerExecution`` and ``addBatch`` of the
+micro-batches that carried the workload, the sink's median ``commit_ms`` and
+``cleanup_ms`` (recorded per epoch in ZooKeeper), mean and max visibility latency, and
+whether the query kept up: every row visible, and the median micro-batch no longer than
+the trigger interval. Writes ``results/streaming_partitions.json``.
+
+Usage::
+
+    python benchmarks/bench_streaming_partitions.py            # 200 partitions, 5 s, 40 s
+    python benchmarks/bench_streaming_partitions.py --seconds 20 --partitions 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from sinkbench import environment, streaming
+from sinkbench.environment import Scratch, load
+
+import txsink
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def metrics(scratch: Scratch, sink_prefix: str) -> dict:
+    """``cleanup_ms`` too (``streaming._epoch_metrics`` summarises the others)."""
+    from kazoo.client import KazooClient
+
+    from coordinator import Coordinator, list_sinks
+
+    client = KazooClient(hosts=scratch.zookeeper)
+    client.start(timeout=15)
+    try:
+        sinks = [s for s in list_sinks(client, scratch.zk_root) if s.startswith(sink_prefix)]
+        found = [r.metrics for s in sinks
+                 for r in Coordinator(client, s, root=scratch.zk_root).xids()
+                 if r.metrics.get("rows")]
+    finally:
+        client.stop()
+        client.close()
+    values = [m["cleanup_ms"] for m in found if "cleanup_ms" in m]
+    return {"cleanup_ms_median": round(statistics.median(values), 1) if values else None,
+            "branches_median": statistics.median([m.get("branches", 0) for m in found])
+            if found else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8123", help="the 18.16 server")
+    parser.add_argument("--modern-url", default="http://127.0.0.1:8124",
+                        help="a modern server, used if it answers")
+    parser.add_argument("--zookeeper", default="127.0.0.1:2181")
+    parser.add_argument("--partitions", type=int, default=200)
+    parser.add_argument("--trigger", type=float, default=5.0, help="seconds")
+    parser.add_argument("--rate", type=int, default=40_000, help="rows per second")
+    parser.add_argument("--seconds", type=int, default=40, help="the workload's length")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    servers = [("ch18", args.url)]
+    try:
+        environment.sql(args.modern_url, "SELECT 1", timeout=5)
+        servers.append(("ch26", args.modern_url))
+    except Exception as exc:  # noqa: BLE001 - the modern server is optional
+        print(f"modern server skipped: {exc}"[:200])
+    spark = environment.start_spark(2, 10_000)
+    txsink.register(spark)
+    started, results = time.time(), []
+    try:
+        for name, url in servers:
+            scratch = Scratch.create(url, args.zookeeper)
+            try:
+                for sink in ("tx", "plain"):
+                    case = streaming.StreamCase(sink, args.trigger, args.rate, args.seconds,
+                                                args.partitions)
+                    result = streaming.run_case(spark, scratch, case, print)
+                    if sink == "tx":
+                        result["epoch_metrics"].update(metrics(scratch, "stream-tx"))
+                    trigger_ms = result.get("trigger_ms_median")
+                    result.update(server=name, keeps_up=bool(
+                        not result.get("error") and trigger_ms is not None
+                        and trigger_ms <= args.trigger * 1000))
+                    results.append(result)
+            finally:
+                scratch.remove()
+    finally:
+        spark.stop()
+    print(f"\n### {args.partitions}-partition micro-batches at a {args.trigger:g} s trigger "
+          f"({args.rate:,} rows/s, {args.rate * args.trigger:,.0f} rows per micro-batch)\n")
+    print("| server | sink | micro-batches | triggerExecution ms | addBatch ms | commit_ms | "
+          "cleanup_ms | latency mean / max s | keeps up |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    for r in results:
+        epoch = r.get("epoch_metrics") or {}
+        print(f"| {r['server']} | {r['sink']} | {r.get('micro_batches')} | "
+              f"{r.get('trigger_ms_median')} | {r.get('add_batch_ms_median')} | "
+              f"{epoch.get('commit_ms_median', '')} | {epoch.get('cleanup_ms_median', '')} | "
+              f"{r.get('latency_mean_s')} / {r.get('latency_max_s')} | "
+              f"{'yes' if r['keeps_up'] else 'NO'} |")
+    out = {"benchmark": "streaming, partitions per micro-batch (issue 14)",
+           "command": " ".join(["python", *sys.argv]), "machine": environment.machine(),
+           "started_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
+           "load_end": load(), "results": results}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "streaming_partitions.json").write_text(json.dumps(out, indent=1) + "\n")
+    print(f"\nwritten {args.out / 'streaming_partitions.json'}")
+
+
+if __name__ == "__main__":
+    main()
