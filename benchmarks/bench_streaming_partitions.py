@@ -42,7 +42,8 @@ def metrics(scratch: Scratch, sink_prefix: str) -> dict:
     """``cleanup_ms`` too (``streaming._epoch_metrics`` summarises the others)."""
     from kazoo.client import KazooClient
 
-    from coordinator import Coordinator, list_sinks
+    from coordinator import Coordinator
+    from coordinator.store import list_sinks
 
     client = KazooClient(hosts=scratch.zookeeper)
     client.start(timeout=15)
