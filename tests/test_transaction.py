@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 
 import txsink
+from tests.conftest import on_servers
 from tests.sinkutil import assert_exactly_once, create_events, events_df, staging_tables
+from txsink.harness.services import READONLY_USER
 
 
 @pytest.fixture
@@ -42,3 +44,19 @@ def test_exception_inside_the_block_aborts_every_write(
     assert_exactly_once(server_url, facts, [])
     assert_exactly_once(server_url, daily, [])
     assert staging_tables(server_url, root) == before
+
+
+@on_servers(ch26=pytest.mark.skip(reason="the users with credentials exist on 18.16 only"))
+def test_credentials_set_after_the_session_started_reach_every_write(
+        spark, server_url, zk_hosts, zk_chroot, tables, monkeypatch):
+    """Spark's workers see the environment the session started with; ``transaction()``
+    reads the variables in the caller's process when it starts, so a read-only user set
+    now is the one every write uses (and is refused, naming the mode)."""
+    facts, _ = tables
+    monkeypatch.setenv("TXSINK_CLICKHOUSE_USER", READONLY_USER)
+    with pytest.raises(Exception, match=r"(?i)read-?only"):
+        with txsink.transaction(spark, url=server_url, zookeeper=zk_hosts + zk_chroot,
+                                sink_id="late-credentials") as tx:
+            tx.write(events_df(spark, 0, 100), facts)
+    monkeypatch.delenv("TXSINK_CLICKHOUSE_USER")
+    assert_exactly_once(server_url, facts, [])

@@ -20,6 +20,7 @@ Usage::
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -87,6 +88,13 @@ class Transaction:
         log.warning("txsink sink=%s epoch=%d aborted", self.sink_id, self.epoch)
 
 
+def credentials_from_environment() -> dict[str, str]:
+    """``user``/``password`` options from this process's environment, as it is now."""
+    found = {"user": os.environ.get("TXSINK_CLICKHOUSE_USER"),
+             "password": os.environ.get("TXSINK_CLICKHOUSE_PASSWORD")}
+    return {name: value for name, value in found.items() if value}
+
+
 @contextmanager
 def transaction(spark: SparkSession, *, url: str, zookeeper: str, sink_id: str,
                 **options: str) -> Iterator[Transaction]:
@@ -94,11 +102,16 @@ def transaction(spark: SparkSession, *, url: str, zookeeper: str, sink_id: str,
 
     With ``txn_version="N"`` (see docs/usage.md) a transaction whose version the sink
     has committed already writes nothing: its ``write`` calls return at once.
+
+    Credentials from ``TXSINK_CLICKHOUSE_USER`` / ``TXSINK_CLICKHOUSE_PASSWORD`` are read
+    here, in the caller's process, and passed to every write as options: Spark's workers
+    only see the environment the session started with.
     """
     from txsink import register
 
     register(spark)
-    opts = {"url": url, "zookeeper": zookeeper, **{k: str(v) for k, v in options.items()}}
+    opts = {"url": url, "zookeeper": zookeeper, **credentials_from_environment(),
+            **{k: str(v) for k, v in options.items()}}
     tx = Transaction(spark, opts, sink_id)
     try:
         yield tx
