@@ -14,10 +14,20 @@ __version__ = "0.1.0"
 
 
 def register(spark) -> None:
-    """Register ``clickhouse_tx`` (and the at-least-once baseline ``clickhouse_plain``)."""
+    """Register ``clickhouse_tx`` (and the at-least-once baseline ``clickhouse_plain``)
+    and make ``spark`` the calling thread's active session.
+
+    Spark looks a Python data source up in the *active* session of the thread that runs
+    the write, and a new Python thread has none (measured with PySpark 4.3: ``save()``
+    then fails with ``DATA_SOURCE_NOT_FOUND``). Call it once in every thread that writes;
+    repeating it is harmless.
+    """
     from txsink.datasource import ClickHouseTxDataSource
     from txsink.plain import PlainDataSource
 
+    jvm_session = getattr(spark, "_jsparkSession", None)
+    if jvm_session is not None:  # classic PySpark (Spark Connect has no JVM session)
+        spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(jvm_session)
     spark.dataSource.register(ClickHouseTxDataSource)
     spark.dataSource.register(PlainDataSource)
 
