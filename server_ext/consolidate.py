@@ -8,10 +8,10 @@ table with the strategy's ordinary ``publish``: one pass per xid and server.
 
 How the rows get there depends on their size (``docs/benchmarks.md`` has the figures):
 
-- up to ``SizeLimits.rewrite_max_bytes`` on disk, one ``INSERT ... SELECT`` from all sources
-  (``merge()`` over their names) rewrites them: one part per target partition, in one
-  statement whose cost follows the bytes, not the number of branches;
-- above it, the sources' parts are attached (hard links, nothing rewritten), and
+- up to ``SizeLimits.rewrite_max_bytes`` on disk and ``rewrite_max_sources`` sources, one
+  ``INSERT ... SELECT`` from all sources (``merge()`` filtered by ``_table``) rewrites
+  them: one part per target partition, in one statement;
+- beyond either, the sources' parts are attached (hard links, nothing rewritten), and
   partitions of at most ``SizeLimits.merge_max_bytes`` are merged into one part each.
 
 Contract (the same as ``publish``: may be repeated after a crash anywhere, by this actor
@@ -35,6 +35,7 @@ or by whoever holds the xid's publish lease next):
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass
 
@@ -65,6 +66,7 @@ class SizeLimits:
     """Where consolidation stops copying data (figures in ``docs/benchmarks.md``)."""
 
     rewrite_max_bytes: int = 64 * 1024 * 1024  # all sources together, on disk
+    rewrite_max_sources: int = 200  # more: attach (one INSERT reading them all slows down)
     merge_max_bytes: int = 256 * 1024 * 1024  # per partition, when attaching
 
 
@@ -141,8 +143,9 @@ def _build(client: SqlClient, sources: list[Manifest], combined_table: str,
 
 
 def _rewrites(sources: list[Manifest], limits: SizeLimits) -> bool:
-    """Whether the sources are small enough to be rewritten rather than attached."""
+    """Whether the sources are small and few enough to be rewritten rather than attached."""
     return (sum(p.bytes for m in sources for p in m.partitions) <= limits.rewrite_max_bytes
+            and len(sources) <= limits.rewrite_max_sources
             and len({m.staging_database for m in sources}) == 1)
 
 
@@ -157,9 +160,14 @@ def _rewrite(client: SqlClient, target: TargetTable, sources: list[Manifest],
     """
     columns = [c for c in target.columns if c.default_kind in ("", "DEFAULT", "MATERIALIZED")]
     names = ", ".join(quote_identifier(c.name) for c in columns)
-    tables = "|".join(re.escape(m.staging_table) for m in sources)
+    # A short regular expression (the names' common prefix: the xid's) and an exact list:
+    # one alternative per table costs 18.16 ~20 us per alternative and table of the
+    # database (18.6 s for 1,000 sources), the list ~1 ms per source.
+    prefix = os.path.commonprefix([m.staging_table for m in sources])
+    tables = ", ".join(sql_string(m.staging_table) for m in sources)
     sql = (f"INSERT INTO {staging} ({names}) SELECT {names} FROM "
-           f"merge({sql_string(sources[0].staging_database)}, {sql_string(f'^({tables})$')})")
+           f"merge({sql_string(sources[0].staging_database)}, "
+           f"{sql_string('^' + re.escape(prefix))}) WHERE _table IN ({tables})")
     settings: dict[str, object] = {
         "min_insert_block_size_rows": 0, "min_insert_block_size_bytes": REWRITE_BLOCK_BYTES,
         "max_query_size": max(DEFAULT_MAX_QUERY_SIZE, len(sql) + 1)}
