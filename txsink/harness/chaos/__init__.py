@@ -9,6 +9,8 @@
   with a warm standby for fast restarts.
 - :mod:`txsink.harness.chaos.checker` — counts every id in the target over plain HTTP.
 - :mod:`txsink.harness.chaos.crashrun` — every named crash point once, against one driver.
+- :mod:`txsink.harness.chaos.actors` — overlapping actors for the schedule: an operator's
+  recover loop, a second driver of the same query, a zombie task of an old generation.
 - :mod:`txsink.harness.chaos.schedule` — seeded random fault schedules and the soak command.
 
 Nothing here is imported by the sink itself.

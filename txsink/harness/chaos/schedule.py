@@ -18,6 +18,17 @@ keeps adding one uniquely keyed input file per epoch. Faults are drawn from the 
 - ``proxy_blackhole``  accept connections, forward nothing, for a few seconds
 - ``task_failure``     every task fails for a few seconds (the micro-batch is aborted)
 
+Overlapping actors (:mod:`txsink.harness.chaos.actors`), other processes on the same sink:
+
+- ``operator_recover`` ``txsink recover --sink S`` run back to back for a few seconds
+- ``second_driver``    a second driver of the same query (same checkpoint and sink) starts
+                       while the first runs; the older one must fail (refused by the sink:
+                       SinkTakenOver, Fenced or CheckpointReplaced; or Spark's
+                       concurrent-checkpoint error) and is killed if it still runs when
+                       the overlap ends, so one driver remains
+- ``zombie_task``      a task attempt of a stale generation registers and prepares a
+                       branch in the latest xid; both steps must be refused
+
 A driver that dies (killed, crashed at a point, or failed) is restarted from its
 checkpoint at once, as an operator's supervisor would. At the end every fault is
 repaired, the pipeline drains every input file, and the independent checker counts each
@@ -28,6 +39,7 @@ gaps between them; where in an epoch each one lands depends on the machine's spe
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import shutil
 import sys
@@ -42,6 +54,14 @@ import requests
 
 from txsink.crashpoints import CRASH_POINTS
 from txsink.harness.chaos import checker
+from txsink.harness.chaos.actors import (
+    ActorTally,
+    Overlap,
+    RecoverLoop,
+    ZombieRun,
+    recover_argv,
+    zombie_argv,
+)
 from txsink.harness.chaos.faults import (
     CrashArming,
     kill_python_worker,
@@ -51,7 +71,6 @@ from txsink.harness.chaos.faults import (
 )
 from txsink.harness.chaos.launcher import DriverProcess, PipelineSpec
 from txsink.harness.chaos.pipeline import (
-    committed_batches,
     create_events_table,
     write_epoch_file,
 )
@@ -61,6 +80,7 @@ from txsink.harness.services import Services
 FAULT_KINDS = (
     "driver_kill", "worker_kill", "crash_point", "clickhouse_kill", "zookeeper_kill",
     "proxy_cut", "proxy_delay", "proxy_blackhole", "task_failure",
+    "operator_recover", "second_driver", "zombie_task",
 )
 FAULT_LABELS = {
     "driver_kill": "driver kill -9",
@@ -72,6 +92,9 @@ FAULT_LABELS = {
     "proxy_delay": "proxy delay",
     "proxy_blackhole": "proxy black-hole",
     "task_failure": "task failure (epoch aborted)",
+    "operator_recover": "operator recover loop",
+    "second_driver": "second driver (same query)",
+    "zombie_task": "zombie task (stale generation)",
 }
 SERVER_FAULTS = ("clickhouse_kill", "zookeeper_kill")
 DEFAULT_OPTIONS = {"timeout": "10", "insert_block_rows": "2000"}
@@ -119,6 +142,11 @@ def draw_fault(rng: random.Random, kind: str, gap: tuple[float, float]) -> Fault
         duration = rng.uniform(0.5, 4.0)
     elif kind == "task_failure":
         duration = rng.uniform(1.0, 4.0)
+    elif kind == "operator_recover":
+        duration = rng.uniform(2.0, 8.0)
+    elif kind == "second_driver":
+        # long enough for the newer driver to reach its first task (and claim the sink)
+        duration = rng.uniform(15.0, 40.0)
     return Fault(kind, wait, target, size, duration, rng.randrange(1 << 30))
 
 
@@ -160,6 +188,8 @@ class RunReport:
     last_error: str = ""
     blocked: bool = False
     engine: str = MERGE_TREE
+    actors: ActorTally = field(default_factory=ActorTally)
+    batches_committed: int = 0  # micro-batches; epochs_committed counts input files
 
     @property
     def exactly_once(self) -> bool:
@@ -197,7 +227,8 @@ class ChaosRun:
         self.fired: list[str] = []
         self.watchdog_kills = 0
         self.files = 0
-        self.committed = 0
+        self.committed = 0                  # input files committed (see committed_files)
+        self.batches = 0                    # micro-batches committed
         self.feeding = True
         self.started = time.monotonic()
         self.last_progress = self.started
@@ -206,6 +237,10 @@ class ChaosRun:
         self.failures_in_a_row = 0
         self.last_error = ""
         self._repairs: list[tuple[float, str, Callable[[], None]]] = []
+        self.tally = ActorTally()
+        self.recover_loop: RecoverLoop | None = None
+        self.overlap: Overlap | None = None
+        self.zombies: list[ZombieRun] = []
 
     # -- set-up --------------------------------------------------------------------------
     @property
@@ -246,6 +281,7 @@ class ChaosRun:
         env = self.arming.env() if self.sink == "clickhouse_tx" else None
         self.driver = DriverProcess(spec, self.workdir / "logs", env, standby=self.standby)
         self.driver.prestart()
+        self.actor_dir = self.workdir / "actors"
 
     @property
     def blocked(self) -> bool:
@@ -267,8 +303,19 @@ class ChaosRun:
         now = time.monotonic()
         self._repair_due(now)
         self._supervise(now)
+        self._actors(now)
         self._feed()
         self._note_fired()
+
+    def _actors(self, now: float) -> None:
+        if self.recover_loop is not None and self.recover_loop.poll(now):
+            self.recover_loop = None
+            self.log("  operator recover loop ended")
+        if self.overlap is not None and self.overlap.due(now):
+            self.log(f"  second driver overlap ended: "
+                     f"{self.overlap.end(self.tally, self.driver.proc)}")
+            self.overlap = None
+        self.zombies = [z for z in self.zombies if not z.poll(now)]
 
     def _repair_due(self, now: float) -> None:
         due = [r for r in self._repairs if r[0] <= now]
@@ -283,9 +330,9 @@ class ChaosRun:
             self.log(f"  repaired: {what}")
 
     def _supervise(self, now: float) -> None:
-        done = committed_batches(self.checkpoint)
-        if done > self.committed:
-            self.committed, self.last_progress = done, now
+        done = committed_files(self.checkpoint)
+        if done is not None and done[0] > self.committed:
+            (self.committed, self.batches), self.last_progress = done, now
             self.failures_in_a_row = 0
         code = self.driver.poll()
         if code is not None:
@@ -388,15 +435,63 @@ class ChaosRun:
             flag.touch()
             self._repairs.append((now + fault.duration, "tasks succeed again",
                                   lambda: flag.unlink(missing_ok=True)))
+        elif kind in ("operator_recover", "second_driver", "zombie_task"):
+            return self._start_actor(fault, now)
         else:
             raise ValueError(f"unknown fault kind {kind!r}")
         self.injected[kind] += 1
         return True
 
+    def _start_actor(self, fault: Fault, now: float) -> bool:
+        """Start an overlapping actor on the sink (see :mod:`txsink.harness.chaos.actors`)."""
+        spec = self.driver.spec
+        if fault.kind == "operator_recover":
+            if self.recover_loop is not None:
+                return False  # one operator at a time
+            argv = recover_argv(self.sink_id, spec.zookeeper, spec.zk_root, spec.url)
+            self.recover_loop = RecoverLoop(argv, now + fault.duration, self.actor_dir,
+                                            self.tally)
+        elif fault.kind == "second_driver":
+            if (self.overlap is not None or self.restart_at or not self.driver.running()):
+                return False
+            old, old_log = self.driver.proc, self.driver.log_file
+            self.driver.start()  # the warm standby: a fresh run of the same query
+            self._running_seen = False
+            self.overlap = Overlap(old, old_log, self.driver.proc, self.driver.log_file,
+                                   now + fault.duration)
+            self.log(f"  second driver pid {self.driver.pid} started beside pid {old.pid}")
+        else:
+            if self.sink != "clickhouse_tx":
+                return False
+            out = self.actor_dir / f"zombie-{self.tally.zombie_runs + 1:05d}.out"
+            self.zombies.append(ZombieRun(zombie_argv(self.sink_id, spec.zookeeper,
+                                                      spec.zk_root), out, self.tally))
+        self.injected[fault.kind] += 1
+        return True
+
+    def _end_actors(self, timeout: float = 120.0) -> None:
+        """Let the actors run their time out while the pipeline goes on (a recover loop
+        for at most 8 s, an overlap for at most 40 s, a zombie until it answers)."""
+        deadline = time.monotonic() + timeout
+        while ((self.recover_loop or self.overlap or self.zombies)
+               and time.monotonic() < deadline):
+            self.tick()
+            time.sleep(0.1)
+        if self.recover_loop is not None:
+            self.recover_loop.finish()
+            self.recover_loop = None
+        if self.overlap is not None:
+            self.log(f"  second driver overlap ended: "
+                     f"{self.overlap.end(self.tally, self.driver.proc)}")
+            self.overlap = None
+        for zombie in self.zombies:
+            zombie.kill()
+        self.zombies = [z for z in self.zombies if not z.poll(time.monotonic())]
+
     # -- the end -------------------------------------------------------------------------
     def drain(self, timeout: float = 300.0) -> bool:
-        """Repair everything, stop feeding, wait until every input file is committed."""
-        self.feeding = False
+        """Repair everything, let the actors finish, stop feeding, wait until every input
+        file is committed."""
         # ZooKeeper before ClickHouse: ClickHouse needs it to start.
         for _, what, repair in sorted(self._repairs, key=lambda r: "zookeeper" not in r[1]):
             for attempt in range(10):
@@ -409,6 +504,8 @@ class ChaosRun:
         self._repairs.clear()
         self._note_fired()
         self.arming.disarm_all()
+        self._end_actors()  # the pipeline is still fed meanwhile: the actors overlap commits
+        self.feeding = False
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not self.blocked:
             self.tick()
@@ -417,12 +514,15 @@ class ChaosRun:
                 return True
             time.sleep(0.2)
         why = "blocked" if self.blocked else "timed out"
-        self.log(f"  drain {why}: {self.committed} of {self.files} epochs committed")
+        self.log(f"  drain {why}: {self.committed} of {self.files} input files committed")
         self.driver.stop(timeout=5)
         return False
 
     def close(self) -> None:
         """Kill the drivers and stop the proxies; safe at any stage, and to repeat."""
+        for actor in (self.recover_loop, self.overlap, *self.zombies):
+            if actor is not None:
+                actor.kill()
         if hasattr(self, "driver"):
             self.driver.close()
         for proxy in ("ch_proxy", "zk_proxy"):
@@ -447,10 +547,11 @@ class ChaosRun:
             injected=self.injected, crash_points_fired=self.fired,
             crash_points_unfired=sorted(self.armed), driver_starts=self.driver.starts,
             driver_exits=self.driver_exits, watchdog_kills=self.watchdog_kills,
-            epochs_committed=committed_batches(self.checkpoint), epochs_written=self.files,
+            epochs_committed=self.committed, epochs_written=self.files,
+            batches_committed=self.batches,
             drained=drained, result=result, verifier=verifier,
             staging_left=staging_tables(url), last_error=self.last_error,
-            blocked=self.blocked, engine=self.engine.split("(")[0],
+            blocked=self.blocked, engine=self.engine.split("(")[0], actors=self.tally,
         )
 
     def _verify(self) -> str:
@@ -462,6 +563,31 @@ class ChaosRun:
         if not anomalies:
             return "no anomalies"
         return f"{len(anomalies)} anomalies: " + "; ".join(anomalies[:3])
+
+
+def committed_files(checkpoint: Path) -> tuple[int, int] | None:
+    """(input files, micro-batches) the query has committed, from its checkpoint; None
+    while its newest offsets entry cannot be read.
+
+    Counting ``commits/`` is not enough, for two reasons seen in a soak: Spark keeps only
+    the newest ``spark.sql.streaming.minBatchesToRetain`` (100) entries, so past 100
+    micro-batches the count stops growing; and one micro-batch may take two input files
+    (after two runs of the query overlapped). The newest committed micro-batch's offsets
+    entry holds the file source's log offset, and each source-log entry holds one file
+    (``maxFilesPerTrigger=1``), so the files committed are that offset + 1.
+    """
+    try:
+        batches = [int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]
+    except FileNotFoundError:
+        return 0, 0
+    if not batches:
+        return 0, 0
+    last = max(batches)
+    try:
+        lines = (checkpoint / "offsets" / str(last)).read_text().splitlines()
+        return int(json.loads(lines[-1])["logOffset"]) + 1, last + 1
+    except (OSError, IndexError, ValueError, KeyError, TypeError):
+        return None
 
 
 def staging_tables(url: str) -> int:
@@ -493,7 +619,7 @@ def run_schedule(run: ChaosRun, plan: list[Fault], minutes: float | None = None,
                 run.log(f"  fault {index} ({fault.describe()}) could not apply; skipped")
                 continue
             run.log(f"[{time.monotonic() - run.started:7.1f}s] fault {index}: "
-                    f"{fault.describe()} (epochs committed {run.committed})")
+                    f"{fault.describe()} (input files committed {run.committed})")
         drained = run.drain(drain_timeout)
     except BaseException:
         run.close()
@@ -533,7 +659,9 @@ def render(report: RunReport, command: str = "") -> str:
     exits = ", ".join(f"{k}: {v}" for k, v in sorted(report.driver_exits.items())) or "none"
     lines.append(f"driver starts: {report.driver_starts}   exits: {exits}   "
                  f"watchdog kills: {report.watchdog_kills}")
-    lines.append(f"epochs committed: {report.epochs_committed} of {report.epochs_written}"
+    lines += report.actors.lines()
+    lines.append(f"input files committed: {report.epochs_committed} of "
+                 f"{report.epochs_written} (in {report.batches_committed} micro-batches)"
                  + ("" if report.drained else "   (NOT DRAINED)")
                  + ("   BLOCKED: the driver fails on every restart" if report.blocked else ""))
     if r is None:
@@ -564,6 +692,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "or merge_tree (attach_marked)")
     p.add_argument("--kinds", default=",".join(FAULT_KINDS), help="comma-separated")
     p.add_argument("--gap", default="3,12", help="min,max seconds between faults")
+    p.add_argument("--standby", type=int, default=1,
+                   help="warm standby drivers kept booted for restarts and second drivers")
     p.add_argument("--port-base", type=int, default=28300,
                    help="private servers on port-base+1 .. +4")
     p.add_argument("--workdir", type=Path, default=None)
@@ -587,12 +717,13 @@ def main(argv: list[str] | None = None) -> int:
     command = (f"python -m txsink.harness.chaos.schedule --seed {seed} --engine {args.engine} "
                f"--gap {args.gap} "
                + (f"--kinds {','.join(kinds)} " if kinds != FAULT_KINDS else "")
+               + (f"--standby {args.standby} " if args.standby != 1 else "")
                + (f"--minutes {args.minutes:g}" if args.minutes else f"--faults {args.faults}"))
     print(f"seed {seed}: {command}", flush=True)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="txsink-chaos-"))
     services = private_services(workdir / "services", args.port_base)
     run = ChaosRun(workdir / args.sink, services, sink=args.sink, engine=ENGINES[args.engine],
-                   rows_per_epoch=args.rows_per_epoch, seed=seed,
+                   rows_per_epoch=args.rows_per_epoch, seed=seed, standby=args.standby,
                    log=lambda line: print(line, flush=True))
     try:
         report = run_schedule(run, plan, minutes=args.minutes)
