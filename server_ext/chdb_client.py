@@ -112,8 +112,12 @@ class ChdbClient:
         columns: list[str] | None = None,
         settings: dict | None = None,
         retry: bool = True,
+        deduplicated: bool = False,
     ) -> None:
-        """INSERT ``body`` (encoded in ``fmt``) into ``table``, spooled through a temp file."""
+        """INSERT ``body`` (encoded in ``fmt``) into ``table``, spooled through a temp file.
+
+        ``retry`` and ``deduplicated`` are the network client's: in-process, an insert
+        has no lost answer to repeat."""
         chunks = [body] if isinstance(body, bytes | bytearray | memoryview) else body
         with tempfile.NamedTemporaryFile(prefix="txsink-insert-", delete=False) as spool:
             for chunk in chunks:

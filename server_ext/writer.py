@@ -75,7 +75,7 @@ DEFAULT_CHUNK_ROWS = 131_072
 class InsertClient(Protocol):
     def insert(self, table: str, body: bytes | list[bytes], *, fmt: str, purpose: str,
                columns: list[str] | None = None, settings: dict | None = None,
-               retry: bool = True) -> None: ...
+               retry: bool = True, deduplicated: bool = False) -> None: ...
 
 
 class BranchWriter:
