@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 
@@ -368,6 +369,67 @@ def _coordinator(ax, data: dict) -> None:
 
 DRAW: dict[str, Callable] = {"writer": _writer, "publish": _publish,
                              "coordinator": _coordinator}
+
+
+MODERN_COLORS = {**COLORS, "connect_driver": "#e377c2", "connect_executor": "#8c564b"}
+MODERN_LABELS = {**LABELS, "connect_driver": "foreachBatch+connect (driver)",
+                 "connect_executor": "foreachBatch+connect (tasks)"}
+#: tx ÷ baseline goals of the modern-server issue (None: shown, no goal).
+MODERN_GOALS = {"plain": 0.9, "arrow_noop": 0.8, "connect_driver": 1.0,
+                "connect_executor": 1.0, "client_driver": None, "client_executor": None}
+
+
+def modern(sink: dict, out: Path) -> Path | None:
+    """``bench_sink.py --modern``: rows/s of every variant at each epoch size (left), and
+    tx ÷ each baseline in every round with its median and goal (right)."""
+    rows = [r for r in sink["experiments"].get("modern", []) if r.get("rows_per_s")]
+    if not rows:
+        return None
+    sizes = sorted({r["rows"] for r in rows})
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10.4, 4.2),
+                                      gridspec_kw={"width_ratios": [3, 2]})
+    height = 0.8 / len(sizes)
+    for k, size in enumerate(sizes):
+        pick = {r["variant"]: r for r in rows if r["rows"] == size}
+        ys = [i + (k - (len(sizes) - 1) / 2) * height for i in range(len(variants))]
+        values = [pick[v]["rows_per_s"] / 1e6 if v in pick else 0 for v in variants]
+        left.barh(ys, values, height=height * 0.95,
+                  color=[MODERN_COLORS[v] for v in variants], alpha=1.0 - 0.45 * k,
+                  label=f"{size / 1e6:g}M rows/epoch")
+        for y, value in zip(ys, values, strict=True):
+            if value:
+                left.text(value, y, f" {value:.2f}", va="center", fontsize=7)
+    left.set_yticks(range(len(variants)), [MODERN_LABELS[v] for v in variants], fontsize=8)
+    left.invert_yaxis()
+    left.set_xlim(0, max(r["rows_per_s"] for r in rows) / 1e6 * 1.25)
+    left.set_xlabel("million rows/s (median)")
+    left.legend(fontsize=7, loc="lower right")
+    left.set_title(f"ClickHouse {sink.get('clickhouse', '')}, {rows[0]['partitions']} "
+                   "partitions, local[2]", fontsize=9)
+    bases = [b for b in MODERN_GOALS if any(r["variant"] == b for r in rows)]
+    markers = "os^D"
+    for i, base in enumerate(bases):
+        for k, size in enumerate(sizes):
+            ratios = _round_ratios([r for r in rows if r["rows"] == size], "rows", size, base)
+            right.scatter([i + (k - (len(sizes) - 1) / 2) * 0.2] * len(ratios), ratios,
+                          color=MODERN_COLORS[base], alpha=0.5, s=14,
+                          marker=markers[k % len(markers)],
+                          label=f"{size / 1e6:g}M rows" if i == 0 else None)
+        medians = [r["paired_ratio"][base] for r in rows
+                   if r["variant"] == "tx" and base in r["paired_ratio"]]
+        if medians:
+            right.plot([i - 0.3, i + 0.3], [statistics.median(medians)] * 2,
+                       color="black", linewidth=1.6)
+        if MODERN_GOALS[base]:
+            right.plot([i - 0.4, i + 0.4], [MODERN_GOALS[base]] * 2, color="red",
+                       linewidth=1, linestyle="--")
+    right.axhline(1.0, color="black", linewidth=0.5)
+    right.set_xticks(range(len(bases)), [b.replace("_", "\n", 1) for b in bases], fontsize=7)
+    right.set_ylim(bottom=0)
+    right.set_title("tx ÷ baseline per round\n(black: median, red dashed: goal)", fontsize=9)
+    right.legend(fontsize=7)
+    return _save(fig, out / "modern.png")
 
 
 def draw_all(results: Path) -> list[Path]:

@@ -1,6 +1,8 @@
 """The batch experiments: one Spark job per measurement, one xid per job for ``tx``.
 
 - :func:`baselines` — every variant on the same rows: the headline ratios;
+- :func:`modern` — the same on the modern server (26.x), with the clickhouse-connect
+  baselines, at one or more epoch sizes of >= 1M rows;
 - :func:`writers` — throughput vs concurrent writers (Spark partitions), with and without
   transactions (Alibaba's first experiment);
 - :func:`epoch_size` — throughput vs rows per transaction (Alibaba's second);
@@ -16,11 +18,20 @@ from collections.abc import Sequence
 
 from sinkbench.rounds import Bench, Case
 
-ALL_VARIANTS = ("noop", "arrow_noop", "plain", "client_driver", "client_executor", "tx")
+ALL_VARIANTS = ("noop", "arrow_noop", "plain", "client_driver", "client_executor",
+                "connect_driver", "connect_executor", "tx")
 
 
-def baselines(bench: Bench, rows: int, partitions: int, rounds: int) -> list[dict]:
-    return bench.rounds("baselines", [Case(rows, partitions)], ALL_VARIANTS, rounds)
+def baselines(bench: Bench, rows: int, partitions: int, rounds: int,
+              variants: Sequence[str] = ALL_VARIANTS) -> list[dict]:
+    return bench.rounds("baselines", [Case(rows, partitions)], variants, rounds)
+
+
+def modern(bench: Bench, sizes: Sequence[int], partitions: int, rounds: int,
+           variants: Sequence[str] = ALL_VARIANTS) -> list[dict]:
+    """Every variant at each epoch size, interleaved in the same rounds."""
+    cases = [Case(rows, partitions) for rows in sizes]
+    return bench.rounds("modern", cases, variants, rounds)
 
 
 def writers(bench: Bench, rows: int, partition_counts: Sequence[int], rounds: int

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 GOAL_TX_VS_PLAIN = 0.9
 GOAL_TX_VS_ARROW_NOOP = 0.6
+#: The modern-server issue asks more of ``tx`` against the no-op Arrow writer.
+GOAL_MODERN_TX_VS_ARROW_NOOP = 0.8
 GOAL_OVERHEAD_MS = 100.0
 GOAL_MAX_PARTITIONS = 10
 
@@ -47,13 +49,35 @@ def _load(row: dict) -> str:
     return f"{low:.1f}–{high:.1f}"
 
 
+BASELINE_COLUMNS = ("noop", "arrow_noop", "plain", "client_driver", "client_executor")
+CONNECT_COLUMNS = ("connect_driver", "connect_executor")
+
+
+def _ratio_columns(rows: list[dict]) -> tuple[str, ...]:
+    """The usual baselines, and the clickhouse-connect ones where they were measured."""
+    measured = {r["variant"] for r in rows}
+    return (*BASELINE_COLUMNS, *(n for n in CONNECT_COLUMNS if n in measured))
+
+
 def baselines_table(rows: list[dict]) -> str:
-    names = ("noop", "arrow_noop", "plain", "client_driver", "client_executor")
+    names = _ratio_columns(rows)
     return table(
         ("variant", "median s", "M rows/s", *(f"× {n}" for n in names), "load", "worker MB"),
         [(r["variant"], r["median_s"], _mrows(r),
           *(r["paired_ratio"].get(n) for n in names), _load(r),
           r["memory_peak"]["worker_max_mb"]) for r in rows])
+
+
+def modern_table(rows: list[dict]) -> str:
+    """Like :func:`baselines_table`, one block of variants per epoch size."""
+    names = _ratio_columns(rows)
+    return table(
+        ("rows/epoch", "variant", "median s", "M rows/s", *(f"× {n}" for n in names), "load",
+         "worker MB", "driver MB"),
+        [(r["rows"], r["variant"], r["median_s"], _mrows(r),
+          *(r["paired_ratio"].get(n) for n in names), _load(r),
+          r["memory_peak"]["worker_max_mb"], r["memory_peak"]["driver_python_mb"])
+         for r in rows])
 
 
 def sized_table(rows: list[dict], key: str, title: str, ratios: Sequence[str]) -> str:
@@ -149,6 +173,34 @@ def goals(results: dict) -> list[dict]:
     return out
 
 
+def modern_goals(results: dict) -> list[dict]:
+    """The goals of the modern-server issue, from this run's ``tx`` rows at >= 1M rows.
+
+    ``tx`` >= 0.9x ``plain`` and >= 0.8x the no-op Arrow writer (pooled: the median of
+    the paired ratios, as in :func:`goals`); faster than ``foreachBatch`` +
+    clickhouse-connect, from the driver and from the tasks (every figure above 1).
+    """
+    rows = _tx_rows(results, ("modern", "baselines"), 1_000_000)
+    out = []
+    for name, key, bound in (
+        ("clickhouse_tx >= 0.9x clickhouse_plain rows/s at >= 1M rows per epoch", "plain",
+         GOAL_TX_VS_PLAIN),
+        ("clickhouse_tx >= 0.8x the no-op Python Arrow writer rows/s at >= 1M rows per "
+         "epoch", "arrow_noop", GOAL_MODERN_TX_VS_ARROW_NOOP),
+    ):
+        seen = [(f"{exp} {r['rows']:,} rows p{r['partitions']}", r["paired_ratio"][key])
+                for exp, r in rows if key in r["paired_ratio"]]
+        out.append(_goal(name, seen, lambda v, b=bound: v >= b, pooled=True))
+    for key, where in (("connect_driver", "from the driver"),
+                       ("connect_executor", "inside the tasks")):
+        seen = [(f"{exp} {r['rows']:,} rows p{r['partitions']}", r["paired_ratio"][key])
+                for exp, r in rows if key in r["paired_ratio"]]
+        out.append(_goal(f"clickhouse_tx faster than foreachBatch + clickhouse-connect "
+                         f"insert_arrow {where} at >= 1M rows per epoch", seen,
+                         lambda v: v > 1.0))
+    return out
+
+
 def _goal(name: str, seen: list[tuple[str, float]], ok, pooled: bool = False) -> dict:
     if not seen:
         return {"goal": name, "status": "not measured", "figures": []}
@@ -176,6 +228,7 @@ def render(results: dict) -> str:
     parts = []
     sections = (
         ("baselines", "Baselines (same rows, same run)", baselines_table),
+        ("modern", "Modern server: sink vs baselines (same rows, same run)", modern_table),
         ("writers", "Throughput vs concurrent writers (Spark partitions)",
          lambda r: sized_table(r, "partitions", "partitions", ("plain", "arrow_noop"))),
         ("epoch_size", "Throughput vs rows per transaction",
@@ -196,5 +249,8 @@ def render(results: dict) -> str:
             ("variant", "fixed s", "s per 1M rows", "worst residual"),
             [(f["variant"], f["fixed_s"], f["seconds_per_million_rows"],
               f["worst_relative_residual"]) for f in experiments["scaling_fit"] if f]))
+    if results.get("skipped"):
+        parts.append("Skipped:\n\n" + "\n".join(
+            f"- {name}: {why}" for name, why in results["skipped"].items()))
     parts.append("### Goals\n\n" + goals_text(results["goals"]))
     return "\n\n".join(parts)

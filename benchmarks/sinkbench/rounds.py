@@ -20,11 +20,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from sinkbench import workload
+from sinkbench.client_baseline import NATIVE_PORT
 from sinkbench.environment import Scratch, load
 from sinkbench.memory import PeakMemory
 from sinkbench.variants import VARIANTS, WRITES_TABLE, Sink
 
-BASELINES = ("noop", "arrow_noop", "plain", "client_driver", "client_executor")
+BASELINES = ("noop", "arrow_noop", "plain", "client_driver", "client_executor",
+             "connect_driver", "connect_executor")
 
 
 @dataclass(frozen=True)
@@ -54,16 +56,18 @@ class Sample:
 class Bench:
     """Runs variants on the same rows in one Spark session, into one scratch database."""
 
-    def __init__(self, spark, scratch: Scratch, jvm: int | None, log: Callable[[str], None]
-                 ) -> None:
+    def __init__(self, spark, scratch: Scratch, jvm: int | None, log: Callable[[str], None],
+                 native_port: int = NATIVE_PORT) -> None:
         self.spark = spark
         self.scratch = scratch
         self.jvm = jvm
         self.log = log
+        self.native_port = native_port  # clickhouse-driver's port on the scratch's server
 
     def sink(self, experiment: str, case: Case) -> Sink:
         return Sink(self.scratch.url, self.scratch.zookeeper, self.scratch.table("target"),
-                    self.scratch.zk_root, f"{experiment}-{case.key}", case.insert_block_rows)
+                    self.scratch.zk_root, f"{experiment}-{case.key}", case.insert_block_rows,
+                    self.native_port)
 
     def measure(self, experiment: str, case: Case, variant: str) -> Sample:
         sink = self.sink(experiment, case)

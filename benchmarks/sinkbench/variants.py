@@ -11,6 +11,9 @@ are used in tables, JSON and plots:
   into the target (at-least-once; no staging, no ZooKeeper);
 - ``client_driver`` / ``client_executor`` — ``foreachBatch`` + clickhouse-driver, the user
   function applied to the DataFrame (see :mod:`sinkbench.client_baseline`);
+- ``connect_driver`` / ``connect_executor`` — the same with clickhouse-connect's
+  ``insert_arrow`` (``toArrow()`` on the driver, or ``mapInArrow`` in the tasks); only
+  against servers clickhouse-connect supports (not 18.16, see :data:`CONNECT`);
 - ``tx`` — ``clickhouse_tx``.
 """
 
@@ -20,7 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from sinkbench.client_baseline import ClientTarget, foreach_batch_function
+from sinkbench.client_baseline import (
+    NATIVE_PORT,
+    ClientTarget,
+    ConnectTarget,
+    foreach_batch_function,
+)
+from sinkbench.environment import sql
 from sinkbench.noop_source import NAME as NOOP_ARROW
 
 
@@ -34,6 +43,7 @@ class Sink:
     zk_root: str
     sink_id: str
     insert_block_rows: int = 1_048_576
+    native_port: int = NATIVE_PORT
 
     def options(self) -> dict[str, str]:
         """Options shared by ``clickhouse_plain`` and ``clickhouse_tx``."""
@@ -45,7 +55,24 @@ class Sink:
                 "sink_id": self.sink_id}
 
     def client_target(self) -> ClientTarget:
-        return ClientTarget(urlsplit(self.url).hostname or "127.0.0.1", self.table)
+        return ClientTarget(urlsplit(self.url).hostname or "127.0.0.1", self.table,
+                            self.native_port)
+
+    def connect_target(self) -> ConnectTarget:
+        parts = urlsplit(self.url)
+        return ConnectTarget(parts.hostname or "127.0.0.1", parts.port or 8123, self.table)
+
+
+def server_native_port(url: str) -> int:
+    """The native (TCP) port of the server behind ``url``, for clickhouse-driver.
+
+    Asked from the server (``getServerPort``, 21.x on); 18.16 lacks the function and
+    listens on the default 9000.
+    """
+    try:
+        return int(sql(url, "SELECT getServerPort('tcp_port')").strip())
+    except (RuntimeError, ValueError):
+        return NATIVE_PORT
 
 
 Write = Callable[[object, Sink], None]
@@ -75,14 +102,28 @@ def write_client_executor(df, sink: Sink) -> None:
     foreach_batch_function("executor", sink.client_target())(df, 0)
 
 
+def write_connect_driver(df, sink: Sink) -> None:
+    foreach_batch_function("connect_driver", sink.connect_target())(df, 0)
+
+
+def write_connect_executor(df, sink: Sink) -> None:
+    foreach_batch_function("connect_executor", sink.connect_target())(df, 0)
+
+
 VARIANTS: dict[str, Write] = {
     "noop": write_noop,
     "arrow_noop": write_arrow_noop,
     "plain": write_plain,
     "client_driver": write_client_driver,
     "client_executor": write_client_executor,
+    "connect_driver": write_connect_driver,
+    "connect_executor": write_connect_executor,
     "tx": write_tx,
 }
 
 #: Variants whose rows land in ClickHouse (the target is recreated and counted).
-WRITES_TABLE = frozenset({"plain", "client_driver", "client_executor", "tx"})
+WRITES_TABLE = frozenset({"plain", "client_driver", "client_executor", "connect_driver",
+                          "connect_executor", "tx"})
+
+#: Variants that need clickhouse-connect, hence a server it supports (not 18.16).
+CONNECT = ("connect_driver", "connect_executor")
