@@ -12,7 +12,9 @@ How the rows get there depends on their size (``docs/benchmarks.md`` has the fig
   ``INSERT ... SELECT`` from all sources (``merge()`` filtered by ``_table``) rewrites
   them: one part per target partition, in one statement;
 - beyond either, the sources' parts are attached (hard links, nothing rewritten), and
-  partitions of at most ``SizeLimits.merge_max_bytes`` are merged into one part each.
+  partitions of at most ``SizeLimits.merge_max_bytes`` are merged into one part each;
+- staged parts larger than ``SizeLimits.small_part_bytes`` on average are neither
+  rewritten nor merged: they are large already.
 
 Contract (the same as ``publish``: may be repeated after a crash anywhere, by this actor
 or by whoever holds the xid's publish lease next):
@@ -67,6 +69,10 @@ class SizeLimits:
 
     rewrite_max_bytes: int = 64 * 1024 * 1024  # all sources together, on disk
     rewrite_max_sources: int = 200  # more: attach (one INSERT reading them all slows down)
+    # A staged part above this (on disk, on average) is large already: rewriting or merging
+    # it costs more in the commit than the part it saves (2 branches of 2M rows on 26.x:
+    # +1.4 s for one part less per partition). Tiny parts are what "too many parts" is.
+    small_part_bytes: int = 1024 * 1024
     merge_max_bytes: int = 256 * 1024 * 1024  # per partition, when attaching
 
 
@@ -133,7 +139,7 @@ def _build(client: SqlClient, sources: list[Manifest], combined_table: str,
     if sources and _rewrites(sources, limits):
         _rewrite(client, target, sources, staging)
     elif sources:
-        _attach(client, sources, staging, limits.merge_max_bytes)
+        _attach(client, sources, staging, limits)
     # no source with rows: the combined table stays empty and is sealed with 0 rows
     manifest = seal(client, target, combined_table, sum(m.rows for m in sources))
     log.info("combined %d branches into %s: %d partitions, %d parts",
@@ -144,7 +150,9 @@ def _build(client: SqlClient, sources: list[Manifest], combined_table: str,
 
 def _rewrites(sources: list[Manifest], limits: SizeLimits) -> bool:
     """Whether the sources are small and few enough to be rewritten rather than attached."""
-    return (sum(p.bytes for m in sources for p in m.partitions) <= limits.rewrite_max_bytes
+    total = sum(p.bytes for m in sources for p in m.partitions)
+    parts = sum(len(p.parts) for m in sources for p in m.partitions)
+    return (total <= limits.rewrite_max_bytes and total <= parts * limits.small_part_bytes
             and len(sources) <= limits.rewrite_max_sources
             and len({m.staging_database for m in sources}) == 1)
 
@@ -180,15 +188,16 @@ def _rewrite(client: SqlClient, target: TargetTable, sources: list[Manifest],
 
 
 def _attach(client: SqlClient, sources: list[Manifest], staging: str,
-            merge_max_bytes: int) -> None:
+            limits: SizeLimits) -> None:
     """Attach every source partition (hard links), merging partitions of at most
-    ``merge_max_bytes`` into one part."""
+    ``merge_max_bytes`` whose parts are small into one part."""
     sizes: dict[str, tuple[int, int]] = {}
     for source in sources:
         for partition in source.partitions:
             parts, size = sizes.get(partition.partition_id, (0, 0))
             sizes[partition.partition_id] = (parts + len(partition.parts), size + partition.bytes)
-    small = {pid for pid, (parts, size) in sizes.items() if parts > 1 and size <= merge_max_bytes}
+    small = {pid for pid, (parts, size) in sizes.items() if parts > 1
+             and size <= min(limits.merge_max_bytes, parts * limits.small_part_bytes)}
     commands = [(p.partition_id, f"ATTACH PARTITION ID {sql_string(p.partition_id)} FROM "
                                  f"{qualified_name(m.staging_database, m.staging_table)}")
                 for m in sources for p in m.partitions]

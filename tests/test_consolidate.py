@@ -220,3 +220,15 @@ def test_a_combine_of_winners_that_all_staged_nothing_publishes_nothing(
     sources = [empty_branch(target, staging_names) for _ in range(3)]
     publish_combined(client, sources, combined, "attach_marked", MemoryLedger())
     assert keys_in(clickhouse_url, ch_db) == (0, 0, 0)
+
+
+def test_sources_whose_parts_are_large_already_keep_their_parts(
+        client, clickhouse_url, ch_db, staging_names, combined):
+    """Rewriting or merging parts above ``small_part_bytes`` would cost more in the commit
+    than the parts it saves (here every part counts as large)."""
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    sources = staged_branches(client, clickhouse_url, target, staging_names)
+    publish_combined(client, sources, combined, "attach_marked", MemoryLedger(),
+                     limits=SizeLimits(small_part_bytes=1))
+    assert keys_in(clickhouse_url, ch_db) == expect(range(BRANCHES * ROWS))
+    assert set(active_parts(clickhouse_url, ch_db).values()) == {BRANCHES}
