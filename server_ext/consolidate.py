@@ -9,8 +9,8 @@ table with the strategy's ordinary ``publish``: one pass per xid and server.
 How the rows get there depends on their size (``docs/benchmarks.md`` has the figures):
 
 - up to ``SizeLimits.rewrite_max_bytes`` on disk and ``rewrite_max_sources`` sources, one
-  ``INSERT ... SELECT`` from all sources (``merge()`` filtered by ``_table``) rewrites
-  them: one part per target partition, in one statement;
+  ``INSERT ... SELECT`` from all sources (``merge()`` over their names) rewrites them:
+  one part per target partition, in one statement;
 - beyond either, the sources' parts are attached (hard links, nothing rewritten), and
   partitions of at most ``SizeLimits.merge_max_bytes`` are merged into one part each;
 - staged parts larger than ``SizeLimits.small_part_bytes`` on average are neither
@@ -37,7 +37,6 @@ or by whoever holds the xid's publish lease next):
 from __future__ import annotations
 
 import logging
-import os
 import re
 from dataclasses import dataclass
 
@@ -168,14 +167,13 @@ def _rewrite(client: SqlClient, target: TargetTable, sources: list[Manifest],
     """
     columns = [c for c in target.columns if c.default_kind in ("", "DEFAULT", "MATERIALIZED")]
     names = ", ".join(quote_identifier(c.name) for c in columns)
-    # A short regular expression (the names' common prefix: the xid's) and an exact list:
-    # one alternative per table costs 18.16 ~20 us per alternative and table of the
-    # database (18.6 s for 1,000 sources), the list ~1 ms per source.
-    prefix = os.path.commonprefix([m.staging_table for m in sources])
-    tables = ", ".join(sql_string(m.staging_table) for m in sources)
+    # A regular expression naming exactly the sources: merge() takes its columns from the
+    # first table it matches, so nothing else may match (a transaction's other targets
+    # stage under the same xid prefix). 18.16 pays ~20 us per alternative and table of the
+    # staging database for it (18.6 s for 1,000 sources): hence rewrite_max_sources.
+    tables = "|".join(re.escape(m.staging_table) for m in sources)
     sql = (f"INSERT INTO {staging} ({names}) SELECT {names} FROM "
-           f"merge({sql_string(sources[0].staging_database)}, "
-           f"{sql_string('^' + re.escape(prefix))}) WHERE _table IN ({tables})")
+           f"merge({sql_string(sources[0].staging_database)}, {sql_string(f'^({tables})$')})")
     settings: dict[str, object] = {
         "min_insert_block_size_rows": 0, "min_insert_block_size_bytes": REWRITE_BLOCK_BYTES,
         "max_query_size": max(DEFAULT_MAX_QUERY_SIZE, len(sql) + 1)}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import txsink
-from tests.conftest import on_servers
+from tests.conftest import on_servers, run_sql
 from tests.sinkutil import assert_exactly_once, create_events, events_df, staging_tables
 from txsink.harness.services import READONLY_USER
 
@@ -60,3 +60,18 @@ def test_credentials_set_after_the_session_started_reach_every_write(
             tx.write(events_df(spark, 0, 100), facts)
     monkeypatch.delenv("TXSINK_CLICKHOUSE_USER")
     assert_exactly_once(server_url, facts, [])
+
+
+def test_two_tables_of_different_columns_commit_together(
+        spark, server_url, server_db, zk_hosts, zk_chroot):
+    """Both tables' branches stage under one xid; each table's combine reads its own
+    sources only (a combine that took its columns from the other table's staging broke)."""
+    facts = create_events(server_url, server_db, "facts")
+    run_sql(server_url, f"CREATE TABLE `{server_db}`.narrow (id Int64, day Date) "
+                        "ENGINE = MergeTree() PARTITION BY toYYYYMM(day) ORDER BY id")
+    with txsink.transaction(spark, url=server_url, zookeeper=zk_hosts + zk_chroot,
+                            sink_id="two-shapes") as tx:
+        tx.write(events_df(spark, 0, 400), facts)
+        tx.write(events_df(spark, 1000, 400).select("id", "day"), f"{server_db}.narrow")
+    assert_exactly_once(server_url, facts, range(400))
+    assert_exactly_once(server_url, f"{server_db}.narrow", range(1000, 1400))
