@@ -95,11 +95,11 @@ from pathlib import Path
 import plots
 from kazoo.client import KazooClient
 from sinkbench import commit_trace, environment, report, snapshot, workload
-from sinkbench.environment import load, sql
+from sinkbench.environment import load, sql, staging_tables
 
 from coordinator import Coordinator
 from server_ext.sql import qualified_name, quote_identifier, sql_string
-from server_ext.staging import STAGING_DATABASE, sink_key
+from server_ext.staging import STAGING_DATABASE
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -200,16 +200,6 @@ class Scratch:
                 log(f"cleanup on {server.name} failed: {exc!r}")
         environment.delete_zk_root(self.zk_hosts, self.chroot)
         return leftovers
-
-
-def staging_tables(url: str, sink_ids: set[str]) -> list[str]:
-    """The staging tables of these sink ids on ``url``."""
-    if not sink_ids:
-        return []
-    prefixes = ", ".join(sql_string(f"txs_{sink_key(s)}_") for s in sorted(sink_ids))
-    return sql(url, f"SELECT name FROM system.tables WHERE database = "
-                    f"{sql_string(STAGING_DATABASE)} AND arrayExists(p -> startsWith(name, p), "
-                    f"[{prefixes}])").split()
 
 
 def find_servers(url: str, modern_url: str | None) -> tuple[list[Server], str | None]:

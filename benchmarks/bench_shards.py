@@ -64,8 +64,8 @@ from sinkbench.memory import PeakMemory, jvm_pid
 from sinkbench.rounds import Case, Sample, summarize
 
 from coordinator import Coordinator
-from server_ext.sql import qualified_name, quote_identifier, sql_string
-from server_ext.staging import STAGING_DATABASE, sink_key
+from server_ext.sql import qualified_name, quote_identifier
+from server_ext.staging import STAGING_DATABASE
 from txsink.harness.services import Cluster, ClusterServer, ZooKeeper
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -176,21 +176,12 @@ class Scratch:
         leftovers = []
         for url in self.urls:
             sql(url, f"DROP DATABASE IF EXISTS {quote_identifier(self.database)}")
-            for name in self.staging_tables(url, sink_ids):
+            for name in environment.staging_tables(url, sink_ids):
                 sql(url, f"DROP TABLE IF EXISTS {qualified_name(STAGING_DATABASE, name)}")
                 leftovers.append(f"{url} {name}")
         environment.delete_zk_root(self.zookeeper, self.zk_root)
         return leftovers
 
-    @staticmethod
-    def staging_tables(url: str, sink_ids: set[str]) -> list[str]:
-        """The staging tables of these sink ids on ``url``."""
-        if not sink_ids:
-            return []
-        prefixes = ", ".join(sql_string(f"txs_{sink_key(s)}_") for s in sorted(sink_ids))
-        return sql(url, f"SELECT name FROM system.tables WHERE database = "
-                        f"{sql_string(STAGING_DATABASE)} AND arrayExists(p -> startsWith(name, p), "
-                        f"[{prefixes}])").split()
 
 
 class ShardBench:
@@ -261,7 +252,7 @@ class ShardBench:
                             f"(per shard {per_shard})")
         sink = self.scratch.sink_id(variant.name, case)
         left = {url: t for url in self.scratch.urls
-                if (t := self.scratch.staging_tables(url, {sink}))}
+                if (t := environment.staging_tables(url, {sink}))}
         if left:
             problems.append(f"staging tables left after the commit: {left}")
         if problems:

@@ -275,8 +275,8 @@ class Coordinator:
         decide, so the answer cannot go stale before this writer's own decision.
         """
         committed, _ = self._txn_versions.read()
-        deciding = [r.txn_version for r in self.store.run(
-                        self.store.read_xids, self.store.epochs(open_only=True))
+        open_epochs = self.store.run(self.store.epochs, True)
+        deciding = [r.txn_version for r in self.store.run(self.store.read_xids, open_epochs)
                     if r.state in (XidState.COMMITTING, XidState.COMMITTED)
                     and r.txn_version is not None]
         return max([v for v in (committed, *deciding) if v is not None], default=None)

@@ -70,11 +70,12 @@ def _services(args: argparse.Namespace) -> int:
 
 def _operations(args: argparse.Namespace) -> int:
     from txsink import operations
+    from txsink.options import credentials_from
 
+    credentials = credentials_from(os.environ)
     ops = operations.Operations(
         zookeeper=args.zookeeper, zk_root=args.zk_root, url=getattr(args, "url", None),
-        user=os.environ.get("TXSINK_CLICKHOUSE_USER"),
-        password=os.environ.get("TXSINK_CLICKHOUSE_PASSWORD"),
+        user=credentials.get("user"), password=credentials.get("password"),
     )
     try:
         if args.command == "status":

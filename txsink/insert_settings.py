@@ -17,9 +17,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from server_ext.capabilities import SqlClient
+from server_ext.capabilities import SqlClient, known_settings
 from server_ext.errors import ClickHouseError
-from server_ext.sql import sql_string
 
 PREFIX = "settings."
 _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
@@ -64,10 +63,7 @@ def check_on_server(client: SqlClient, settings: tuple[tuple[str, str], ...],
     """Refuse a setting ``server`` does not know, or a value it does not take."""
     if not settings:
         return
-    names = ", ".join(sql_string(name) for name, _ in settings)
-    known = {row["name"] for row in client.query_rows(
-        f"SELECT name FROM system.settings WHERE name IN ({names})",
-        purpose="check settings options")}
+    known = known_settings(client, tuple(name for name, _ in settings))
     unknown = [name for name, _ in settings if name not in known]
     if unknown:
         version = client.query_value("SELECT version()", purpose="read server version")

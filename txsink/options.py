@@ -133,6 +133,17 @@ _NAMES = {
 }
 
 
+#: The environment variables the sink and the CLI take ClickHouse credentials from.
+CREDENTIAL_VARIABLES = {"user": "TXSINK_CLICKHOUSE_USER",
+                        "password": "TXSINK_CLICKHOUSE_PASSWORD"}
+
+
+def credentials_from(env: Mapping[str, str]) -> dict[str, str]:
+    """``user``/``password`` from the credential variables of ``env`` (unset or empty:
+    absent)."""
+    return {name: env[var] for name, var in CREDENTIAL_VARIABLES.items() if env.get(var)}
+
+
 def _number(name: str, raw: str, kind: type, minimum: float) -> int | float:
     try:
         value = kind(raw)
@@ -176,12 +187,12 @@ def parse_options(
     strategy = str(values.get("strategy", "auto"))
     if strategy not in STRATEGIES:
         raise OptionError(f"option strategy={strategy!r} is not one of {', '.join(STRATEGIES)}")
-    values.setdefault("user", env.get("TXSINK_CLICKHOUSE_USER") or None)
-    values.setdefault("password", env.get("TXSINK_CLICKHOUSE_PASSWORD") or None)
+    for name, value in credentials_from(env).items():
+        values.setdefault(name, value)
     for name in ("user", "password"):
         problem = header_problem(values.get(name))  # type: ignore[arg-type]
         if problem:
-            raise OptionError(f"option {name} (or TXSINK_CLICKHOUSE_{name.upper()}) cannot "
+            raise OptionError(f"option {name} (or {CREDENTIAL_VARIABLES[name]}) cannot "
                               f"be used: {problem}")
     for name, kind, minimum in (
         ("insert_block_rows", int, 1), ("timeout", float, 0.1), ("retries", int, 0),

@@ -28,7 +28,13 @@ from pyspark.sql import DataFrame, SparkSession
 
 from txsink import driver
 from txsink.operations import explain_blocked
-from txsink.options import TX_EPOCH, TX_GENERATION, TX_SINK_ID, parse_options
+from txsink.options import (
+    TX_EPOCH,
+    TX_GENERATION,
+    TX_SINK_ID,
+    credentials_from,
+    parse_options,
+)
 from txsink.plan import check_server_options
 
 log = logging.getLogger(__name__)
@@ -88,13 +94,6 @@ class Transaction:
         log.warning("txsink sink=%s epoch=%d aborted", self.sink_id, self.epoch)
 
 
-def credentials_from_environment() -> dict[str, str]:
-    """``user``/``password`` options from this process's environment, as it is now."""
-    found = {"user": os.environ.get("TXSINK_CLICKHOUSE_USER"),
-             "password": os.environ.get("TXSINK_CLICKHOUSE_PASSWORD")}
-    return {name: value for name, value in found.items() if value}
-
-
 @contextmanager
 def transaction(spark: SparkSession, *, url: str, zookeeper: str, sink_id: str,
                 **options: str) -> Iterator[Transaction]:
@@ -110,7 +109,7 @@ def transaction(spark: SparkSession, *, url: str, zookeeper: str, sink_id: str,
     from txsink import register
 
     register(spark)
-    opts = {"url": url, "zookeeper": zookeeper, **credentials_from_environment(),
+    opts = {"url": url, "zookeeper": zookeeper, **credentials_from(os.environ),
             **{k: str(v) for k, v in options.items()}}
     tx = Transaction(spark, opts, sink_id)
     try:

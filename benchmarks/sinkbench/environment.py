@@ -18,7 +18,8 @@ from pathlib import Path
 import requests
 from kazoo.client import KazooClient
 
-from server_ext.sql import quote_identifier
+from server_ext.sql import quote_identifier, sql_string
+from server_ext.staging import STAGING_DATABASE, sink_key
 
 BENCHMARKS_DIR = Path(__file__).resolve().parent.parent
 
@@ -93,6 +94,16 @@ def delete_zk_root(hosts: str, root: str) -> None:
     finally:
         client.stop()
         client.close()
+
+
+def staging_tables(url: str, sink_ids: set[str]) -> list[str]:
+    """The staging tables of these sink ids on ``url`` (what a run's sinks left)."""
+    if not sink_ids:
+        return []
+    prefixes = ", ".join(sql_string(f"txs_{sink_key(s)}_") for s in sorted(sink_ids))
+    return sql(url, f"SELECT name FROM system.tables WHERE database = "
+                    f"{sql_string(STAGING_DATABASE)} AND arrayExists(p -> startsWith(name, p), "
+                    f"[{prefixes}])").split()
 
 
 def start_spark(cores: int = 2, arrow_batch_rows: int = ARROW_BATCH_ROWS):
