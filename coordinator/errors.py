@@ -31,11 +31,13 @@ class SinkTakenOver(Fenced):
     superseded job fails with one message saying who took over and what to do.
     """
 
-    def __init__(self, sink_id: str, generation: int, current: int, by: str,
+    def __init__(self, sink_id: str, generation: int | None, current: int, by: str,
                  cause: Exception | None = None) -> None:
+        writer = (f"generation {generation}" if generation is not None
+                  else "a run that never held the sink after it")
         super().__init__(
             f"sink {sink_id} was taken over by another writer (generation {current}, "
-            f"started by {by}); this writer (generation {generation}) stops and its "
+            f"started by {by}); this writer ({writer}) stops and its "
             "undecided rows are rolled back. Only one job or stream may write a sink id "
             "at a time: if the other writer is unintended, stop it; otherwise nothing to do"
             + (f" ({type(cause).__name__}: {cause})" if cause else ""))

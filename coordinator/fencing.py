@@ -52,8 +52,9 @@ class Generation:
         For writers that cannot fence at start-up because they have no single start (a
         streaming query's tasks see only their run id): the first caller of a run fences
         every older run, later callers of the same run get the same generation. An ``owner``
-        that a newer writer superseded gets :class:`Fenced`: a zombie task of a dead run
-        must not take the sink back (the last 64 superseded owners are remembered).
+        that a newer writer superseded gets :class:`SinkTakenOver` (a :class:`Fenced`)
+        naming the writer that holds the sink: a zombie task of a dead run must not take
+        the sink back (the last 64 superseded owners are remembered).
         """
         if not owner:
             raise ValueError("owner must be a non-empty string")
@@ -71,10 +72,7 @@ class Generation:
         if found is None or found[1] <= generation:
             return None
         record, current = found
-        by = record.get("by") or "unknown"
-        if record.get("owner"):
-            by = f"{by}, run {record['owner']}"
-        return SinkTakenOver(self.store.sink_id, generation, current, by, cause)
+        return SinkTakenOver(self.store.sink_id, generation, current, _taken_by(record), cause)
 
     def guard(self, multi: Multi, generation: int) -> Multi:
         """Add the fencing check: the multi applies only while ``generation`` is current."""
@@ -98,8 +96,9 @@ class Generation:
                 return stat.version  # another task of this run claimed it first
             past = [p for p in (*current.get("past_owners", []), current.get("owner")) if p]
             if owner is not None and owner in past:
-                raise Fenced(f"sink {self.store.sink_id}: {owner} was superseded by a newer "
-                             f"writer (generation {stat.version})")
+                raise SinkTakenOver(self.store.sink_id, None, stat.version, _taken_by(current),
+                                    Fenced(f"sink {self.store.sink_id}: {owner} was "
+                                           "superseded by a newer writer"))
             generation = stat.version + 1
             data = encode({"generation": generation, "owner": owner, "fenced_at": time.time(),
                            "by": f"{socket.gethostname()}:{os.getpid()}",
@@ -109,6 +108,12 @@ class Generation:
             except BadVersionError:
                 continue  # another writer fenced at the same moment; look again
             return generation
+
+
+def _taken_by(record: dict) -> str:
+    """Who made the generation ``record`` describes: host:pid, and the run if any."""
+    by = record.get("by") or "unknown"
+    return f"{by}, run {record['owner']}" if record.get("owner") else by
 
 
 def raise_if_fenced(failed: MultiFailed, generation: int, xid: str) -> None:

@@ -31,7 +31,8 @@ SEED = 20261122  # its every-kind plan starts the second driver 4th, the zombie 
 PORT_BASE = int(os.environ.get("TXSINK_CHAOS_TEST_PORT_BASE", "28200"))  # servers on +1 .. +4
 #: What the older of two overlapping drivers may end with: refused by the sink or by Spark,
 #: killed by another fault, or killed because it still ran when the overlap ended. A sink
-#: refusal is SinkTakenOver, Fenced (its next task claims with a superseded run id), or
+#: refusal is SinkTakenOver (also when its next task claims with a superseded run id;
+#: "Fenced (run superseded)" is what releases before that said), or
 #: CheckpointReplaced (the stream check, before the claim, finds the newer run committed
 #: past the older one's micro-batch: seen in the soak).
 REFUSALS = ("SinkTakenOver", "Fenced (run superseded)", "CheckpointReplaced",

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 import server_ext
-from coordinator import Coordinator, Fenced, XidState
+from coordinator import Coordinator, XidState
 from server_ext.sharding import Shard, ShardRouter
 from txsink import connections, crashpoints, payload
 from txsink.messages import BranchMessage, SkippedMessage
@@ -208,14 +208,7 @@ def write_branch(
         # Before anything is claimed, begun or staged: the sink's epochs must be this
         # query's micro-batches (StreamStateMismatch otherwise; coordinator/stream.py).
         coord.own_stream(streaming_query_id(), epoch)
-        try:
-            generation = coord.claim(str(owner.get("run_id") or owner["host"]))
-        except Fenced as exc:  # a newer run of the query took the sink
-            # This run holds no generation of its own: any writer now is newer than it.
-            taken = coord.taken_over(coord.generation() - 1, exc)
-            if taken is None:
-                raise
-            raise taken from exc
+        generation = coord.claim(str(owner.get("run_id") or owner["host"]))
     try:
         return _write_branch(plan, coord, epoch, generation, batches)
     except Exception as exc:

@@ -10,8 +10,8 @@ driver, while it commits; each is a real process with its own ZooKeeper session:
 - :class:`Overlap` is a second streaming driver of the same query (same checkpoint, same
   sink id) started while the first one runs, as when an orchestrator restarts a job
   whose old driver is still alive. The newer run claims the sink (generation fencing) and
-  the old one must fail: refused by the sink (``SinkTakenOver``; ``Fenced`` when its next
-  task claims with its superseded run id; ``CheckpointReplaced`` when the stream check,
+  the old one must fail: refused by the sink (``SinkTakenOver``, also when its next task
+  claims with its superseded run id; ``CheckpointReplaced`` when the stream check,
   which runs before the claim, finds that the newer run already committed past the old
   one's micro-batch) or by Spark (``CONCURRENT_STREAM_LOG_UPDATE``). When the overlap
   ends the old driver, if still alive, is killed, so exactly one
