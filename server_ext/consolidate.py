@@ -8,13 +8,32 @@ table with the strategy's ordinary ``publish``: one pass per xid and server.
 
 How the rows get there depends on their size (``docs/benchmarks.md`` has the figures):
 
-- up to ``SizeLimits.rewrite_max_bytes`` on disk and ``rewrite_max_sources`` sources, one
-  ``INSERT ... SELECT`` from all sources (``merge()`` over their names) rewrites them:
+- if every source *contributed* its parts to the xid's **pre-combined** table while its
+  task ran (:func:`contribute`), they are taken from there: one ``ATTACH PARTITION ...
+  FROM`` per partition, already merged by the server in the background while the job
+  ran, so the commit's cost no longer grows with the epoch's rows or branches;
+- otherwise, up to ``SizeLimits.rewrite_max_bytes`` on disk and ``rewrite_max_sources``
+  sources, one ``INSERT ... SELECT`` from all sources (``merge()`` over their names) rewrites them:
   one part per target partition, in one statement;
 - beyond either, the sources' parts are attached (hard links, nothing rewritten), and
   partitions of at most ``SizeLimits.merge_max_bytes`` are merged into one part each;
 - staged parts larger than ``SizeLimits.small_part_bytes`` on average are neither
   rewritten nor merged: they are large already.
+
+The pre-combined table (one per xid, generation, server and target) is an optimization
+that may fail in any way without losing or doubling a row:
+
+- a task attaches (hard links) its sealed parts into it *before* it prepares its branch,
+  and records the table's name in its payload only if the ATTACH succeeded; the sources
+  are left intact;
+- the combine uses it only if every source with rows recorded it, copies only the
+  sources' partitions from it, and checks that each copied partition holds exactly the
+  rows the sources sealed there. Anything else in it (a failed attempt's or a
+  speculative copy's rows, a half-done ATTACH) makes a partition's rows differ, and the
+  combine falls back to reading the sources themselves. A winner cannot be missing from
+  it: its ATTACH finished before its branch was prepared.
+- its rows are never published from it directly: the copy is a sealed combined table
+  like any other, so the contract below holds unchanged.
 
 Contract (the same as ``publish``: may be repeated after a crash anywhere, by this actor
 or by whoever holds the xid's publish lease next):
@@ -25,8 +44,9 @@ or by whoever holds the xid's publish lease next):
   record is written only after the combined table was sealed with exactly the sources'
   rows, so from then on the combined table is the one source of truth and the sources
   may be dropped.
-- Before anything is combined, every source must hold exactly its sealed parts
-  (``StagingChanged`` otherwise): rows that left a source are never silently skipped.
+- Before anything is combined from the sources, every source must hold exactly its
+  sealed parts (``StagingChanged`` otherwise): rows that left a source are never
+  silently skipped.
 - The sources stay until the caller rolls them back (txsink: as non-winners, once the
   xid is ``Committed``); a repeat before that finds them, after that the record.
 - Rewriting and merging copy the data once, inside the server; above
@@ -41,13 +61,14 @@ import re
 from dataclasses import dataclass
 
 from server_ext.capabilities import SqlClient, known_settings
+from server_ext.errors import ClickHouseError
 from server_ext.ledger import Ledger
 from server_ext.manifest import Manifest
 from server_ext.publish import publish
 from server_ext.publish_steps import MAX_COMMANDS_PER_ALTER, PublishReport, StepHook, no_step
 from server_ext.schema import TargetTable, describe_table
-from server_ext.seal import merge_partitions, require_sealed, seal
-from server_ext.sql import qualified_name, quote_identifier, sql_string
+from server_ext.seal import merge_partitions, read_staged_partitions, require_sealed, seal
+from server_ext.sql import qualified_name, quote_identifier, split_table_name, sql_string
 from server_ext.staging import create_staging, staging_qualified
 
 log = logging.getLogger(__name__)
@@ -74,6 +95,11 @@ class SizeLimits:
     small_part_bytes: int = 1024 * 1024
     merge_max_bytes: int = 256 * 1024 * 1024  # per partition, when attaching
 
+    def small(self, manifest: Manifest) -> bool:
+        """Whether a branch's staged parts are small (worth combining) on average."""
+        parts = sum(len(p.parts) for p in manifest.partitions)
+        return 0 < sum(p.bytes for p in manifest.partitions) <= parts * self.small_part_bytes
+
 
 DEFAULT_LIMITS = SizeLimits()
 
@@ -83,6 +109,37 @@ def combine_key(combined_table: str) -> str:
     return f"{combined_table}.combined"
 
 
+def create_precombined(client: SqlClient, target: TargetTable, name: str) -> str:
+    """Create (if absent) the pre-combined table ``name`` in the staging database, with
+    merges on; returns it quoted. Idempotent."""
+    return create_staging(client, target, name, merges=True)
+
+
+def contribute(client: SqlClient, manifest: Manifest, precombined: str) -> bool:
+    """Attach a sealed branch's parts into the pre-combined table ``precombined``
+    (:func:`create_precombined`). True if every partition was attached; False (logged) on
+    any failure, after which the table may hold some of them: the combine then finds the
+    rows differ and reads the sources instead.
+
+    Task side, before the branch is prepared; any number of tasks at once, of any
+    attempt. Not repeatable: a second call attaches the parts again (the combine would
+    fall back), so a task calls it once per branch.
+    """
+    if not manifest.partitions:
+        return False
+    source = qualified_name(manifest.staging_database, manifest.staging_table)
+    commands = ", ".join(f"ATTACH PARTITION ID {sql_string(p.partition_id)} FROM {source}"
+                         for p in manifest.partitions)
+    try:
+        client.execute(f"ALTER TABLE {staging_qualified(precombined)} {commands}",
+                       purpose="contribute to pre-combined table", retry=False)
+    except ClickHouseError as exc:
+        log.warning("%s not contributed to %s (the commit reads it instead): %s",
+                    source, precombined, exc)
+        return False
+    return True
+
+
 def publish_combined(
     client: SqlClient,
     sources: list[Manifest],
@@ -90,14 +147,17 @@ def publish_combined(
     strategy: str,
     ledger: Ledger,
     *,
+    precombined: str = "",
     on_step: StepHook | None = None,
     limits: SizeLimits = DEFAULT_LIMITS,
 ) -> PublishReport:
     """Publish the sealed staging tables ``sources`` (one target, one server) in one pass
-    through ``combined_table`` (in the staging database). Re-runnable; the caller drops
+    through ``combined_table`` (in the staging database). ``precombined``: the table every
+    source with rows contributed to ("" if not all did). Re-runnable; the caller drops
     the combined table afterwards, as it drops a branch's staging after ``publish``."""
     step = on_step or no_step
-    manifest = combine(client, sources, combined_table, ledger, on_step=step, limits=limits)
+    manifest = combine(client, sources, combined_table, ledger, precombined=precombined,
+                       on_step=step, limits=limits)
     return publish(client, manifest, strategy, ledger, on_step=step)
 
 
@@ -107,6 +167,7 @@ def combine(
     combined_table: str,
     ledger: Ledger,
     *,
+    precombined: str = "",
     on_step: StepHook = no_step,
     limits: SizeLimits = DEFAULT_LIMITS,
 ) -> Manifest:
@@ -116,7 +177,7 @@ def combine(
     if record.get("state") == COMBINED:
         manifest = Manifest.from_dict(record["manifest"])
     else:
-        manifest = _build(client, sources, combined_table, limits)
+        manifest = _build(client, sources, combined_table, precombined, limits)
         on_step(STEP_AFTER_COMBINE)
         ledger.put(key, {"state": COMBINED, "manifest": manifest.to_dict()})
         on_step(STEP_AFTER_RECORD)
@@ -124,27 +185,74 @@ def combine(
 
 
 def _build(client: SqlClient, sources: list[Manifest], combined_table: str,
-           limits: SizeLimits) -> Manifest:
+           precombined: str, limits: SizeLimits) -> Manifest:
     targets = {(m.target_database, m.target_table) for m in sources}
     if len(targets) != 1:
         raise ValueError(f"sources of one combined table must share a target, got {targets}")
     database, table = next(iter(targets))
     sources = [m for m in sources if m.partitions]  # a task without rows staged no table
-    require_sealed(client, sources, purpose="read winners' staged parts before combining")
     target = describe_table(client, f"{database}.{table}")
     staging = staging_qualified(combined_table)
-    client.execute(f"DROP TABLE IF EXISTS {staging}", purpose="drop unrecorded combined table")
-    create_staging(client, target, combined_table)
-    if sources and _rewrites(sources, limits):
-        _rewrite(client, target, sources, staging)
-    elif sources:
-        _attach(client, sources, staging, limits)
+    adopted = False
+    if sources and precombined:
+        _recreate(client, target, combined_table)
+        adopted = _adopt(client, sources, precombined, staging, limits)
+    if not adopted:
+        require_sealed(client, sources, purpose="read winners' staged parts before combining")
+        _recreate(client, target, combined_table)
+        if sources and _rewrites(sources, limits):
+            _rewrite(client, target, sources, staging)
+        elif sources:
+            _attach(client, sources, staging, limits)
     # no source with rows: the combined table stays empty and is sealed with 0 rows
     manifest = seal(client, target, combined_table, sum(m.rows for m in sources))
-    log.info("combined %d branches into %s: %d partitions, %d parts",
-             len(sources), staging, len(manifest.partitions),
+    log.info("combined %d branches into %s%s: %d partitions, %d parts", len(sources), staging,
+             f" from {precombined}" if adopted else "", len(manifest.partitions),
              sum(len(p.parts) for p in manifest.partitions))
     return manifest
+
+
+def _recreate(client: SqlClient, target: TargetTable, combined_table: str) -> None:
+    """An empty combined table: whatever an unrecorded build left in it is dropped."""
+    client.execute(f"DROP TABLE IF EXISTS {staging_qualified(combined_table)}",
+                   purpose="drop unrecorded combined table")
+    create_staging(client, target, combined_table)
+
+
+def _adopt(client: SqlClient, sources: list[Manifest], precombined: str, staging: str,
+           limits: SizeLimits) -> bool:
+    """Copy the sources' partitions from the pre-combined table; True if each copied
+    partition holds exactly the rows the sources sealed there (see the module's contract)."""
+    expected: dict[str, int] = {}
+    for source in sources:
+        for partition in source.partitions:
+            expected[partition.partition_id] = expected.get(partition.partition_id, 0) \
+                + partition.rows
+    commands = [f"ATTACH PARTITION ID {sql_string(pid)} FROM {staging_qualified(precombined)}"
+                for pid in sorted(expected)]
+    try:
+        for start in range(0, len(commands), MAX_COMMANDS_PER_ALTER):
+            chunk = commands[start:start + MAX_COMMANDS_PER_ALTER]
+            client.execute(f"ALTER TABLE {staging} {', '.join(chunk)}",
+                           purpose="copy pre-combined partitions", retry=False)
+    except ClickHouseError as exc:
+        log.warning("pre-combined %s not used (the sources are read instead): %s",
+                    precombined, exc)
+        return False
+    found = read_staged_partitions(client, *split_table_name(staging),
+                                   purpose="check pre-combined rows")
+    rows = {pid: p.rows for pid, p in found.items()}
+    if rows != expected:
+        differ = sorted(pid for pid in set(rows) | set(expected)
+                        if rows.get(pid) != expected.get(pid))
+        log.warning("pre-combined %s not used: partitions %s hold other rows than the winners "
+                    "sealed (a failed or speculative attempt contributed too)", precombined,
+                    differ)
+        return False
+    merge_partitions(client, staging, sorted(
+        pid for pid, p in found.items()
+        if len(p.parts) > 1 and p.bytes <= limits.merge_max_bytes))
+    return True
 
 
 def _rewrites(sources: list[Manifest], limits: SizeLimits) -> bool:

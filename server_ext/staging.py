@@ -158,12 +158,15 @@ def staging_qualified(table: str) -> str:
 
 
 def create_staging(client: SqlClient, target: TargetTable, table_name: str,
-                   dedup_window: bool = False) -> str:
+                   dedup_window: bool = False, merges: bool = False) -> str:
     """Create (if absent) the staging table ``table_name`` for ``target``; returns it quoted.
 
     ``dedup_window``: give it a ``non_replicated_deduplication_window`` (servers that
     have one), so that an INSERT repeated with the same ``insert_deduplication_token``
     after a lost answer is dropped by the server (``writer.BranchWriter``).
+    ``merges``: let the server merge its parts in the background (the pre-combined table
+    of ``consolidate``, whose part names nobody records); every other staging table
+    holds its parts exactly as written.
 
     Idempotent: a repeat finds the table and only stops its merges again. The staging
     database is created once per server and process (every task of an epoch would ask
@@ -174,13 +177,16 @@ def create_staging(client: SqlClient, target: TargetTable, table_name: str,
     if server is None or server not in _DATABASE_MADE:
         _create_database(client, server)
     try:
-        client.execute(staging_ddl(target, staging, dedup_window), purpose="create staging table")
+        client.execute(staging_ddl(target, staging, dedup_window, merges),
+                       purpose="create staging table")
     except ClickHouseError as exc:
         if exc.code != UNKNOWN_DATABASE:
             raise
         _create_database(client, server)
-        client.execute(staging_ddl(target, staging, dedup_window), purpose="create staging table")
-    client.execute(f"SYSTEM STOP MERGES {staging}", purpose="stop merges in staging table")
+        client.execute(staging_ddl(target, staging, dedup_window, merges),
+                       purpose="create staging table")
+    if not merges:
+        client.execute(f"SYSTEM STOP MERGES {staging}", purpose="stop merges in staging table")
     return staging
 
 
@@ -195,7 +201,8 @@ def _create_database(client: SqlClient, server: str | None) -> None:
         _DATABASE_MADE.add(server)
 
 
-def staging_ddl(target: TargetTable, staging: str, dedup_window: bool = False) -> str:
+def staging_ddl(target: TargetTable, staging: str, dedup_window: bool = False,
+                merges: bool = False) -> str:
     """``CREATE TABLE IF NOT EXISTS`` statement for a staging table of ``target``.
 
     ``AS <target>`` copies the column definitions exactly as the server stores them (no
@@ -214,8 +221,10 @@ def staging_ddl(target: TargetTable, staging: str, dedup_window: bool = False) -
     clauses.append(f"ORDER BY {_key_expression(target.sorting_key or 'tuple()')}")
     if target.primary_key and target.primary_key != target.sorting_key:
         clauses.append(f"PRIMARY KEY {_key_expression(target.primary_key)}")
+    own = STAGING_SETTINGS if not merges else {
+        name: value for name, value in STAGING_SETTINGS.items() if "merge" not in name}
     settings = {"index_granularity": str(target.index_granularity),
-                **table_settings(target.engine_full), **STAGING_SETTINGS,
+                **table_settings(target.engine_full), **own,
                 **({"non_replicated_deduplication_window": str(DEDUP_WINDOW)}
                    if dedup_window else {})}
     return (f"CREATE TABLE IF NOT EXISTS {staging} AS {target.qualified} "

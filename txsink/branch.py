@@ -18,10 +18,17 @@ Contract (what Spark's ``DataWriter`` asks, made exactly-once):
   ``StreamStateMismatch`` before anything is claimed or staged.
 - On a sharded target each branch stages on one replica of its shard (``pick_replica``)
   and records that server; its publish and rollback go to the same server.
+- A sealed branch of small parts is also *contributed* to its xid's pre-combined table
+  on its server (``server_ext.consolidate``) before it is prepared, so that the commit
+  need not combine the winners' rows itself. That table is registered as a branch of
+  its own (never prepared, so rolled back with the non-winners) before it exists. A
+  contribution that fails in any way is only logged: the commit then reads the sources.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import random
 import socket
@@ -32,11 +39,15 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 import server_ext
-from coordinator import Coordinator, XidState
+from coordinator import Coordinator, CoordinatorError, XidState
+from server_ext import consolidate
+from server_ext.errors import ClickHouseError
 from server_ext.sharding import Shard, ShardRouter
 from txsink import connections, crashpoints, payload
 from txsink.messages import BranchMessage, SkippedMessage
 from txsink.plan import WritePlan, send_columns
+
+log = logging.getLogger(__name__)
 
 
 class XidNotWritable(RuntimeError):
@@ -45,6 +56,17 @@ class XidNotWritable(RuntimeError):
 
 def new_branch_id(partition: int, attempt: int, shard: int = 0) -> str:
     return f"p{partition}-a{attempt}-s{shard}-{uuid.uuid4().hex[:8]}"
+
+
+def precombined_branch_id(generation: int, server: str, target: str) -> str:
+    """The branch id of an xid's pre-combined table for one server and target: the same
+    in every task of the generation, so they all find one table."""
+    digest = hashlib.sha1(f"{server}|{target}".encode()).hexdigest()[:8]
+    return f"precombined-g{generation}-{digest}"
+
+
+# (root, sink, epoch, branch id) of pre-combined tables this process registered and made
+_PRECOMBINED: set[tuple[str, str, int, str]] = set()
 
 
 def _task_identity() -> tuple[int, int, dict[str, object]]:
@@ -186,14 +208,41 @@ class _Attempt:
         crashpoints.hit(crashpoints.BRANCH_AFTER_STAGING_WRITE)
         sealed = [(branch, *branch.seal()) for branch in self.branches.values()]
         crashpoints.hit(crashpoints.BRANCH_AFTER_SEAL)
-        for branch, manifest, rows, _ in sealed:
+        contributed = [self.contribute(branch, manifest) for branch, manifest, _, _ in sealed]
+        crashpoints.hit(crashpoints.BRANCH_AFTER_CONTRIBUTE)
+        for (branch, manifest, rows, _), precombined in zip(sealed, contributed, strict=True):
             self.coord.prepare_branch(self.epoch, branch.branch_id, payload.to_record(
                 payload.StagedBranch(manifest=manifest, strategy=self.plan.strategy,
                                      staging=branch.staging, server=branch.server, rows=rows,
-                                     overwrite=self.plan.overwrite)))
+                                     overwrite=self.plan.overwrite, contributed=precombined)))
         crashpoints.hit(crashpoints.BRANCH_AFTER_PREPARE)
         return (sum(s[2] for s in sealed), sum(s[3] for s in sealed),
                 sum(len(s[1].partitions) for s in sealed))
+
+
+    def contribute(self, branch: _ShardBranch, manifest: server_ext.Manifest) -> str:
+        """Attach a sealed branch of small parts into the pre-combined table; its name if
+        that worked, "" if the branch is not contributed (large parts, an overwrite, or
+        any failure: the commit reads the branch's own staging then)."""
+        if (self.plan.overwrite or branch.writer is None
+                or not consolidate.DEFAULT_LIMITS.small(manifest)):
+            return ""
+        options = self.plan.options
+        branch_id = precombined_branch_id(self.generation, branch.server, self.plan.target)
+        name = server_ext.staging_table_name(self.plan.sink_id, self.epoch, branch_id,
+                                             root=options.root_identity)
+        key = (options.root_identity, self.plan.sink_id, self.epoch, branch_id)
+        if key not in _PRECOMBINED:
+            try:
+                self.coord.register_branch(self.epoch, branch_id, self.generation,
+                                           owner={"staging": name, "server": branch.server})
+                consolidate.create_precombined(branch.client, branch.writer.target, name)
+            except (CoordinatorError, ClickHouseError) as exc:
+                log.warning("xid %s/%d: no pre-combined table (the commit reads the "
+                            "branches instead): %s", self.plan.sink_id, self.epoch, exc)
+                return ""
+            _PRECOMBINED.add(key)
+        return name if consolidate.contribute(branch.client, manifest, name) else ""
 
 
 def write_branch(

@@ -27,13 +27,15 @@ from server_ext import consolidate, publish_steps
 BRANCH_AFTER_REGISTER = "branch.after_register"  # task: branch recorded, nothing staged
 BRANCH_AFTER_STAGING_WRITE = "branch.after_staging_write"  # task: rows staged, not sealed
 BRANCH_AFTER_SEAL = "branch.after_seal"  # task: manifest built, not recorded
+BRANCH_AFTER_CONTRIBUTE = "branch.after_contribute"  # task: parts in pre-combined, not recorded
 BRANCH_AFTER_PREPARE = "branch.after_prepare"  # task: branch Prepared, no message yet
 
 #: Every crash point of the protocol, in the order an epoch passes them: the tasks' own,
 #: then those the coordinator and ``server_ext`` declare (their modules say what each
 #: means); ``publish.*`` are passed once per winner, the combined branch first.
 CRASH_POINTS: tuple[str, ...] = (
-    BRANCH_AFTER_REGISTER, BRANCH_AFTER_STAGING_WRITE, BRANCH_AFTER_SEAL, BRANCH_AFTER_PREPARE,
+    BRANCH_AFTER_REGISTER, BRANCH_AFTER_STAGING_WRITE, BRANCH_AFTER_SEAL,
+    BRANCH_AFTER_CONTRIBUTE, BRANCH_AFTER_PREPARE,
     steps.COMMIT_AFTER_DECISION,
     *consolidate.STEPS,
     *publish_steps.STEPS["attach_marked"],

@@ -135,12 +135,22 @@ def combined_branches(plan: WritePlan, coord: Coordinator, epoch: int, generatio
                                                 root=plan.options.root_identity)
         combined = CombinedBranch.of(
             {r.branch_id: staged_manifest(r) for r in group}, staging=staging,
-            strategy=plan.strategy, server=server, overwrite=plan.overwrite)
+            strategy=plan.strategy, server=server, overwrite=plan.overwrite,
+            precombined="" if plan.overwrite else precombined_of(group))
         coord.register_branch(epoch, branch_id, generation,  # both idempotent
                               owner={"staging": staging, "server": server})
         coord.prepare_branch(epoch, branch_id, payload.to_record(combined))
         chosen.append(branch_id)
     return chosen
+
+
+def precombined_of(sources: Sequence[BranchRecord]) -> str:
+    """The pre-combined table every source with rows contributed to; "" if some did
+    not, or not to the same table (``server_ext.consolidate`` then reads the sources)."""
+    staged = [p for p in (payload.from_record(r.manifest) for r in sources)
+              if isinstance(p, payload.StagedBranch) and p.manifest.partitions]
+    tables = {p.contributed for p in staged}
+    return tables.pop() if len(tables) == 1 else ""
 
 
 def epoch_metrics(messages: Sequence[BranchMessage], commit_started: float,

@@ -16,7 +16,9 @@ Two kinds:
 
 Formats: 1 (no ``format`` key: the releases before the combined publish; an overwrite
 embedded its sources' manifests under ``overwrite_of``), 2 (this one). A reader accepts
-both; a payload of an unknown newer format is refused by name, never guessed at.
+both; a payload of an unknown newer format is refused by name, never guessed at. Keys a
+reader does not know are ignored: they may only carry what a publish can do without
+(``contributed``/``precombined``, the pre-combined table, are such keys).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class StagedBranch:
     server: str | None
     rows: int
     overwrite: bool = False
+    contributed: str = ""  # the pre-combined table its parts were attached into
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,8 @@ class CombinedBranch:
     ``sources`` name the task branches (format 2); ``target`` and ``partitions`` (id,
     value, rows) summarize what they staged, so that ``verify`` and ``status`` need not
     read every source. A format-1 overwrite payload carries the sources' manifests
-    instead (``embedded``).
+    instead (``embedded``). ``precombined`` names the table every source with rows
+    contributed to ("": read the sources).
     """
 
     sources: tuple[str, ...]
@@ -65,6 +69,7 @@ class CombinedBranch:
     target: tuple[str, str] = ("", "")
     partitions: tuple[tuple[str, str, int], ...] = ()
     embedded: tuple[Manifest, ...] = ()
+    precombined: str = ""
 
     @classmethod
     def of(cls, sources: dict[str, Manifest], **fields: object) -> CombinedBranch:
@@ -90,11 +95,13 @@ def to_record(payload: Payload) -> dict[str, Any]:
     common = {"format": FORMAT, "staging": payload.staging, "strategy": payload.strategy,
               "server": payload.server, "rows": payload.rows, "overwrite": payload.overwrite}
     if isinstance(payload, StagedBranch):
-        return {**common, "kind": "staged", "manifest": payload.manifest.to_dict()}
+        return {**common, "kind": "staged", "manifest": payload.manifest.to_dict(),
+                **({"contributed": payload.contributed} if payload.contributed else {})}
     if payload.embedded:
         raise ValueError("a combined payload is written with sources, not manifests")
     return {**common, "kind": "combined", "sources": list(payload.sources),
-            "target": list(payload.target), "partitions": [list(p) for p in payload.partitions]}
+            "target": list(payload.target), "partitions": [list(p) for p in payload.partitions],
+            **({"precombined": payload.precombined} if payload.precombined else {})}
 
 
 def from_record(raw: dict[str, Any] | None) -> Payload | None:
@@ -117,10 +124,12 @@ def from_record(raw: dict[str, Any] | None) -> Payload | None:
     kind = raw.get("kind")
     if kind == "staged":
         return StagedBranch(manifest=Manifest.from_dict(raw["manifest"]),
-                            overwrite=bool(raw.get("overwrite")), **common)
+                            overwrite=bool(raw.get("overwrite")),
+                            contributed=str(raw.get("contributed") or ""), **common)
     if kind == "combined":
         return CombinedBranch(
             sources=tuple(raw["sources"]), overwrite=bool(raw.get("overwrite")),
+            precombined=str(raw.get("precombined") or ""),
             target=(raw["target"][0], raw["target"][1]),
             partitions=tuple((p[0], p[1], int(p[2])) for p in raw["partitions"]), **common)
     raise UnknownPayload(f"branch payload of unknown kind {kind!r}")

@@ -77,7 +77,8 @@ class BranchPublisher:
                                              on_step=crashpoints.hit)
             else:
                 publish_combined(client, sources, payload.staging, strategy, ledger,
-                                 on_step=crashpoints.hit, limits=self.limits)
+                                 precombined=payload.precombined, on_step=crashpoints.hit,
+                                 limits=self.limits)
         elif payload.manifest.partitions:
             server_ext.publish(client, payload.manifest, strategy, ledger,
                                on_step=crashpoints.hit)
