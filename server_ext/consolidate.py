@@ -63,7 +63,7 @@ from dataclasses import dataclass
 from server_ext.capabilities import SqlClient, known_settings
 from server_ext.errors import ClickHouseError
 from server_ext.ledger import Ledger
-from server_ext.manifest import Manifest
+from server_ext.manifest import Manifest, PartitionManifest
 from server_ext.publish import publish
 from server_ext.publish_steps import MAX_COMMANDS_PER_ALTER, PublishReport, StepHook, no_step
 from server_ext.schema import TargetTable, describe_table
@@ -221,16 +221,20 @@ def _recreate(client: SqlClient, target: TargetTable, combined_table: str) -> No
 
 def _adopt(client: SqlClient, sources: list[Manifest], precombined: str, staging: str,
            limits: SizeLimits) -> bool:
-    """Copy the sources' partitions from the pre-combined table; True if each copied
-    partition holds exactly the rows the sources sealed there (see the module's contract)."""
+    """Merge the sources' partitions in the pre-combined table and copy them from there;
+    True if each copied partition holds exactly the rows the sources sealed there (see
+    the module's contract). What the background merges left is merged before the copy,
+    so the copy takes one part per partition."""
     expected: dict[str, int] = {}
     for source in sources:
         for partition in source.partitions:
             expected[partition.partition_id] = expected.get(partition.partition_id, 0) \
                 + partition.rows
-    commands = [f"ATTACH PARTITION ID {sql_string(pid)} FROM {staging_qualified(precombined)}"
-                for pid in sorted(expected)]
+    pool = staging_qualified(precombined)
     try:
+        merge_partitions(client, pool, _to_merge(client, pool, set(expected), limits))
+        commands = [f"ATTACH PARTITION ID {sql_string(pid)} FROM {pool}"
+                    for pid in sorted(expected)]
         for start in range(0, len(commands), MAX_COMMANDS_PER_ALTER):
             chunk = commands[start:start + MAX_COMMANDS_PER_ALTER]
             client.execute(f"ALTER TABLE {staging} {', '.join(chunk)}",
@@ -249,10 +253,19 @@ def _adopt(client: SqlClient, sources: list[Manifest], precombined: str, staging
                     "sealed (a failed or speculative attempt contributed too)", precombined,
                     differ)
         return False
-    merge_partitions(client, staging, sorted(
-        pid for pid, p in found.items()
-        if len(p.parts) > 1 and p.bytes <= limits.merge_max_bytes))
+    # a merge that the copy raced with leaves a partition in several parts
+    merge_partitions(client, staging, _to_merge(client, staging, set(expected), limits, found))
     return True
+
+
+def _to_merge(client: SqlClient, table: str, partition_ids: set[str], limits: SizeLimits,
+              found: dict[str, PartitionManifest] | None = None) -> list[str]:
+    """The partitions among ``partition_ids`` of ``table`` (quoted) worth merging."""
+    if found is None:
+        found = read_staged_partitions(client, *split_table_name(table),
+                                       purpose="read pre-combined parts")
+    return sorted(pid for pid, p in found.items() if pid in partition_ids
+                  and len(p.parts) > 1 and p.bytes <= limits.merge_max_bytes)
 
 
 def _rewrites(sources: list[Manifest], limits: SizeLimits) -> bool:
