@@ -14,7 +14,13 @@ import pytest
 
 from server_ext.client import ClickHouseClient
 from server_ext.consolidate import STEPS as COMBINE_STEPS
-from server_ext.consolidate import SizeLimits, combine_key, publish_combined
+from server_ext.consolidate import (
+    SizeLimits,
+    combine_key,
+    contribute,
+    create_precombined,
+    publish_combined,
+)
 from server_ext.errors import StagingChanged
 from server_ext.ledger import MemoryLedger
 from server_ext.manifest import Manifest
@@ -78,6 +84,19 @@ def active_parts(url: str, database: str) -> dict[str, int]:
     lines = run_sql(url, "SELECT partition_id, count() FROM system.parts WHERE database = "
                          f"'{database}' AND table = 't' AND active GROUP BY partition_id")
     return {pid: int(n) for pid, n in (line.split("\t") for line in lines.splitlines())}
+
+
+def contributed(client, target, sources: list[Manifest], name: str) -> str:
+    """Every source attached into the pre-combined table ``name``, as the tasks do."""
+    create_precombined(client, target, name)
+    for source in sources:
+        assert contribute(client, source, name)
+    return name
+
+
+@pytest.fixture
+def precombined(sink: str) -> str:
+    return staging_table_name(sink, 1, "precombined-g1-00000000")
 
 
 def tables_left(url: str, names: list[str]) -> list[str]:
@@ -232,3 +251,56 @@ def test_sources_whose_parts_are_large_already_keep_their_parts(
                      limits=SizeLimits(small_part_bytes=1))
     assert keys_in(clickhouse_url, ch_db) == expect(range(BRANCHES * ROWS))
     assert set(active_parts(clickhouse_url, ch_db).values()) == {BRANCHES}
+
+
+def test_combine_takes_the_rows_from_the_precombined_table_when_every_source_contributed(
+        client, clickhouse_url, ch_db, staging_names, combined, precombined):
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    sources = staged_branches(client, clickhouse_url, target, staging_names)
+    contributed(client, target, sources, precombined)
+    for source in sources:  # the sources are not read: take them away
+        run_sql(clickhouse_url, f"DROP TABLE `{STAGING_DATABASE}`.`{source.staging_table}`")
+    publish_combined(client, sources, combined, "attach_marked", MemoryLedger(),
+                     precombined=precombined)
+    assert keys_in(clickhouse_url, ch_db) == expect(range(BRANCHES * ROWS))
+    assert active_parts(clickhouse_url, ch_db) == {"202401": 1, "202402": 1, "202403": 1}
+
+
+@pytest.mark.parametrize("spoiled_by", ["a failed attempt's contribution",
+                                        "a branch contributed twice", "its table dropped"])
+def test_a_precombined_table_with_other_rows_makes_the_combine_read_the_sources(
+        client, clickhouse_url, ch_db, staging_names, combined, precombined, spoiled_by):
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    sources = staged_branches(client, clickhouse_url, target, staging_names)
+    contributed(client, target, sources, precombined)
+    if spoiled_by == "a failed attempt's contribution":
+        loser = stage(client, clickhouse_url, target, staging_names(), first_key=10_000)
+        assert contribute(client, loser, precombined)
+    elif spoiled_by == "a branch contributed twice":
+        assert contribute(client, sources[1], precombined)
+    else:
+        run_sql(clickhouse_url, f"DROP TABLE `{STAGING_DATABASE}`.`{precombined}`")
+    publish_combined(client, sources, combined, "attach_marked", MemoryLedger(),
+                     precombined=precombined)
+    assert keys_in(clickhouse_url, ch_db) == expect(range(BRANCHES * ROWS))
+
+
+def test_repeat_after_a_crash_in_a_combine_from_the_precombined_table_publishes_once(
+        client, clickhouse_url, ch_db, staging_names, combined, precombined):
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    sources = staged_branches(client, clickhouse_url, target, staging_names)
+    contributed(client, target, sources, precombined)
+    ledger = MemoryLedger()
+    with pytest.raises(Crash):
+        publish_combined(client, sources, combined, "attach_marked", ledger,
+                         precombined=precombined, on_step=crash_at("consolidate.after_combine"))
+    publish_combined(client, sources, combined, "attach_marked", ledger,
+                     precombined=precombined)
+    assert keys_in(clickhouse_url, ch_db) == expect(range(BRANCHES * ROWS))
+
+
+def test_a_contribution_to_a_missing_precombined_table_reports_failure(
+        client, clickhouse_url, ch_db, staging_names, precombined):
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    source = stage(client, clickhouse_url, target, staging_names(), first_key=0)
+    assert not contribute(client, source, precombined)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from kazoo.client import KazooClient
 from pyspark.sql import functions as F
 
 import txsink
+from coordinator import Coordinator
 from tests.conftest import run_sql
 from tests.sinkutil import (
     assert_exactly_once,
@@ -16,6 +18,7 @@ from tests.sinkutil import (
     staging_insert_settings,
     staging_tables,
 )
+from txsink.payload import CombinedBranch, from_record
 
 
 @pytest.fixture
@@ -74,6 +77,26 @@ def test_append_leaves_no_staging_behind(spark, server_url, server_db, server_si
     before = staging_tables(server_url, server_sink_options)
     save(events_df(spark, 0, 1000), server_sink_options, table)
     assert staging_tables(server_url, server_sink_options) == before
+
+
+def test_small_branches_reach_the_target_through_the_precombined_table(
+    spark, server_url, server_db, server_sink_options, zk_hosts, zk_chroot
+):
+    table = create_events(server_url, server_db)
+    save(events_df(spark, 0, 2000, partitions=4), server_sink_options, table,
+         sink_id="precombined")
+    assert_exactly_once(server_url, table, range(2000))
+    client = KazooClient(hosts=zk_hosts + zk_chroot)
+    client.start(timeout=15)
+    try:
+        coord = Coordinator(client, "precombined")
+        (winner,) = coord.branches(0, coord.xid(0).winners)
+    finally:
+        client.stop()
+        client.close()
+    combined = from_record(winner.manifest)
+    assert isinstance(combined, CombinedBranch) and len(combined.sources) == 4
+    assert combined.precombined.startswith("txs_")
 
 
 def test_task_retried_after_staging_publishes_each_row_once(
