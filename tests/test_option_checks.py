@@ -217,6 +217,8 @@ def rewrite_strategy(coord: Coordinator, epoch: int, strategy: str) -> None:
         path = coord.layout.branch(epoch, branch.branch_id)
         data, stat = coord.client.get(path)
         record = json.loads(data)
+        if not record.get("manifest"):
+            continue  # never prepared (the pre-combined table's branch)
         record["manifest"]["strategy"] = strategy
         coord.client.set(path, json.dumps(record, sort_keys=True, separators=(",", ":"))
                          .encode(), version=stat.version)

@@ -58,11 +58,14 @@ def new_branch_id(partition: int, attempt: int, shard: int = 0) -> str:
     return f"p{partition}-a{attempt}-s{shard}-{uuid.uuid4().hex[:8]}"
 
 
+PRECOMBINED_PREFIX = "precombined-"
+
+
 def precombined_branch_id(generation: int, server: str, target: str) -> str:
     """The branch id of an xid's pre-combined table for one server and target: the same
     in every task of the generation, so they all find one table."""
     digest = hashlib.sha1(f"{server}|{target}".encode()).hexdigest()[:8]
-    return f"precombined-g{generation}-{digest}"
+    return f"{PRECOMBINED_PREFIX}g{generation}-{digest}"
 
 
 # (root, sink, epoch, branch id) of pre-combined tables this process registered and made
