@@ -42,6 +42,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from server_ext.compression import compress
 from server_ext.errors import (
     RETRYABLE_CODES,
     ClickHouseError,
@@ -133,9 +134,12 @@ class ClickHouseClient:
             return []
         return list(json.loads(body)["data"])
 
-    def query_value(self, sql: str, *, purpose: str) -> str:
-        """First column of the first row, as text. Raises when the result has no row."""
-        body = self._query_text(f"{strip_statement(sql)}\nFORMAT TabSeparated", purpose, None)
+    def query_value(self, sql: str, *, purpose: str, encoding: str | None = None) -> str:
+        """First column of the first row, as text. Raises when the result has no row.
+        ``encoding``: send the statement compressed so (to ask the server whether it reads
+        that ``Content-Encoding``)."""
+        body = self._query_text(f"{strip_statement(sql)}\nFORMAT TabSeparated", purpose, None,
+                                encoding)
         if not body:
             raise ClickHouseError("the query returned no row", name="EMPTY_RESULT", purpose=purpose)
         return _unescape_tsv(body.split("\n", 1)[0].split("\t", 1)[0])
@@ -151,8 +155,13 @@ class ClickHouseClient:
         settings: dict | None = None,
         retry: bool = True,
         deduplicated: bool = False,
+        encoding: str | None = None,
     ) -> None:
         """INSERT ``body`` (already encoded in ``fmt``) into ``table`` (qualified, quoted).
+
+        ``encoding`` (``server_ext.compression.ENCODINGS``): send the body compressed, with
+        that ``Content-Encoding``; it is compressed once, before the first attempt, so it
+        is retried like bytes.
 
         A non-bytes body is streamed with chunked transfer encoding. An iterator (e.g. a
         generator) is retried only if the failure came before its first chunk was
@@ -168,16 +177,21 @@ class ClickHouseClient:
         # skips only one before the data (a second would be read as data).
         params["query"] = f"INSERT INTO {table}{column_list(columns)} FORMAT {fmt}"
         attempt = _Attempt(purpose, may_repeat=retry, outcome_unknown_ok=retry and deduplicated)
-        if isinstance(body, bytes | bytearray | memoryview):
+        if encoding:
+            self._send(params, compress(body, encoding), attempt, encoding)
+        elif isinstance(body, bytes | bytearray | memoryview):
             self._send(params, bytes(body), attempt)
         else:
             self._send_stream(params, body, attempt)
 
     # -- request plumbing ----------------------------------------------------------------
 
-    def _query_text(self, sql: str, purpose: str, settings: dict | None) -> str:
+    def _query_text(self, sql: str, purpose: str, settings: dict | None,
+                    encoding: str | None = None) -> str:
         attempt = _Attempt(purpose, may_repeat=True, outcome_unknown_ok=True)
-        resp = self._send(self._params(settings), sql.encode("utf-8"), attempt)
+        data = sql.encode("utf-8")
+        resp = self._send(self._params(settings), compress(data, encoding) if encoding else data,
+                          attempt, encoding)
         return resp.content.decode("utf-8")
 
     def _params(self, settings: dict | None, wait: bool = True) -> dict[str, str]:
@@ -186,16 +200,18 @@ class ClickHouseClient:
             params[key] = _setting_text(value)
         return params
 
-    def _headers(self) -> dict[str, str]:
-        headers = {}
+    def _headers(self, encoding: str | None = None) -> dict[str, str]:
+        headers = {"Content-Encoding": encoding} if encoding else {}
         if self.user is not None:
             headers["X-ClickHouse-User"] = self.user
         if self._password:
             headers["X-ClickHouse-Key"] = self._password
         return headers
 
-    def _send(self, params: dict[str, str], data: bytes, attempt: _Attempt) -> requests.Response:
-        return self._with_retries(attempt, lambda: self._post_once(params, data, attempt))
+    def _send(self, params: dict[str, str], data: bytes, attempt: _Attempt,
+              encoding: str | None = None) -> requests.Response:
+        return self._with_retries(attempt,
+                                  lambda: self._post_once(params, data, attempt, encoding))
 
     def _send_stream(
         self, params: dict[str, str], chunks: Iterable[bytes], attempt: _Attempt
@@ -238,7 +254,8 @@ class ClickHouseClient:
             ) from None
 
     def _post_once(
-        self, params: dict[str, str], data: bytes | _ReplayGuard, attempt: _Attempt
+        self, params: dict[str, str], data: bytes | _ReplayGuard, attempt: _Attempt,
+        encoding: str | None = None,
     ) -> requests.Response:
         query_id = f"txsink-{uuid.uuid4().hex}"
         params = {**params, "query_id": query_id}
@@ -247,7 +264,7 @@ class ClickHouseClient:
                 self.url,
                 params=params,
                 data=data,
-                headers=self._headers(),
+                headers=self._headers(encoding),
                 timeout=(min(self.timeout, 10.0), self.timeout),
             )
         except requests.RequestException as exc:

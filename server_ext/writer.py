@@ -98,6 +98,7 @@ class BranchWriter:
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
         extra_settings: Mapping[str, str] | None = None,
         dedup_token: str | None = None,
+        encoding: str | None = None,
     ) -> None:
         if block_rows < 1 or chunk_rows < 1:
             raise ValueError("block_rows and chunk_rows must be positive")
@@ -107,6 +108,7 @@ class BranchWriter:
         self.client = client
         self.target = target
         self.staging_table = staging_table
+        self.encoding = encoding  # Content-Encoding of the bodies (server_ext.compression)
         self.format = "ArrowStream" if caps.arrow_stream else "Native"
         self.insert_settings: dict[str, object] = {
             **(extra_settings or {}),  # the user's; the protocol's own below win
@@ -241,6 +243,7 @@ class BranchWriter:
                 purpose=f"insert {rows} rows into staging table {self.staging_table}",
                 columns=[c.name for c in self._columns or []],
                 settings=settings, deduplicated=self.dedup_token is not None,
+                **({"encoding": self.encoding} if self.encoding else {}),  # HTTP clients only
             )
         except BaseException as exc:
             self._failed = exc

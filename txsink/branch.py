@@ -153,6 +153,7 @@ class _ShardBranch:
                 block_rows=self.plan.options.insert_block_rows, target_columns=columns,
                 extra_settings=dict(self.plan.options.insert_settings),
                 dedup_token=self.staging if dedup else None,
+                encoding=self.plan.options.compression,
             )
         self.writer.write(batch)
 

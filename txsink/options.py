@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 
 from server_ext.client import header_problem
+from server_ext.compression import ENCODINGS
 from server_ext.sharding import ShardingError, parse_shard_urls
 from txsink import insert_settings
 
@@ -57,6 +58,7 @@ class SinkOptions:
     sharding_key: str | None = None
     replica_choice: str = "round_robin"
     txn_version: int | None = None
+    compression: str | None = None  # Content-Encoding of the INSERT bodies (None: none)
     insert_settings: tuple[tuple[str, str], ...] = ()  # settings.<name> options
     tx_epoch: int | None = None
     tx_generation: int | None = None
@@ -121,7 +123,7 @@ def root_identity(zookeeper: str, zk_root: str) -> str:
 PUBLIC_OPTIONS = (
     "url", "table", "zookeeper", "user", "password", "sink_id", "zk_root", "strategy",
     "insert_block_rows", "timeout", "retries", "recover_on_start", "shards", "sharding_key",
-    "replica_choice", "txn_version",
+    "replica_choice", "txn_version", "compression",
 )
 
 _NAMES = {
@@ -210,6 +212,11 @@ def parse_options(
         raise OptionError(
             f"option replica_choice={choice!r} is not one of {', '.join(REPLICA_CHOICES)}")
     values["replica_choice"] = choice
+    compression = str(values.get("compression") or "none").lower()
+    if compression not in ("none", *ENCODINGS):
+        raise OptionError(f"option compression={compression!r} is not one of none, "
+                          f"{', '.join(ENCODINGS)}")
+    values["compression"] = None if compression == "none" else compression
     if "shards" in values:
         try:
             parse_shard_urls(str(values["shards"]))

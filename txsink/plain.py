@@ -42,7 +42,7 @@ def insert_directly(options: SinkOptions, columns: tuple[str, ...],
         client, target, qualified_name(target.database, target.name),
         server_ext.detect_capabilities(client), block_rows=options.insert_block_rows,
         target_columns=send_columns(target, columns),
-        extra_settings=dict(options.insert_settings),
+        extra_settings=dict(options.insert_settings), encoding=options.compression,
     )
     for batch in batches:
         if batch.num_rows:

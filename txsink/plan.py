@@ -25,6 +25,7 @@ from server_ext.capabilities import (
     strategy_problem,
     supported_strategies,
 )
+from server_ext.compression import encoding_problem
 from server_ext.sharding import (
     Shard,
     ShardLayout,
@@ -184,6 +185,7 @@ def check_publish(options: SinkOptions, checked: CheckedTarget) -> str:
       deprecated MergeTree syntax): ``server_ext.UnsupportedTarget``;
     - shards whose local tables disagree on being Replicated (no one strategy serves
       both): ``UnsupportedTarget``;
+    - a ``compression`` some shard's server cannot read: :class:`OptionError`;
     - a ``strategy`` some shard's server cannot run for its table
       (``capabilities.strategy_problem``): :class:`OptionError` naming the option, the
       value, what the server lacks and the strategy to use.
@@ -205,6 +207,14 @@ def check_publish(options: SinkOptions, checked: CheckedTarget) -> str:
         raise server_ext.UnsupportedTarget(
             f"the shards of {checked.layout.local_table} disagree on being Replicated "
             f"({kinds}); one publish strategy cannot serve both kinds")
+    if options.compression:
+        for index, (_, server) in enumerate(shards):
+            problem = encoding_problem(connections.clickhouse(options, server),
+                                       options.compression)
+            if problem:
+                raise OptionError(f"option compression={options.compression!r} cannot be "
+                                  f"used{_on_shard(index, server, several)}: {problem}; "
+                                  "use gzip (every server reads it) or none. Nothing was staged")
     caps = [(table, server, server_ext.detect_capabilities(connections.clickhouse(
         options, server))) for table, server in shards]
     if options.strategy == "auto":
