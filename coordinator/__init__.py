@@ -6,6 +6,7 @@ about Spark or SQL: publishing and rolling back a branch are callbacks it is han
 """
 
 from coordinator.audit import Anomaly, AnomalyKind, audit
+from coordinator.auth import AccessDenied, DigestAuth
 from coordinator.callbacks import CallbackPolicy
 from coordinator.coordinator import Coordinator
 from coordinator.errors import (
@@ -37,6 +38,7 @@ from coordinator.states import BranchState, XidState
 from coordinator.stream import ResetOutcome
 
 __all__ = [
+    "AccessDenied",
     "Anomaly",
     "AnomalyKind",
     "BranchRecord",
@@ -46,6 +48,7 @@ __all__ = [
     "CheckpointReplaced",
     "Coordinator",
     "CoordinatorError",
+    "DigestAuth",
     "Fenced",
     "InvalidTransition",
     "Ledger",

@@ -28,6 +28,7 @@ from urllib.parse import quote, unquote
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError
+from kazoo.security import OPEN_ACL_UNSAFE
 
 from coordinator.multi import Multi, MultiFailed
 from coordinator.records import encode
@@ -107,8 +108,12 @@ class SinkLayout:
         return f"{self.ledger(epoch, branch_id)}/{escape(key)}"
 
     def ensure(self, client: KazooClient) -> None:
-        """Create the sink's nodes in one multi-op, so no process sees half a sink."""
-        client.ensure_path(self.sinks)
+        """Create the sink's nodes in one multi-op, so no process sees half a sink.
+
+        The shared ancestors are created open whatever the client's default ACL: other
+        sinks, with other credentials, must be able to add theirs (coordinator/auth.py).
+        """
+        client.ensure_path(self.sinks, acl=OPEN_ACL_UNSAFE)
         multi = Multi(client)
         multi.create(self.sink, encode({"sink_id": self.sink_id}, "sink"), label="sink")
         multi.create(self.generation, encode({"generation": 0}, "generation"))

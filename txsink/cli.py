@@ -76,6 +76,7 @@ def _operations(args: argparse.Namespace) -> int:
     ops = operations.Operations(
         zookeeper=args.zookeeper, zk_root=args.zk_root, url=getattr(args, "url", None),
         user=credentials.get("user"), password=credentials.get("password"),
+        zookeeper_auth=credentials.get("zookeeper_auth"),
     )
     try:
         if args.command == "status":
@@ -130,7 +131,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 CREDENTIALS = ("ClickHouse credentials: TXSINK_CLICKHOUSE_USER and TXSINK_CLICKHOUSE_PASSWORD "
-               "(environment), the same variables the sink reads; never put them in --url.")
+               "(environment), the same variables the sink reads; never put them in --url. "
+               "ZooKeeper credentials of sinks written with zookeeper_auth: "
+               "TXSINK_ZOOKEEPER_AUTH=user:password.")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -268,5 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - operator-facing: one clear line, no trace
         if args.verbose:
             raise
+        from kazoo.exceptions import NoAuthError
+
+        from coordinator import AccessDenied
+
+        if isinstance(exc, NoAuthError):
+            exc = AccessDenied("ZooKeeper refuses this session access to a sink's records "
+                               "(their ACL); set TXSINK_ZOOKEEPER_AUTH=user:password to the "
+                               "credentials the sink was written with")
         print(f"txsink {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

@@ -11,15 +11,17 @@ import atexit
 import threading
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.retry import KazooRetry
 
-from coordinator import Coordinator
+from coordinator import AccessDenied, Coordinator, DigestAuth
 from server_ext.client import ClickHouseClient
 from txsink import crashpoints
 from txsink.options import SinkOptions
 
 _lock = threading.Lock()
-_zk: dict[str, KazooClient] = {}
+_zk: dict[tuple[str, str | None], KazooClient] = {}  # (hosts, credentials)
+_allowed: set[tuple[str, str | None, str, str]] = set()  # sinks this process may read
 _ch: dict[tuple[str, str | None, str | None, float, int], ClickHouseClient] = {}
 
 
@@ -27,14 +29,19 @@ class ZooKeeperUnreachable(ConnectionError):
     """The ZooKeeper ensemble named by the ``zookeeper`` option did not answer."""
 
 
-def zookeeper(hosts: str, timeout: float = 15.0) -> KazooClient:
-    """A started kazoo client for ``hosts`` (which may end in a chroot path)."""
+def zookeeper(hosts: str, timeout: float = 15.0, auth: str | None = None) -> KazooClient:
+    """A started kazoo client for ``hosts`` (which may end in a chroot path); with
+    ``auth`` (``user:password``) its session authenticates with the digest scheme and
+    creates znodes only that identity may touch (``coordinator/auth.py``)."""
+    digest = DigestAuth.parse(auth) if auth else None
     with _lock:
-        client = _zk.get(hosts)
+        client = _zk.get((hosts, auth))
         if client is not None and client.connected:
             return client
         client = KazooClient(
             hosts=hosts,
+            auth_data=digest.auth_data if digest else None,
+            default_acl=digest.acl if digest else None,
             timeout=10.0,
             connection_retry=KazooRetry(max_tries=-1, delay=0.2, max_delay=2.0),
             command_retry=KazooRetry(max_tries=20, delay=0.1, max_delay=2.0, deadline=60.0),
@@ -46,7 +53,7 @@ def zookeeper(hosts: str, timeout: float = 15.0) -> KazooClient:
             raise ZooKeeperUnreachable(
                 f"ZooKeeper at {hosts} did not answer within {timeout:.0f}s ({exc})"
             ) from None
-        _zk[hosts] = client
+        _zk[(hosts, auth)] = client
         return client
 
 
@@ -66,9 +73,26 @@ def clickhouse(options: SinkOptions, url: str | None = None) -> ClickHouseClient
 
 
 def coordinator(options: SinkOptions, sink_id: str) -> Coordinator:
-    """The sink's coordinator; its commit and abort steps pass the named crash points."""
-    return Coordinator(zookeeper(options.zookeeper), sink_id, root=options.zk_root,
-                       on_step=crashpoints.hit)
+    """The sink's coordinator; its commit and abort steps pass the named crash points.
+
+    A sink whose records this session may not read (their ACL names other credentials)
+    is refused here with :class:`AccessDenied`, before anything is claimed or staged.
+    """
+    client = zookeeper(options.zookeeper, auth=options.zookeeper_auth)
+    coord = Coordinator(client, sink_id, root=options.zk_root, on_step=crashpoints.hit)
+    key = (options.zookeeper, options.zookeeper_auth, options.zk_root, sink_id)
+    if key not in _allowed:
+        try:
+            client.get(coord.layout.sink)
+        except NoNodeError:
+            pass  # a new sink: created with this session's ACL
+        except NoAuthError:
+            raise AccessDenied(
+                f"ZooKeeper refuses access to sink {sink_id}'s records ({coord.layout.sink}):"
+                " their ACL names other credentials than this writer's zookeeper_auth "
+                "(or TXSINK_ZOOKEEPER_AUTH)") from None
+        _allowed.add(key)
+    return coord
 
 
 @atexit.register

@@ -31,6 +31,7 @@ import server_ext
 from coordinator import (
     BranchRecord,
     Coordinator,
+    DigestAuth,
     PublishInProgress,
     RecoveryIncomplete,
     XidRecord,
@@ -126,10 +127,14 @@ class Operations:
     """One ZooKeeper session (and, when needed, one ClickHouse client) per command."""
 
     def __init__(self, zookeeper: str, zk_root: str = "/txsink", url: str | None = None,
-                 user: str | None = None, password: str | None = None) -> None:
+                 user: str | None = None, password: str | None = None,
+                 zookeeper_auth: str | None = None) -> None:
         self.root = zk_root
         self.root_identity = root_identity(zookeeper, zk_root)  # what gc may judge
+        digest = DigestAuth.parse(zookeeper_auth) if zookeeper_auth else None
         self.zk = KazooClient(hosts=zookeeper,
+                              auth_data=digest.auth_data if digest else None,
+                              default_acl=digest.acl if digest else None,
                               connection_retry=KazooRetry(max_tries=-1, max_delay=1.0))
         try:
             self.zk.start(timeout=CONNECT_SECONDS)

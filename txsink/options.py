@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 
+from coordinator.auth import DigestAuth
 from server_ext.client import header_problem
 from server_ext.compression import ENCODINGS
 from server_ext.sharding import ShardingError, parse_shard_urls
@@ -46,6 +47,7 @@ class SinkOptions:
     zookeeper: str
     user: str | None = None
     password: str | None = field(default=None, repr=False)
+    zookeeper_auth: str | None = field(default=None, repr=False)  # user:password (digest)
     sink_id: str | None = None
     zk_root: str = "/txsink"
     strategy: str = "auto"
@@ -65,9 +67,10 @@ class SinkOptions:
 
     def __repr__(self) -> str:
         shown = ", ".join(
-            f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.name != "password"
+            f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr
         )
-        return f"SinkOptions({shown}, password={'***' if self.password else None})"
+        return (f"SinkOptions({shown}, password={'***' if self.password else None}, "
+                f"zookeeper_auth={'***' if self.zookeeper_auth else None})")
 
     def with_table(self, table: str) -> SinkOptions:
         return replace(self, table=table)
@@ -121,9 +124,9 @@ def root_identity(zookeeper: str, zk_root: str) -> str:
 
 #: The options users set (documented in docs/usage.md).
 PUBLIC_OPTIONS = (
-    "url", "table", "zookeeper", "user", "password", "sink_id", "zk_root", "strategy",
-    "insert_block_rows", "timeout", "retries", "recover_on_start", "shards", "sharding_key",
-    "replica_choice", "txn_version", "compression",
+    "url", "table", "zookeeper", "user", "password", "zookeeper_auth", "sink_id", "zk_root",
+    "strategy", "insert_block_rows", "timeout", "retries", "recover_on_start", "shards",
+    "sharding_key", "replica_choice", "txn_version", "compression",
 )
 
 _NAMES = {
@@ -137,12 +140,13 @@ _NAMES = {
 
 #: The environment variables the sink and the CLI take ClickHouse credentials from.
 CREDENTIAL_VARIABLES = {"user": "TXSINK_CLICKHOUSE_USER",
-                        "password": "TXSINK_CLICKHOUSE_PASSWORD"}
+                        "password": "TXSINK_CLICKHOUSE_PASSWORD",
+                        "zookeeper_auth": "TXSINK_ZOOKEEPER_AUTH"}
 
 
 def credentials_from(env: Mapping[str, str]) -> dict[str, str]:
-    """``user``/``password`` from the credential variables of ``env`` (unset or empty:
-    absent)."""
+    """``user``/``password``/``zookeeper_auth`` from the credential variables of ``env``
+    (unset or empty: absent)."""
     return {name: env[var] for name, var in CREDENTIAL_VARIABLES.items() if env.get(var)}
 
 
@@ -196,6 +200,12 @@ def parse_options(
         if problem:
             raise OptionError(f"option {name} (or {CREDENTIAL_VARIABLES[name]}) cannot "
                               f"be used: {problem}")
+    if values.get("zookeeper_auth"):
+        try:
+            DigestAuth.parse(str(values["zookeeper_auth"]))
+        except ValueError as exc:
+            raise OptionError(f"option zookeeper_auth (or {CREDENTIAL_VARIABLES['zookeeper_auth']})"
+                              f" cannot be used: {exc}") from None
     for name, kind, minimum in (
         ("insert_block_rows", int, 1), ("timeout", float, 0.1), ("retries", int, 0),
         ("tx_epoch", int, 0), ("tx_generation", int, 0), ("txn_version", int, 0),

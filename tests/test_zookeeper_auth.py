@@ -1,0 +1,111 @@
+"""ZooKeeper digest authentication (option ``zookeeper_auth`` / ``TXSINK_ZOOKEEPER_AUTH``)
+against the real ZooKeeper 3.8: a sink written with credentials keeps its records from
+every session without them (``coordinator/auth.py``)."""
+
+from __future__ import annotations
+
+import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError, NoNodeError
+
+import txsink
+from coordinator import DigestAuth
+from tests.sinkutil import assert_exactly_once, create_events, events_df, staging_tables
+from txsink import cli
+from txsink.options import OptionError, parse_options
+
+CREDENTIALS = "etl:s3cret:with-colon"
+
+
+@pytest.fixture(autouse=True)
+def _registered(spark) -> None:
+    txsink.register(spark)
+
+
+@pytest.fixture
+def zk(zk_hosts: str, zk_chroot: str):
+    client = KazooClient(hosts=zk_hosts + zk_chroot)
+    client.start(timeout=15)
+    yield client
+    client.stop()
+    client.close()
+
+
+@pytest.fixture
+def authed(zk_hosts: str, zk_chroot: str):
+    """A session with the sink's credentials; it removes the protected sink afterwards
+    (nobody else may delete its nodes)."""
+    auth = DigestAuth.parse(CREDENTIALS)
+    client = KazooClient(hosts=zk_hosts + zk_chroot, auth_data=auth.auth_data)
+    client.start(timeout=15)
+    yield client
+    try:
+        client.delete("/txsink/sinks/guarded", recursive=True)
+    except NoNodeError:
+        pass
+    client.stop()
+    client.close()
+
+
+def save(df, table: str, options: dict[str, str]) -> None:
+    df.write.format("clickhouse_tx").options(**options).option("table", table) \
+        .mode("append").save()
+
+
+@pytest.fixture
+def options(clickhouse_url: str, zk_hosts: str, zk_chroot: str, authed) -> dict[str, str]:
+    return {"url": clickhouse_url, "zookeeper": zk_hosts + zk_chroot, "sink_id": "guarded"}
+
+
+def test_a_sink_written_with_credentials_keeps_its_records_from_other_sessions(
+        spark, clickhouse_url, ch_db, options, zk, authed):
+    table = create_events(clickhouse_url, ch_db)
+    save(events_df(spark, 0, 500), table, {**options, "zookeeper_auth": CREDENTIALS})
+    assert_exactly_once(clickhouse_url, table, range(500))
+    acls, _ = authed.get_acls("/txsink/sinks/guarded/generation")
+    assert [(acl.id.scheme, acl.id.id.split(":")[0]) for acl in acls] == [("digest", "etl")]
+    with pytest.raises(NoAuthError):
+        zk.get("/txsink/sinks/guarded/generation")
+
+
+def test_a_writer_without_the_sinks_credentials_is_refused_before_anything_is_staged(
+        spark, clickhouse_url, ch_db, options):
+    table = create_events(clickhouse_url, ch_db)
+    save(events_df(spark, 0, 100), table, {**options, "zookeeper_auth": CREDENTIALS})
+    before = staging_tables(clickhouse_url, options)
+    for wrong in ({}, {"zookeeper_auth": "etl:wrong"}):
+        with pytest.raises(Exception, match="refuses access to sink guarded's records") as err:
+            save(events_df(spark, 100, 100), table, {**options, **wrong})
+        assert "wrong" not in str(err.value) and "s3cret" not in str(err.value)
+    assert staging_tables(clickhouse_url, options) == before
+    assert_exactly_once(clickhouse_url, table, range(100))
+
+
+def test_other_sinks_without_credentials_still_live_under_the_same_root(
+        spark, clickhouse_url, ch_db, options):
+    table = create_events(clickhouse_url, ch_db)
+    save(events_df(spark, 0, 100), table, {**options, "zookeeper_auth": CREDENTIALS})
+    save(events_df(spark, 100, 100), table, {**options, "sink_id": "open"})
+    assert_exactly_once(clickhouse_url, table, range(200))
+
+
+def test_the_operator_cli_reads_a_protected_sink_with_the_credential_variable(
+        spark, clickhouse_url, ch_db, options, zk_hosts, zk_chroot, monkeypatch, capsys):
+    table = create_events(clickhouse_url, ch_db)
+    save(events_df(spark, 0, 100), table, {**options, "zookeeper_auth": CREDENTIALS})
+    args = ["status", "--zookeeper", zk_hosts + zk_chroot, "--sink", "guarded"]
+    assert cli.main(args) == 2
+    assert "TXSINK_ZOOKEEPER_AUTH" in capsys.readouterr().err
+    monkeypatch.setenv("TXSINK_ZOOKEEPER_AUTH", CREDENTIALS)
+    assert cli.main(args) == 0
+    assert "guarded" in capsys.readouterr().out
+
+
+def test_malformed_credentials_are_refused_without_showing_them():
+    with pytest.raises(OptionError, match="user:password") as err:
+        parse_options({"url": "http://h:8123", "table": "db.t", "zookeeper": "z:2181",
+                       "zookeeper_auth": "no-colon-secret"})
+    assert "no-colon-secret" not in str(err.value)
+    parsed = parse_options({"url": "http://h:8123", "table": "db.t", "zookeeper": "z:2181",
+                            "zookeeper_auth": CREDENTIALS})
+    assert "s3cret" not in repr(parsed)
