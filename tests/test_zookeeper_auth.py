@@ -101,6 +101,19 @@ def test_the_operator_cli_reads_a_protected_sink_with_the_credential_variable(
     assert "guarded" in capsys.readouterr().out
 
 
+def test_operator_commands_over_every_sink_leave_out_protected_ones_and_say_so(
+        spark, clickhouse_url, ch_db, options, zk_hosts, zk_chroot, capsys):
+    table = create_events(clickhouse_url, ch_db)
+    save(events_df(spark, 0, 100), table, {**options, "zookeeper_auth": CREDENTIALS})
+    save(events_df(spark, 100, 100), table, {**options, "sink_id": "open"})
+    zookeeper = ["--zookeeper", zk_hosts + zk_chroot]
+    assert cli.main(["status", *zookeeper]) == 0
+    out = capsys.readouterr().out
+    assert "open: generation" in out and "left out 1 sink(s)" in out and "guarded" in out
+    assert cli.main(["gc", *zookeeper, "--url", clickhouse_url, "--grace", "0"]) == 0
+    assert "left out 1 sink(s)" in capsys.readouterr().out
+
+
 def test_malformed_credentials_are_refused_without_showing_them():
     with pytest.raises(OptionError, match="user:password") as err:
         parse_options({"url": "http://h:8123", "table": "db.t", "zookeeper": "z:2181",

@@ -24,11 +24,13 @@ from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 
 import server_ext
 from coordinator import (
+    AccessDenied,
     BranchRecord,
     Coordinator,
     DigestAuth,
@@ -146,6 +148,7 @@ class Operations:
                 f"no answer from ZooKeeper at {hosts} within {CONNECT_SECONDS:.0f} s (is it "
                 "running, and is --zookeeper host:port[/chroot] right?)") from None
         self.url = url
+        self.protected: list[str] = []  # sinks left out: their ACL names other credentials
         self._credentials = (user, password)
         self._clients: dict[str, ClickHouseClient] = {}
 
@@ -164,11 +167,36 @@ class Operations:
         return self._clients[url]
 
     def _sinks(self, only: str | None, must_exist: bool = False) -> list[str]:
+        """The sinks a command works on: ``only``, or every sink of the root that this
+        session may read. Sinks whose records carry an ACL for other credentials
+        (``zookeeper_auth``) are left out and listed in ``self.protected``; naming one
+        with ``only`` is refused with :class:`AccessDenied`."""
         sinks = Coordinator.sinks(self.zk, self.root)
         if must_exist and only is not None and only not in sinks:
             raise UnknownSink(f"no sink {only!r} under {self.root_identity} (known: "
                               f"{', '.join(sinks[:10]) or 'none'})")
-        return [s for s in sinks if only is None or s == only]
+        chosen = [s for s in sinks if only is None or s == only]
+        readable = [s for s in chosen if self._readable(s)]
+        if only is not None and chosen and not readable:
+            raise AccessDenied(f"ZooKeeper refuses this session access to sink {only}'s "
+                               "records (their ACL); set TXSINK_ZOOKEEPER_AUTH=user:password "
+                               "to the credentials the sink was written with")
+        return readable
+
+    def _readable(self, sink_id: str) -> bool:
+        try:
+            self.zk.get(self._coordinator(sink_id).layout.sink)
+        except NoNodeError:
+            return True
+        except NoAuthError:
+            if sink_id not in self.protected:
+                self.protected.append(sink_id)
+            return False
+        return True
+
+    def _protected_note(self) -> dict[str, Any]:
+        """What a command's result says of the sinks it had to leave out."""
+        return {"protected_sinks": sorted(self.protected)} if self.protected else {}
 
     def _coordinator(self, sink_id: str) -> Coordinator:
         return Coordinator(self.zk, sink_id, root=self.root, role="txsink operator")
@@ -196,7 +224,7 @@ class Operations:
                            for x in committed],
                 "operator_decisions": _decisions(open_xids, every_committed),
             })
-        return {"sinks": sinks}
+        return {"sinks": sinks, **self._protected_note()}
 
     def recover(self, sink: str | None = None, epoch: int | None = None,
                 strategy: str | None = None) -> dict[str, Any]:
@@ -543,6 +571,8 @@ class Operations:
         for sink_id in Coordinator.sinks(self.zk, self.root):
             if server_ext.staging_sink_key(sink_id) != name.sink_key:
                 continue
+            if not self._readable(sink_id):
+                return True  # its state is not ours to read: never drop its staging
             record = self._coordinator(sink_id).xid(name.epoch)
             if record is not None and record.state in OPEN_STATES:
                 return True
@@ -580,7 +610,7 @@ class Operations:
                     forgotten[sink_id] = round(age)
         return {"root": self.root_identity, "root_tag": root_tag(self.root_identity),
                 "dropped_staging": dropped, "foreign_staging": foreign, "pruned": pruned,
-                "forgotten_sinks": forgotten}
+                "forgotten_sinks": forgotten, **self._protected_note()}
 
     def verify(self, sink: str | None = None, committing_older_than: float = 300.0,
                target: bool = True, writers: Writers = "unknown") -> dict[str, Any]:
@@ -669,7 +699,10 @@ def render(command: str, result: dict[str, Any]) -> str:
     """Human-readable text for one command's result."""
     if command == "reset":
         return _render_reset(result)
-    lines: list[str] = []
+    protected = result.get("protected_sinks") or []
+    lines: list[str] = [f"left out {len(protected)} sink(s) whose records need other "
+                        f"ZooKeeper credentials (TXSINK_ZOOKEEPER_AUTH): {', '.join(protected)}"
+                        ] if protected else []
     if command == "gc":
         lines.append(f"root {result['root']} (staging tag r{result['root_tag']}): "
                      f"dropped {len(result['dropped_staging'])} staging table(s)")
@@ -686,7 +719,8 @@ def render(command: str, result: dict[str, Any]) -> str:
             lines.append(f"forgot one-off sink {sink_id} (idle {age / 86400:.1f} days)")
         return "\n".join(lines)
     if not result["sinks"]:
-        return "no sinks under this root (--zookeeper host:port[/chroot], --zk-root)"
+        return "\n".join(lines + ["no sinks under this root (--zookeeper host:port[/chroot], "
+                                   "--zk-root)"])
     for sink in result["sinks"]:
         if command == "status":
             lines.append(f"{sink['sink_id']}: generation {sink['generation']}, "
