@@ -9,9 +9,10 @@ table with the strategy's ordinary ``publish``: one pass per xid and server.
 How the rows get there depends on their size (``docs/benchmarks.md`` has the figures):
 
 - if every source *contributed* its parts to the xid's **pre-combined** table while its
-  task ran (:func:`contribute`), they are taken from there: one ``ATTACH PARTITION ...
-  FROM`` per partition, already merged by the server in the background while the job
-  ran, so the commit's cost no longer grows with the epoch's rows or branches;
+  task ran (:func:`contribute`), they are taken from there: one ``OPTIMIZE ... FINAL``
+  of what the background merges left (26.x merges attached parts as they come; 18.16
+  does not wake its merges for an ATTACH) and one ``ATTACH PARTITION ... FROM`` per
+  partition, so the commit's cost no longer grows with the epoch's branches;
 - otherwise, up to ``SizeLimits.rewrite_max_bytes`` on disk and ``rewrite_max_sources``
   sources, one ``INSERT ... SELECT`` from all sources (``merge()`` over their names) rewrites them:
   one part per target partition, in one statement;

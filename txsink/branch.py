@@ -223,7 +223,6 @@ class _Attempt:
         return (sum(s[2] for s in sealed), sum(s[3] for s in sealed),
                 sum(len(s[1].partitions) for s in sealed))
 
-
     def contribute(self, branch: _ShardBranch, manifest: server_ext.Manifest) -> str:
         """Attach a sealed branch of small parts into the pre-combined table; its name if
         that worked, "" if the branch is not contributed (large parts, an overwrite, or
