@@ -94,6 +94,7 @@ class ClickHouseClient:
         timeout: float = 30.0,
         retries: int = 5,
         session: requests.Session | None = None,
+        ca_file: str | None = None,
     ) -> None:
         self.url, url_user, url_password = _strip_credentials(url)
         self.user = user if user is not None else url_user
@@ -105,6 +106,10 @@ class ClickHouseClient:
         self.timeout = timeout
         self.retries = retries
         self._session = session or requests.Session()
+        # https:// servers are verified against ca_file instead of requests' default
+        # bundle; passed with every request, as requests lets REQUESTS_CA_BUNDLE
+        # override a session's own setting.
+        self._verify: str | bool = ca_file or True
         parts = urlsplit(self.url)
         default_port = 443 if parts.scheme == "https" else 8123
         self.address = f"{parts.hostname}:{parts.port or default_port}"
@@ -265,6 +270,7 @@ class ClickHouseClient:
                 params=params,
                 data=data,
                 headers=self._headers(encoding),
+                verify=self._verify,
                 timeout=(min(self.timeout, 10.0), self.timeout),
             )
         except requests.RequestException as exc:
@@ -275,6 +281,11 @@ class ClickHouseClient:
     def _transport_error(
         self, exc: requests.RequestException, attempt: _Attempt, query_id: str
     ) -> ClickHouseError:
+        if isinstance(exc, requests.exceptions.SSLError):  # no request was sent; a retry
+            return ClickHouseError(                          # would fail the same way
+                f"TLS with {self.address} failed (check the server's certificate and the "
+                f"ca_file option): {_tls_reason(exc)}", name="TLS_ERROR",
+                purpose=attempt.purpose, retryable=False, query_id=query_id)
         if _never_sent(exc):
             return ServerUnreachable(
                 f"cannot connect to {self.address}", name="SERVER_UNREACHABLE",
@@ -338,6 +349,13 @@ def header_problem(credential: str | None) -> str | None:
         return ("it contains characters outside Latin-1, which an HTTP header cannot "
                 "carry; choose a password of ASCII characters")
     return None
+
+
+def _tls_reason(exc: requests.exceptions.SSLError) -> str:
+    """The innermost reason of a TLS failure (e.g. "certificate verify failed ...")."""
+    text = str(exc)
+    match = re.search(r"\((?:Caused by )?SSLError\((?:SSLCertVerificationError\()?(.*)", text)
+    return (match.group(1) if match else text).rstrip(")'\" ")[:300]
 
 
 def _never_sent(exc: requests.RequestException) -> bool:

@@ -22,7 +22,7 @@ from txsink.options import SinkOptions
 _lock = threading.Lock()
 _zk: dict[tuple[str, str | None], KazooClient] = {}  # (hosts, credentials)
 _allowed: set[tuple[str, str | None, str, str]] = set()  # sinks this process may read
-_ch: dict[tuple[str, str | None, str | None, float, int], ClickHouseClient] = {}
+_ch: dict[tuple[str, str | None, str | None, float, int, str | None], ClickHouseClient] = {}
 
 
 class ZooKeeperUnreachable(ConnectionError):
@@ -60,13 +60,14 @@ def zookeeper(hosts: str, timeout: float = 15.0, auth: str | None = None) -> Kaz
 def clickhouse(options: SinkOptions, url: str | None = None) -> ClickHouseClient:
     """A client for ``url`` (default: the ``url`` option) with the options' credentials."""
     url = url or options.url
-    key = (url, options.user, options.password, options.timeout, options.retries)
+    key = (url, options.user, options.password, options.timeout, options.retries,
+           options.ca_file)
     with _lock:
         client = _ch.get(key)
         if client is None:
             client = ClickHouseClient(
                 url, user=options.user, password=options.password,
-                timeout=options.timeout, retries=options.retries,
+                timeout=options.timeout, retries=options.retries, ca_file=options.ca_file,
             )
             _ch[key] = client
         return client

@@ -61,6 +61,7 @@ class SinkOptions:
     replica_choice: str = "round_robin"
     txn_version: int | None = None
     compression: str | None = None  # Content-Encoding of the INSERT bodies (None: none)
+    ca_file: str | None = None  # CA bundle that https:// servers are verified against
     insert_settings: tuple[tuple[str, str], ...] = ()  # settings.<name> options
     tx_epoch: int | None = None
     tx_generation: int | None = None
@@ -126,7 +127,7 @@ def root_identity(zookeeper: str, zk_root: str) -> str:
 PUBLIC_OPTIONS = (
     "url", "table", "zookeeper", "user", "password", "zookeeper_auth", "sink_id", "zk_root",
     "strategy", "insert_block_rows", "timeout", "retries", "recover_on_start", "shards",
-    "sharding_key", "replica_choice", "txn_version", "compression",
+    "sharding_key", "replica_choice", "txn_version", "compression", "ca_file",
 )
 
 _NAMES = {
@@ -227,6 +228,8 @@ def parse_options(
         raise OptionError(f"option compression={compression!r} is not one of none, "
                           f"{', '.join(ENCODINGS)}")
     values["compression"] = None if compression == "none" else compression
+    if values.get("ca_file") and not os.path.isfile(str(values["ca_file"])):
+        raise OptionError(f"option ca_file={values['ca_file']!r} is not a readable file")
     if "shards" in values:
         try:
             parse_shard_urls(str(values["shards"]))
