@@ -42,7 +42,12 @@ ZooKeeper before and after its ATTACH: fewer new ids than staged parts, when no 
 attempt can have attached them, raises ``PartsDeduplicated`` (never a silent loss); seal
 merges look-alike parts of a partition so the second case does not arise. A repeat after
 a crash relies on the server's deduplication, so it must come within the deduplication
-window (100 further attaches or inserts into the target, 7 days).
+window (100 further attaches or inserts into the target on 18.16, 10,000 on 26.x; and
+``replicated_deduplication_window_seconds``: 7 days on 18.16, 1 hour on 26.x). The time
+window is enforced: the intent records when the publish began, and a repeat after the
+window (less a margin) is ``InDoubtPublish`` for an operator, never a blind repeat. The
+block-count window is not checked: it needs that many other writes into the target
+between a crash and its repeat.
 
 ``attach_marked`` (plain MergeTree without MOVE, e.g. 18.16): ``ATTACH PARTITION ... FROM``
 into a plain MergeTree is not idempotent (a repeat duplicates the rows), so the ledger
@@ -102,9 +107,12 @@ from server_ext.publish_steps import (
 )
 from server_ext.seal import read_staged_partitions
 from server_ext.sql import qualified_name, sql_string
+from server_ext.staging import table_settings
 
 log = logging.getLogger(__name__)
 
+WINDOW_SETTING = "replicated_deduplication_window_seconds"
+WINDOW_MARGIN_SECONDS = 300.0  # clock skew and the server's cleanup period, at most
 STATEMENT_WAIT_SECONDS = 60.0  # how long a repeat waits for an interrupted ALTER to end
 
 
@@ -258,6 +266,43 @@ class _MovePublisher(_Publisher):
 class _ReplicatedPublisher(_Publisher):
     strategy = "attach_replicated"
 
+    def require_within_window(self, record: dict, intended: list[str]) -> None:
+        """Refuse a repeat that the server's deduplication may no longer cover.
+
+        A repeat re-sends the ATTACH and relies on the target dropping the blocks the
+        first try attached; the server forgets block ids older than
+        ``replicated_deduplication_window_seconds`` (18.16: 7 days; 26.x: 1 hour). An
+        intent older than that, less a margin for the clock and the cleanup's period,
+        is ``InDoubtPublish``: an operator looks (``txsink resolve``) instead of a repeat
+        that could double the rows. Intents written before they carried their time are
+        repeated as before.
+        """
+        started = record.get("at")
+        if started is None:
+            return
+        window = self.dedup_window_seconds()
+        age = time.time() - float(started)
+        if age > window - min(WINDOW_MARGIN_SECONDS, window / 10):
+            raise InDoubtPublish(
+                target=self.target, staging=self.staging, partition_ids=intended,
+                found=f"the publish began {age:.0f} s ago, beyond what the target's "
+                      f"replicated_deduplication_window_seconds ({window:.0f} s) lets a "
+                      "repeat rely on")
+
+    def dedup_window_seconds(self) -> float:
+        """The target's ``replicated_deduplication_window_seconds``: its own setting, else
+        the server's default for MergeTree tables."""
+        engine_full = self.client.query_value(
+            "SELECT engine_full FROM system.tables WHERE database = "
+            f"{sql_string(self.manifest.target_database)} AND name = "
+            f"{sql_string(self.manifest.target_table)}", purpose="read target's settings")
+        own = table_settings(engine_full).get(WINDOW_SETTING)
+        if own is not None:
+            return float(own.strip("'"))
+        return float(self.client.query_value(
+            "SELECT value FROM system.merge_tree_settings WHERE name = "
+            f"{sql_string(WINDOW_SETTING)}", purpose="read the server's dedup window"))
+
     def publish_pending(self, pending: list[PartitionManifest], record: dict,
                         sealed: dict[str, bool]) -> None:
         if record.get("deduplicated"):
@@ -269,9 +314,13 @@ class _ReplicatedPublisher(_Publisher):
             raise InDoubtPublish(target=self.target, staging=self.staging,
                                  partition_ids=unsealed,
                                  found="the staging partitions are gone before the mark")
+        if intended:
+            self.require_within_window(record, sorted(intended))
         blocks_path = self.blocks_path()
         before = self.block_ids(blocks_path)
-        self.put_intent(pending, record.get("published", []))
+        # the first intent's time stays: the window runs from the first ATTACH
+        self.put_intent(pending, record.get("published", []),
+                        at=record.get("at") or round(time.time(), 3))
         try:
             alter_in_chunks(self.client, self.target, self.from_staging("ATTACH", pending),
                             purpose="attach partitions into target", retry=True)

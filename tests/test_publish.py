@@ -235,6 +235,25 @@ def test_attach_replicated_rerun_after_crash_at_step_publishes_each_row_once(
     assert staged_rows(clickhouse_url, manifest.staging_table) == 0
 
 
+@pytest.mark.parametrize("step", ["publish.after_intent", "publish.after_attach"])
+def test_attach_replicated_repeat_after_the_dedup_window_is_in_doubt_not_repeated(
+        client, clickhouse_url, ch_db, staging_names, step) -> None:
+    run_sql(clickhouse_url, f"CREATE TABLE `{ch_db}`.t {COLUMNS} ENGINE = ReplicatedMergeTree("
+                            f"'/clickhouse/tables/{ch_db}/t', '{{replica}}') PARTITION BY "
+                            "toYYYYMM(d) ORDER BY k SETTINGS "
+                            "replicated_deduplication_window_seconds = 2")
+    target = describe_table(client, f"{ch_db}.t")
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0)
+    ledger = MemoryLedger()
+    with pytest.raises(Crash):
+        publish(client, manifest, "attach_replicated", ledger, on_step=crash_at(step))
+    time.sleep(2.5)  # the server may have forgotten the first ATTACH's block ids by now
+    with pytest.raises(InDoubtPublish, match="replicated_deduplication_window_seconds"):
+        publish(client, manifest, "attach_replicated", ledger)
+    attached = expect(range(90)) if step == "publish.after_attach" else (0, 0, 0)
+    assert keys_in(clickhouse_url, ch_db) == attached
+
+
 def test_attach_marked_rerun_after_crashes_at_every_step_in_turn_publishes_once(
         client, clickhouse_url, ch_db, staging_names) -> None:
     target = make_target(clickhouse_url, client, ch_db, "plain")
