@@ -181,6 +181,7 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> Non
     branch_messages = [m for m in messages if isinstance(m, BranchMessage)]
     if coord.is_committed(epoch):
         log.info("txsink sink=%s epoch=%d already committed; nothing to do", plan.sink_id, epoch)
+        finish_clean_up(plan, coord, epoch)
         return
     started = time.time()
     generation = generation_of(plan, coord, messages)
@@ -211,6 +212,20 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> Non
         metrics["stage_ms"], metrics["seal_ms"], metrics["commit_ms"], metrics["cleanup_ms"],
         metrics["latency_ms"],
     )
+
+
+def finish_clean_up(plan: WritePlan, coord: Coordinator, epoch: int) -> None:
+    """Drop every staging table a ``Committed`` xid may have left.
+
+    Spark replays a micro-batch whose commit it did not record: the committing driver
+    died after the ``Committed`` write, before its clean-up dropped the non-winners'
+    staging (and before the background drops of the winners'). Once the xid is
+    ``Committed`` no branch's staging is needed any more, and a drop of a table that is
+    gone costs one ``DROP TABLE IF EXISTS``.
+    """
+    publisher = publisher_for(plan.options, coord)
+    for record in coord.branches(epoch):
+        publisher.rollback(record)
 
 
 def abort_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> None:
