@@ -44,6 +44,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.retry import KazooRetry
 
 from coordinator import steps
@@ -107,6 +108,18 @@ class Coordinator:
     def sinks(client: KazooClient, root: str = "/txsink") -> list[str]:
         """Every sink id with a tree under ``root``."""
         return list_sinks(client, root)
+
+    def readable(self) -> bool:
+        """Whether this session may read the sink's records: False when their ACL names
+        other credentials (``coordinator/auth.py``). A sink not created yet is readable:
+        this session will create it."""
+        try:
+            self.client.get(self.layout.sink)
+        except NoNodeError:
+            return True
+        except NoAuthError:
+            return False
+        return True
 
     def fence(self) -> int:
         """Bump the sink's generation: this writer now owns the sink (Kafka's

@@ -44,7 +44,11 @@ def compress(body: bytes | Iterable[bytes], encoding: str) -> bytes:
             for chunk in chunks:
                 stream.write(chunk)
         return sink.getvalue().to_pybytes()
-    raise ValueError(f"unknown request encoding {encoding!r}; one of {', '.join(ENCODINGS)}")
+    raise ValueError(_unknown(encoding))
+
+
+def _unknown(encoding: str) -> str:
+    return f"unknown request encoding {encoding!r}; one of {', '.join(ENCODINGS)}"
 
 
 _READS: dict[tuple[str, str], bool] = {}  # (server, encoding) -> the server reads it
@@ -54,7 +58,7 @@ def encoding_problem(client: ClickHouseClient, encoding: str) -> str | None:
     """Why ``client``'s server cannot read request bodies in ``encoding`` (None: it can),
     asked once per server and process with a compressed ``SELECT 1``."""
     if encoding not in ENCODINGS:
-        return f"unknown request encoding {encoding!r}; one of {', '.join(ENCODINGS)}"
+        return _unknown(encoding)
     key = (client.url, encoding)
     if key not in _READS:
         try:

@@ -273,11 +273,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         from kazoo.exceptions import NoAuthError
 
-        from coordinator import AccessDenied
+        from txsink.operations import access_denied
 
         if isinstance(exc, NoAuthError):
-            exc = AccessDenied("ZooKeeper refuses this session access to a sink's records "
-                               "(their ACL); set TXSINK_ZOOKEEPER_AUTH=user:password to the "
-                               "credentials the sink was written with")
+            exc = access_denied()
         print(f"txsink {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

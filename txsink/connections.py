@@ -11,7 +11,6 @@ import atexit
 import threading
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.retry import KazooRetry
 
 from coordinator import AccessDenied, Coordinator, DigestAuth
@@ -83,15 +82,11 @@ def coordinator(options: SinkOptions, sink_id: str) -> Coordinator:
     coord = Coordinator(client, sink_id, root=options.zk_root, on_step=crashpoints.hit)
     key = (options.zookeeper, options.zookeeper_auth, options.zk_root, sink_id)
     if key not in _allowed:
-        try:
-            client.get(coord.layout.sink)
-        except NoNodeError:
-            pass  # a new sink: created with this session's ACL
-        except NoAuthError:
+        if not coord.readable():
             raise AccessDenied(
                 f"ZooKeeper refuses access to sink {sink_id}'s records ({coord.layout.sink}):"
                 " their ACL names other credentials than this writer's zookeeper_auth "
-                "(or TXSINK_ZOOKEEPER_AUTH)") from None
+                "(or TXSINK_ZOOKEEPER_AUTH)")
         _allowed.add(key)
     return coord
 

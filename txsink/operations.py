@@ -24,7 +24,6 @@ from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 
@@ -178,21 +177,15 @@ class Operations:
         chosen = [s for s in sinks if only is None or s == only]
         readable = [s for s in chosen if self._readable(s)]
         if only is not None and chosen and not readable:
-            raise AccessDenied(f"ZooKeeper refuses this session access to sink {only}'s "
-                               "records (their ACL); set TXSINK_ZOOKEEPER_AUTH=user:password "
-                               "to the credentials the sink was written with")
+            raise access_denied(f"sink {only}'s")
         return readable
 
     def _readable(self, sink_id: str) -> bool:
-        try:
-            self.zk.get(self._coordinator(sink_id).layout.sink)
-        except NoNodeError:
+        if self._coordinator(sink_id).readable():
             return True
-        except NoAuthError:
-            if sink_id not in self.protected:
-                self.protected.append(sink_id)
-            return False
-        return True
+        if sink_id not in self.protected:
+            self.protected.append(sink_id)
+        return False
 
     def _protected_note(self) -> dict[str, Any]:
         """What a command's result says of the sinks it had to leave out."""
@@ -648,6 +641,13 @@ class Operations:
             raise ValueError("reset needs --forget-epochs, --committed-through N, or both")
         outcome = self._coordinator(sink_id).reset_stream(forget_epochs, committed_through)
         return {"sinks": [outcome.to_dict()]}
+
+
+def access_denied(whose: str = "a sink's") -> AccessDenied:
+    """The operator's refusal when ZooKeeper keeps ``whose`` records from this session."""
+    return AccessDenied(f"ZooKeeper refuses this session access to {whose} records (their "
+                        "ACL); set TXSINK_ZOOKEEPER_AUTH=user:password to the credentials "
+                        "the sink was written with")
 
 
 _FOREIGN_REASONS = {
