@@ -1,13 +1,13 @@
 """A streaming driver killed at any named crash point recovers to exactly once.
 
-One pipeline driver runs as its own process session; for each point of
-``txsink.crashpoints.CRASH_POINTS`` the next micro-batch kills it there (all of it: JVM
-and Python workers), the driver is restarted from the same checkpoint, and the
-independent checker counts every id in the target.
+One pipeline driver runs as its own process session; for each point tried, the next
+micro-batch kills it there (all of it: JVM and Python workers), the driver is restarted
+from the same checkpoint, and the independent checker counts every id in the target.
 
-Every point runs on ClickHouse 18.16 (``[ch18-...]``); one point of the publish path of strategy
-``move`` runs on the modern server too (``[ch26-...]``): ``tests/crashcases.py`` says
-which and why that subset is sound.
+On ClickHouse 18.16 (``[ch18-...]``) one point per state the dead driver leaves its xid
+in (the batch suite tries every point); on the modern server (``[ch26-...]``) one point
+of the publish path of strategy ``move``. ``tests/crashcases.py`` says why these subsets
+are sound.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ def crash_run(request, tmp_path_factory, zk_hosts: str) -> Iterator[CrashPointRu
 @pytest.mark.parametrize("crash_run, point", cases("stream"), indirect=["crash_run"],
                          scope="module")
 def test_micro_batch_killed_at_point_is_exactly_once_after_restart(crash_run, point):
-    """Every point on 18.16; on 26.x one point of ``move``'s publish path: the other
-    points do not depend on the strategy, and a pipeline run per point is too slow to
-    try them all twice in CI (``tests/crashcases.py`` gives the reasoning)."""
+    """One point per xid state on 18.16, one of ``move``'s publish path on 26.x: the
+    steps between them do not depend on the mode (the batch suite tries each) and a
+    pipeline run per point is too slow to try them all twice in CI
+    (``tests/crashcases.py`` gives the reasoning)."""
     outcome = crash_run.run_point(point)
     assert outcome.fired, f"the micro-batch never reached {point}: {outcome.explain()}"
     assert outcome.exit_code == -9, outcome.explain()
