@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import ssl
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -352,10 +353,31 @@ def header_problem(credential: str | None) -> str | None:
 
 
 def _tls_reason(exc: requests.exceptions.SSLError) -> str:
-    """The innermost reason of a TLS failure (e.g. "certificate verify failed ...")."""
-    text = str(exc)
+    """The innermost reason of a TLS failure (e.g. "certificate verify failed:
+    self-signed certificate"), without the wrappers' reprs and OpenSSL's source line."""
+    found = _ssl_error(exc)
+    if isinstance(found, ssl.SSLCertVerificationError) and found.verify_message:
+        return f"certificate verify failed: {found.verify_message}"[:300]
+    text = str(found) if found is not None else str(exc)
     match = re.search(r"\((?:Caused by )?SSLError\((?:SSLCertVerificationError\()?(.*)", text)
-    return (match.group(1) if match else text).rstrip(")'\" ")[:300]
+    text = match.group(1) if match else text
+    return re.sub(r"\s*\(_ssl\.c:\d+\)", "", text).rstrip(")'\" ")[:300]
+
+
+def _ssl_error(exc: BaseException) -> ssl.SSLError | None:
+    """The ``ssl.SSLError`` inside requests' and urllib3's wrappers, if any."""
+    seen: set[int] = set()
+    todo: list[object] = [exc]
+    while todo:
+        item = todo.pop(0)
+        if not isinstance(item, BaseException) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, ssl.SSLError):
+            return item
+        todo.extend([*item.args, getattr(item, "reason", None), item.__cause__,
+                     item.__context__])
+    return None
 
 
 def _never_sent(exc: requests.RequestException) -> bool:

@@ -1,26 +1,154 @@
-"""https:// servers and the ``ca_file`` option.
+"""https:// servers and the ``ca_file`` option, against the real ClickHouse 18.16.
 
-The ClickHouse and ZooKeeper servers of this project speak plain text, so TLS is proven
-against a local HTTPS endpoint with a freshly made self-signed certificate (``openssl``),
-answering as ClickHouse does: what is under test is the client's verification, which
-does not depend on what stands behind the certificate.
+The main 18.16 test server serves HTTPS on ``services.clickhouse.https_port`` (8443,
+``TXSINK_CH_HTTPS_PORT``) with a self-signed certificate kept in the services home, which
+is also its CA (``services.clickhouse.ca_file``).  A server still running from a config
+without HTTPS fails these tests with a message saying to restart the services.
+
+REQUESTS_CA_BUNDLE may be set (it is on the development machine): it never trusts the
+self-signed certificate, so "without ``ca_file``" means "not trusted" either way.
+
+The modern 26.x server is not used: chdb's server opens only HTTP and native TCP
+listeners (``SYSTEM START LISTEN`` takes nothing else).  One certificate problem the
+real server cannot show is a trusted certificate naming another host (it listens on
+127.0.0.1 only, which its certificate names): a tiny local HTTPS server shows that one.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
+import socket
 import ssl
 import subprocess
 import threading
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+import txsink
+from coordinator import Coordinator
 from server_ext.client import ClickHouseClient
 from server_ext.errors import ClickHouseError
+from tests.conftest import kazoo_client
+from tests.sinkutil import assert_exactly_once, create_events, events_df, id_counts, staging_tables
+from txsink import cli
+from txsink.harness.services import (
+    SECRET_PASSWORD,
+    SECRET_USER,
+    ClickHouse,
+    Services,
+    ensure_certificate,
+)
 from txsink.options import OptionError, parse_options
+
+ZK_ROOT = "/txsink-test-tls"
+TLS_ERROR = (r"TLS_ERROR: TLS with 127\.0\.0\.1:\d+ failed \(check the server's certificate "
+             r"and the ca_file option\): certificate verify failed: self-signed certificate")
+
+
+@pytest.fixture(scope="module")
+def https_server(services: Services) -> ClickHouse:
+    """The 18.16 test server, checked to answer over verified TLS."""
+    problem = services.clickhouse.https_problem()
+    if problem is not None:
+        pytest.fail(f"ClickHouse 18.16 does not serve HTTPS: {problem}", pytrace=False)
+    return services.clickhouse
+
+
+@pytest.fixture(autouse=True)
+def _registered(spark) -> None:
+    txsink.register(spark)
+
+
+@pytest.fixture
+def target(clickhouse_url: str, ch_db: str) -> str:
+    return create_events(clickhouse_url, ch_db, name="tls_events")
+
+
+@pytest.fixture
+def options(https_server: ClickHouse, zk_hosts: str, zk_chroot: str,
+            target: str) -> dict[str, str]:
+    """Sink options for the https:// URL, without ``ca_file``; a sink and root of their own."""
+    return {"url": str(https_server.https_url), "zookeeper": zk_hosts + zk_chroot,
+            "zk_root": ZK_ROOT, "table": target, "sink_id": f"tls-{uuid.uuid4().hex[:8]}"}
+
+
+def write(spark, options: dict[str, str], count: int = 300) -> None:
+    (events_df(spark, 0, count, partitions=2).write.format("clickhouse_tx")
+        .options(**options).mode("append").save())
+
+
+def refused(spark, clickhouse_url: str, options: dict[str, str]) -> str:
+    """Write; return the error text after checking that nothing was staged or decided."""
+    with pytest.raises(Exception) as info:
+        write(spark, options)
+    assert id_counts(clickhouse_url, options["table"]) == {}, "rows reached the target"
+    assert staging_tables(clickhouse_url, options) == [], "a staging table was made"
+    admin = kazoo_client(options["zookeeper"])
+    admin.start(timeout=15)
+    try:
+        assert Coordinator.sinks(admin, ZK_ROOT) == [], "the sink was opened in ZooKeeper"
+        assert Coordinator(admin, options["sink_id"], root=ZK_ROOT).xids() == [], \
+            "a transaction was opened in ZooKeeper"
+    finally:
+        admin.stop()
+        admin.close()
+    return str(info.value)
+
+
+def test_a_write_over_https_with_the_ca_file_lands_every_row_exactly_once(
+        spark, https_server, clickhouse_url, options):
+    write(spark, {**options, "ca_file": str(https_server.ca_file)})
+    assert_exactly_once(clickhouse_url, options["table"], range(300))
+
+
+def test_an_untrusted_certificate_is_refused_naming_tls_before_anything_is_staged(
+        spark, clickhouse_url, options):
+    message = refused(spark, clickhouse_url, options)
+    assert re.search(TLS_ERROR, message, re.DOTALL), message[-800:]
+
+
+def test_credentials_never_appear_in_a_tls_error(spark, clickhouse_url, options):
+    message = refused(spark, clickhouse_url,
+                      {**options, "user": SECRET_USER, "password": SECRET_PASSWORD})
+    assert "TLS_ERROR" in message, message[-800:]
+    assert SECRET_PASSWORD not in message
+    assert SECRET_USER not in message
+
+
+def test_an_untrusted_certificate_fails_at_once_without_retries(https_server):
+    client = ClickHouseClient(str(https_server.https_url), retries=5)
+    with pytest.raises(ClickHouseError, match="certificate verify failed") as err:
+        client.query_value("SELECT 1", purpose="ask over TLS")
+    assert err.value.retryable is False
+
+
+def test_services_status_lists_the_https_url_with_its_ca_file(https_server, capsys):
+    assert cli.main(["services", "status"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines()
+                if line.startswith("clickhouse-https"))
+    assert f"{https_server.https_url} " in line and " ready " in line
+    assert f"ca_file={https_server.ca_file}" in line
+
+
+def test_a_server_running_without_https_is_reported_with_how_to_restart(
+        services: Services, tmp_path: Path):
+    with socket.socket() as sock:  # a port nothing listens on, as after an older ``up``
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    older = ClickHouse(tmp_path, services.zookeeper, https_port=port)
+    ensure_certificate(older.tls_dir)
+    problem = older.https_problem()
+    assert problem is not None
+    assert f"nothing listens on https://127.0.0.1:{port}" in problem
+    assert "txsink services down, then txsink services up" in problem
+
+
+# -- a certificate for another host (a local HTTPS server) ---------------------------------
 
 
 class _Answer(BaseHTTPRequestHandler):
@@ -35,20 +163,22 @@ class _Answer(BaseHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def certificate(tmp_path_factory) -> tuple[Path, Path]:
+def elsewhere_certificate(tmp_path_factory) -> tuple[Path, Path]:
+    """A self-signed certificate naming only ``elsewhere.invalid``."""
     if shutil.which("openssl") is None:
         pytest.fail("openssl is needed to make the test certificate")
     folder = tmp_path_factory.mktemp("tls")
     cert, key = folder / "cert.pem", folder / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-subj", "/CN=elsewhere.invalid",
+                    "-addext", "subjectAltName=DNS:elsewhere.invalid",
                     "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
     return cert, key
 
 
 @pytest.fixture(scope="module")
-def https_url(certificate) -> Iterator[str]:
-    cert, key = certificate
+def elsewhere_url(elsewhere_certificate) -> Iterator[str]:
+    cert, key = elsewhere_certificate
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Answer)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
@@ -59,15 +189,10 @@ def https_url(certificate) -> Iterator[str]:
     server.shutdown()
 
 
-def test_an_https_server_is_verified_against_the_ca_file(https_url, certificate):
-    client = ClickHouseClient(https_url, ca_file=str(certificate[0]))
-    assert client.query_value("SELECT 1", purpose="ask over TLS") == "1"
-
-
-def test_a_certificate_no_ca_vouches_for_fails_at_once_naming_tls(https_url):
-    client = ClickHouseClient(https_url, retries=5)
-    with pytest.raises(ClickHouseError, match="TLS with 127.0.0.1.*certificate verify failed") \
-            as err:
+def test_a_trusted_certificate_for_another_host_is_refused(elsewhere_url, elsewhere_certificate):
+    client = ClickHouseClient(elsewhere_url, ca_file=str(elsewhere_certificate[0]))
+    with pytest.raises(ClickHouseError, match=r"TLS with 127\.0\.0\.1:\d+ failed .*IP address "
+                       r"mismatch, certificate is not valid for '127\.0\.0\.1'") as err:
         client.query_value("SELECT 1", purpose="ask over TLS")
     assert err.value.retryable is False
 

@@ -47,6 +47,7 @@ def _services(args: argparse.Namespace) -> int:
         if not args.modern_only:
             print(f"ZooKeeper  {services.zookeeper.hosts}  ready")
             print(f"ClickHouse {services.clickhouse.url}  ready")
+            _print_https(services.clickhouse)
         if services.has_cluster and not args.modern_only:
             cluster = services.cluster()
             print(f"cluster    {cluster.name}: {cluster.shard_count} shard(s) x "
@@ -62,10 +63,25 @@ def _services(args: argparse.Namespace) -> int:
         print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
     else:
         for name, info in services.status(modern=args.modern or args.modern_only).items():
-            state = "ready" if info["ready"] else ("starting" if info["pid"] else "down")
+            state = info.get("state") or (
+                "ready" if info["ready"] else ("starting" if info["pid"] else "down"))
             version = f" version={info['version']}" if info.get("version") else ""
-            print(f"{name:<18} {info['address']:<24} pid={info['pid']} {state}{version}")
+            ca_file = f" ca_file={info['ca_file']}" if info.get("ca_file") else ""
+            print(f"{name:<18} {info['address']:<24} pid={info['pid']} {state}{version}"
+                  f"{ca_file}")
+            if info.get("problem"):
+                print(f"warning: {info['problem']}", file=sys.stderr)
     return 0
+
+
+def _print_https(clickhouse) -> None:
+    """The HTTPS listener of a server ``up`` found or started; a server still running from
+    an older config has none, and ``up`` leaves it running (other runs may be using it)."""
+    problem = clickhouse.https_problem()
+    if problem is None:
+        print(f"ClickHouse {clickhouse.https_url}  ready (ca_file {clickhouse.ca_file})")
+    else:
+        print(f"warning: {problem}", file=sys.stderr)
 
 
 def _operations(args: argparse.Namespace) -> int:

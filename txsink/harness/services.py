@@ -11,12 +11,20 @@ Usage::
     services = Services.from_env()
     services.up()            # installs the Debian packages if missing, starts both
     services.clickhouse.url  # "http://127.0.0.1:8123"
+    services.clickhouse.https_url  # "https://127.0.0.1:8443", verified with .ca_file
     services.zookeeper.hosts # "127.0.0.1:2181"
     services.down()
 
 The ClickHouse config enables ``<zookeeper>`` (for ReplicatedMergeTree targets) and
 defines three users: ``default`` (no password), ``txsink_secret`` (password, to test
 that credentials never leak) and ``reader`` (read-only).
+
+The main 18.16 server also serves HTTPS (``<https_port>``, 8443) with a self-signed
+certificate for 127.0.0.1 and localhost, made once with ``openssl`` and kept in
+``<home>/tls/`` (:func:`ensure_certificate`): the certificate is its own CA, so it is the
+``ca_file`` that clients verify the server with.  A server still running from a config
+without it keeps serving plain HTTP only (``up`` never restarts a running server);
+:meth:`ClickHouse.https_problem` says so and how to fix it.
 
 A sharded and replicated topology (for Distributed / ReplicatedMergeTree targets) runs
 beside them on demand: N×M more ClickHouse servers sharing the same ZooKeeper, named
@@ -61,6 +69,8 @@ log = logging.getLogger("txsink.harness.services")
 CLICKHOUSE_BINARY = "/usr/sbin/clickhouse-server"
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
 APT_PACKAGES = ("clickhouse-server", "clickhouse-client", "zookeeper")
+OPENSSL_BINARY = "openssl"
+CERTIFICATE_DAYS = 3650  # kept in the services home for as long as the home lives
 SECRET_USER = "txsink_secret"
 SECRET_PASSWORD = "s3cr3t-Pa55"
 READONLY_USER = "reader"
@@ -89,9 +99,12 @@ def ensure_installed() -> None:
     servers on a systemd host (they would take our ports).
     """
     java_missing = shutil.which("java") is None
-    if Path(CLICKHOUSE_BINARY).exists() and Path(ZOOKEEPER_JAR).exists() and not java_missing:
+    openssl_missing = shutil.which(OPENSSL_BINARY) is None
+    if (Path(CLICKHOUSE_BINARY).exists() and Path(ZOOKEEPER_JAR).exists()
+            and not java_missing and not openssl_missing):
         return
-    packages = [*APT_PACKAGES, *(["openjdk-17-jre-headless"] if java_missing else [])]
+    packages = [*APT_PACKAGES, *(["openjdk-17-jre-headless"] if java_missing else []),
+                *(["openssl"] if openssl_missing else [])]
     if os.geteuid() != 0:
         raise ServiceError(
             f"{', '.join(packages)} are not installed and installing them needs root"
@@ -112,6 +125,40 @@ def ensure_installed() -> None:
     finally:
         if created_policy:
             policy.unlink(missing_ok=True)
+
+
+def ensure_certificate(folder: Path) -> tuple[Path, Path]:
+    """(certificate, key) in ``folder``: a self-signed pair for 127.0.0.1 and localhost,
+    made on first use and kept.
+
+    Kept rather than remade so that a running server and a later ``up`` (or a test) agree
+    on the CA.  Made in a private folder and renamed into place, so that two ``up`` runs
+    at once never pair one's certificate with the other's key.
+    """
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    if cert.exists() and key.exists():
+        return cert, key
+    if shutil.which(OPENSSL_BINARY) is None:
+        raise ServiceError("openssl is needed to make the HTTPS certificate of ClickHouse")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    scratch = folder.with_name(f"{folder.name}.{os.getpid()}.tmp")
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(mode=0o700)
+    made = subprocess.run(
+        [OPENSSL_BINARY, "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+         "-days", str(CERTIFICATE_DAYS), "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+         "-keyout", str(scratch / key.name), "-out", str(scratch / cert.name)],
+        capture_output=True, text=True, check=False,
+    )
+    if made.returncode != 0:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise ServiceError(f"openssl could not make the certificate: {made.stderr.strip()}")
+    try:
+        scratch.rename(folder)
+    except OSError:  # another ``up`` got there first: use its pair
+        shutil.rmtree(scratch, ignore_errors=True)
+    return cert, key
 
 
 @dataclass
@@ -353,6 +400,10 @@ class ClickHouse:
     ``remote_servers`` (XML inside ``<remote_servers>``) goes to ``config.d/`` rather than
     ``config.xml``: 18.16 reloads it from there while running (checked every ~2 s), so a
     running main server learns about the cluster without a restart.
+
+    ``https_port`` (the main server only; None: no HTTPS listener) adds HTTPS with the
+    certificate of ``<home>/tls/``.  18.16 reads ``<https_port>`` and ``<openSSL>`` only
+    at start-up, unlike ``remote_servers``.
     """
 
     home: Path
@@ -364,6 +415,7 @@ class ClickHouse:
     macros: dict[str, str] = field(default_factory=lambda: {"shard": "1", "replica": "r1"})
     tuning: Tuning = field(default_factory=Tuning)
     remote_servers: str = ""
+    https_port: int | None = None
 
     def __post_init__(self) -> None:
         self.dir = self.home / self.name
@@ -372,6 +424,47 @@ class ClickHouse:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def https_url(self) -> str | None:
+        return None if self.https_port is None else f"https://127.0.0.1:{self.https_port}"
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.home / "tls"
+
+    @property
+    def ca_file(self) -> Path:
+        """The self-signed certificate, which is also the CA that verifies it."""
+        return self.tls_dir / "cert.pem"
+
+    def https_problem(self) -> str | None:
+        """Why ``https_url`` does not answer ``/ping`` over verified TLS, or None if it does.
+
+        A server started from a config without ``<https_port>`` (an older ``up``) keeps
+        running without it: the answer then says to restart the services.
+        """
+        if self.https_url is None:
+            return f"ClickHouse {self.name} has no HTTPS port configured"
+        restart = "restart the services (txsink services down, then txsink services up)"
+        if not self.ca_file.exists():
+            return f"no certificate at {self.ca_file}: {restart}"
+        if not port_open(self.https_port):  # type: ignore[arg-type]
+            if not port_open(self.http_port):
+                return f"ClickHouse at {self.url} is not running"
+            return (f"nothing listens on {self.https_url}: ClickHouse at {self.url} was "
+                    f"started from a config without HTTPS; {restart}")
+        try:
+            answer = requests.get(f"{self.https_url}/ping", verify=str(self.ca_file),
+                                  timeout=2.0)
+        except requests.exceptions.SSLError as exc:
+            return (f"{self.https_url} does not present the certificate of {self.ca_file} "
+                    f"({type(exc).__name__}): {restart}")
+        except requests.RequestException as exc:
+            return f"{self.https_url} does not answer ({type(exc).__name__})"
+        if answer.content.strip() != b"Ok.":
+            return f"{self.https_url}/ping answered {answer.status_code}, not Ok."
+        return None
 
     @property
     def config_file(self) -> Path:
@@ -402,6 +495,7 @@ class ClickHouse:
         macros = "".join(f"<{k}>{v}</{k}>" for k, v in self.macros.items())
         server = _xml_elements(self.tuning.server, "    ")
         profile = _xml_elements(self.tuning.profile, "            ")
+        https = self._https_config()
         self.config_file.write_text(f"""<?xml version="1.0"?>
 <yandex>
     <logger><level>warning</level><console>1</console></logger>
@@ -410,7 +504,7 @@ class ClickHouse:
     <tcp_port>{self.tcp_port}</tcp_port>
     <interserver_http_port>{self.interserver_port}</interserver_http_port>
     <interserver_http_host>127.0.0.1</interserver_http_host>
-    <path>{self.dir}/data/</path>
+{https}    <path>{self.dir}/data/</path>
     <tmp_path>{self.dir}/tmp/</tmp_path>
     <user_files_path>{self.dir}/user_files/</user_files_path>
     <format_schema_path>{self.dir}/format_schemas/</format_schema_path>
@@ -449,6 +543,23 @@ class ClickHouse:
 """)
         self.write_remote_servers()
 
+    def _https_config(self) -> str:
+        """``<https_port>`` and the ``<openSSL><server>`` section it needs, or ''.
+
+        Clients are not asked for certificates (``verificationMode`` none); no
+        ``dhParamsFile``: this build (system Poco 1.11, OpenSSL 3) negotiates ECDHE and
+        starts without one.
+        """
+        if self.https_port is None:
+            return ""
+        cert, key = ensure_certificate(self.tls_dir)
+        return (f"    <https_port>{self.https_port}</https_port>\n"
+                "    <openSSL>\n        <server>\n"
+                f"            <certificateFile>{cert}</certificateFile>\n"
+                f"            <privateKeyFile>{key}</privateKeyFile>\n"
+                "            <verificationMode>none</verificationMode>\n"
+                "        </server>\n    </openSSL>\n")
+
     def write_remote_servers(self) -> bool:
         """Write ``remote_servers`` to config.d; True if the file changed.
 
@@ -472,7 +583,8 @@ class ClickHouse:
         """Spawn the server unless ours already runs; returns without waiting."""
         if self.process.pid() is not None:
             return
-        for port in (self.http_port, self.tcp_port, self.interserver_port):
+        ports = (self.http_port, self.tcp_port, self.interserver_port, self.https_port)
+        for port in (p for p in ports if p is not None):
             if port_open(port):
                 raise ServiceError(
                     f"port {port} is taken by a process not started by txsink; "
@@ -715,6 +827,7 @@ class Services:
             http_port=int(os.environ.get("TXSINK_CH_HTTP_PORT", "8123")),
             tcp_port=int(os.environ.get("TXSINK_CH_TCP_PORT", "9000")),
             interserver_port=int(os.environ.get("TXSINK_CH_INTERSERVER_PORT", "9009")),
+            https_port=int(os.environ.get("TXSINK_CH_HTTPS_PORT", "8443")),
         )
         return cls(
             home, zk, ch,
@@ -793,14 +906,26 @@ class Services:
         return self.cluster() if self.has_cluster else self.cluster(1, 1)
 
     def status(self, modern: bool = False) -> dict[str, dict[str, object]]:
-        """Each service's pid, readiness and address; the modern server (with its
-        ``version``) when ``modern`` or when it runs."""
+        """Each service's pid, readiness and address (``clickhouse-https``: the main
+        server's HTTPS listener, with its ``ca_file``, and ``problem`` when the running
+        server does not serve it); the modern server (with its ``version``) when
+        ``modern`` or when it runs."""
         result: dict[str, dict[str, object]] = {
             "zookeeper": {"pid": self.zookeeper.process.pid(), "ready": self.zookeeper.ready(),
                           "address": self.zookeeper.hosts},
             "clickhouse": {"pid": self.clickhouse.process.pid(), "ready": self.clickhouse.ready(),
                            "address": self.clickhouse.url},
         }
+        https_url = getattr(self.clickhouse, "https_url", None)  # a modern stand-in has none
+        if https_url is not None:
+            pid = self.clickhouse.process.pid()
+            problem = self.clickhouse.https_problem()
+            result["clickhouse-https"] = {
+                "pid": pid, "address": https_url, "ready": problem is None,
+                "ca_file": str(self.clickhouse.ca_file),
+                # running from a config without HTTPS: not "starting", it never will
+                **({"state": "not served", "problem": problem}
+                   if pid is not None and problem is not None else {})}
         cluster = self._cluster_for_down()
         for name, info in cluster.status().items():
             if self.has_cluster or info["pid"] is not None:
