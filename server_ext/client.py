@@ -87,6 +87,10 @@ class _ReplayGuard:
 class ClickHouseClient:
     """Talks to one ClickHouse server over HTTP (see the module contract)."""
 
+    #: Statements may run from several threads at once: each is its own request, and the
+    #: requests session only pools connections.
+    concurrent = True
+
     def __init__(
         self,
         url: str,
