@@ -231,6 +231,20 @@ def test_read_only_user_is_refused_naming_the_mode(spark, target):
     assert names(r"(?i)read-?only", message)
 
 
+def test_a_user_variable_set_after_the_session_started_reaches_the_write_once_registered(
+        spark, target, monkeypatch):
+    """The session's workers started before the variable was set; ``register`` hands
+    them the variable, so the write runs as that (read-only) user and is refused."""
+    monkeypatch.setenv("TXSINK_CLICKHOUSE_USER", READONLY_USER)
+    try:
+        txsink.register(spark)
+        message = rejected(target, frame(spark, GOOD_ROW))
+    finally:
+        monkeypatch.delenv("TXSINK_CLICKHOUSE_USER")
+        txsink.register(spark)  # later writes of this session run as before
+    assert names(r"(?i)read-?only", message)
+
+
 MALFORMED_OPTIONS = {
     "unknown_option": ({"tabel": "x"}, r"unknown option\(s\): tabel"),
     "url_without_scheme": ({"url": "127.0.0.1:8123"}, r"url must start with http"),

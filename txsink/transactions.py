@@ -104,7 +104,7 @@ def transaction(spark: SparkSession, *, url: str, zookeeper: str, sink_id: str,
 
     Credentials from ``TXSINK_CLICKHOUSE_USER`` / ``TXSINK_CLICKHOUSE_PASSWORD`` are read
     here, in the caller's process, and passed to every write as options: Spark's workers
-    only see the environment the session started with.
+    only see the environment the session started with (and what ``register`` hands them).
     """
     from txsink import register
 
