@@ -59,6 +59,7 @@ def test_credentials_set_after_the_session_started_reach_every_write(
                                 sink_id="late-credentials") as tx:
             tx.write(events_df(spark, 0, 100), facts)
     monkeypatch.delenv("TXSINK_CLICKHOUSE_USER")
+    txsink.register(spark)  # transaction() registered with the variable: later writes not
     assert_exactly_once(server_url, facts, [])
 
 
