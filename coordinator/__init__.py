@@ -36,6 +36,7 @@ from coordinator.records import BranchRecord, StreamRecord, XidRecord
 from coordinator.recovery import RecoveryAction, RecoveryReport
 from coordinator.states import BranchState, XidState
 from coordinator.stream import ResetOutcome
+from coordinator.tls import ZooKeeperTLS, ZooKeeperTLSError, tls_ports
 
 __all__ = [
     "AccessDenied",
@@ -73,5 +74,8 @@ __all__ = [
     "XidDecided",
     "XidRecord",
     "XidState",
+    "ZooKeeperTLS",
+    "ZooKeeperTLSError",
     "audit",
+    "tls_ports",
 ]

@@ -17,7 +17,8 @@
     txsink demo [--server modern]       the exactly-once demo under injected faults
 
 ClickHouse credentials come from TXSINK_CLICKHOUSE_USER / TXSINK_CLICKHOUSE_PASSWORD,
-never from the command line (it would show in ``ps``).
+never from the command line (it would show in ``ps``); ZooKeeper's TLS CA file from
+TXSINK_ZOOKEEPER_CA_FILE.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def _services(args: argparse.Namespace) -> int:
         services.up(modern=args.modern, modern_only=args.modern_only)
         if not args.modern_only:
             print(f"ZooKeeper  {services.zookeeper.hosts}  ready")
+            _print_zookeeper_tls(services.zookeeper)
             print(f"ClickHouse {services.clickhouse.url}  ready")
             _print_https(services.clickhouse)
         if services.has_cluster and not args.modern_only:
@@ -74,6 +76,18 @@ def _services(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_zookeeper_tls(zookeeper) -> None:
+    """ZooKeeper's TLS port, as :func:`_print_https` (a server from an older config has
+    none, and ``up`` leaves it running)."""
+    if zookeeper.secure_hosts is None:
+        return
+    problem = zookeeper.tls_problem()
+    if problem is None:
+        print(f"ZooKeeper  {zookeeper.secure_hosts}  ready (TLS, ca_file {zookeeper.ca_file})")
+    else:
+        print(f"warning: {problem}", file=sys.stderr)
+
+
 def _print_https(clickhouse) -> None:
     """The HTTPS listener of a server ``up`` found or started; a server still running from
     an older config has none, and ``up`` leaves it running (other runs may be using it)."""
@@ -86,13 +100,16 @@ def _print_https(clickhouse) -> None:
 
 def _operations(args: argparse.Namespace) -> int:
     from txsink import operations
-    from txsink.options import credentials_from
+    from txsink.options import ZOOKEEPER_CA_FILE_VARIABLE, OptionError, credentials_from
 
     credentials = credentials_from(os.environ)
+    ca_file = os.environ.get(ZOOKEEPER_CA_FILE_VARIABLE) or None
+    if ca_file is not None and not os.path.isfile(ca_file):
+        raise OptionError(f"{ZOOKEEPER_CA_FILE_VARIABLE}={ca_file!r} is not a readable file")
     ops = operations.Operations(
         zookeeper=args.zookeeper, zk_root=args.zk_root, url=getattr(args, "url", None),
         user=credentials.get("user"), password=credentials.get("password"),
-        zookeeper_auth=credentials.get("zookeeper_auth"),
+        zookeeper_auth=credentials.get("zookeeper_auth"), zookeeper_ca_file=ca_file,
     )
     try:
         if args.command == "status":
@@ -150,6 +167,9 @@ CREDENTIALS = ("ClickHouse credentials: TXSINK_CLICKHOUSE_USER and TXSINK_CLICKH
                "(environment), the same variables the sink reads; never put them in --url. "
                "ZooKeeper credentials of sinks written with zookeeper_auth: "
                "TXSINK_ZOOKEEPER_AUTH=user:password.")
+ZOOKEEPER_TLS = ("ZooKeeper over TLS (--zookeeper naming its secureClientPort): "
+                 "TXSINK_ZOOKEEPER_CA_FILE=<PEM file of the CA that verifies the server>, "
+                 "as the sink's zookeeper_ca_file option.")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,8 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     svc.set_defaults(func=_services)
 
     def ops_parser(name: str, help_text: str, url: bool) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text, epilog=CREDENTIALS
-                           if url else None)
+        p = sub.add_parser(name, help=help_text, description=help_text,
+                           epilog=f"{CREDENTIALS} {ZOOKEEPER_TLS}" if url else ZOOKEEPER_TLS)
         p.add_argument("--zookeeper", default="127.0.0.1:2181", help="host:port[/chroot]")
         p.add_argument("--zk-root", default="/txsink",
                        help="root of the sinks' records in ZooKeeper (the sinks' zk_root)")

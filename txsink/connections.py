@@ -13,13 +13,13 @@ import threading
 from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
-from coordinator import AccessDenied, Coordinator, DigestAuth
+from coordinator import AccessDenied, Coordinator, DigestAuth, ZooKeeperTLS, tls_ports
 from server_ext.client import ClickHouseClient
 from txsink import crashpoints
 from txsink.options import SinkOptions
 
 _lock = threading.Lock()
-_zk: dict[tuple[str, str | None], KazooClient] = {}  # (hosts, credentials)
+_zk: dict[tuple[str, str | None, str | None], KazooClient] = {}  # (hosts, credentials, CA)
 _allowed: set[tuple[str, str | None, str, str]] = set()  # sinks this process may read
 _ch: dict[tuple[str, str | None, str | None, float, int, str | None], ClickHouseClient] = {}
 
@@ -28,15 +28,25 @@ class ZooKeeperUnreachable(ConnectionError):
     """The ZooKeeper ensemble named by the ``zookeeper`` option did not answer."""
 
 
-def zookeeper(hosts: str, timeout: float = 15.0, auth: str | None = None) -> KazooClient:
+def zookeeper(hosts: str, timeout: float = 15.0, auth: str | None = None,
+              ca_file: str | None = None) -> KazooClient:
     """A started kazoo client for ``hosts`` (which may end in a chroot path); with
     ``auth`` (``user:password``) its session authenticates with the digest scheme and
-    creates znodes only that identity may touch (``coordinator/auth.py``)."""
+    creates znodes only that identity may touch (``coordinator/auth.py``); with
+    ``ca_file`` it speaks TLS, verifying the server with that CA (``coordinator/tls.py``).
+
+    A TLS failure raises ``ZooKeeperTLSError`` within seconds, before any session:
+    kazoo itself would retry it as a dropped connection until ``timeout``.
+    """
     digest = DigestAuth.parse(auth) if auth else None
+    tls = ZooKeeperTLS(ca_file) if ca_file else None
     with _lock:
-        client = _zk.get((hosts, auth))
+        client = _zk.get((hosts, auth, ca_file))
         if client is not None and client.connected:
             return client
+        if tls is not None:
+            tls.check(hosts, advice="check the server's certificate and the "
+                                    "zookeeper_ca_file option")
         client = KazooClient(
             hosts=hosts,
             auth_data=digest.auth_data if digest else None,
@@ -44,6 +54,7 @@ def zookeeper(hosts: str, timeout: float = 15.0, auth: str | None = None) -> Kaz
             timeout=10.0,
             connection_retry=KazooRetry(max_tries=-1, delay=0.2, max_delay=2.0),
             command_retry=KazooRetry(max_tries=20, delay=0.1, max_delay=2.0, deadline=60.0),
+            **(tls.kazoo_args() if tls else {}),
         )
         try:
             client.start(timeout=timeout)
@@ -51,9 +62,17 @@ def zookeeper(hosts: str, timeout: float = 15.0, auth: str | None = None) -> Kaz
             client.close()
             raise ZooKeeperUnreachable(
                 f"ZooKeeper at {hosts} did not answer within {timeout:.0f}s ({exc})"
+                f"{'' if tls else _tls_hint(hosts)}"
             ) from None
-        _zk[(hosts, auth)] = client
+        _zk[(hosts, auth, ca_file)] = client
         return client
+
+
+def _tls_hint(hosts: str) -> str:
+    """Why a plain session never started, when a port answers TLS instead."""
+    found = tls_ports(hosts)
+    return (f"; {', '.join(found)} speaks TLS: give the zookeeper_ca_file option"
+            if found else "")
 
 
 def clickhouse(options: SinkOptions, url: str | None = None) -> ClickHouseClient:
@@ -78,7 +97,8 @@ def coordinator(options: SinkOptions, sink_id: str) -> Coordinator:
     A sink whose records this session may not read (their ACL names other credentials)
     is refused here with :class:`AccessDenied`, before anything is claimed or staged.
     """
-    client = zookeeper(options.zookeeper, auth=options.zookeeper_auth)
+    client = zookeeper(options.zookeeper, auth=options.zookeeper_auth,
+                       ca_file=options.zookeeper_ca_file)
     coord = Coordinator(client, sink_id, root=options.zk_root, on_step=crashpoints.hit)
     key = (options.zookeeper, options.zookeeper_auth, options.zk_root, sink_id)
     if key not in _allowed:

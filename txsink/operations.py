@@ -37,7 +37,9 @@ from coordinator import (
     RecoveryIncomplete,
     XidRecord,
     XidState,
+    ZooKeeperTLS,
     audit,
+    tls_ports,
 )
 from coordinator.recovery import FAILED, IN_PROGRESS, ROLLED_BACK, ROLLED_FORWARD, RecoveryAction
 from server_ext.capabilities import strategy_problem
@@ -129,23 +131,32 @@ class Operations:
 
     def __init__(self, zookeeper: str, zk_root: str = "/txsink", url: str | None = None,
                  user: str | None = None, password: str | None = None,
-                 zookeeper_auth: str | None = None) -> None:
+                 zookeeper_auth: str | None = None,
+                 zookeeper_ca_file: str | None = None) -> None:
         self.root = zk_root
         self.root_identity = root_identity(zookeeper, zk_root)  # what gc may judge
         digest = DigestAuth.parse(zookeeper_auth) if zookeeper_auth else None
+        tls = ZooKeeperTLS(zookeeper_ca_file) if zookeeper_ca_file else None
+        if tls is not None:  # a TLS failure in seconds, with its reason (coordinator/tls.py)
+            tls.check(zookeeper, advice="check the server's certificate and "
+                                        "TXSINK_ZOOKEEPER_CA_FILE")
         self.zk = KazooClient(hosts=zookeeper,
                               auth_data=digest.auth_data if digest else None,
                               default_acl=digest.acl if digest else None,
-                              connection_retry=KazooRetry(max_tries=-1, max_delay=1.0))
+                              connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
+                              **(tls.kazoo_args() if tls else {}))
         try:
             self.zk.start(timeout=CONNECT_SECONDS)
         except KazooTimeoutError:
             self.zk.stop()
             self.zk.close()
             hosts = zookeeper.partition("/")[0]
+            found = [] if tls else tls_ports(hosts)
             raise ZooKeeperUnreachable(
                 f"no answer from ZooKeeper at {hosts} within {CONNECT_SECONDS:.0f} s (is it "
-                "running, and is --zookeeper host:port[/chroot] right?)") from None
+                "running, and is --zookeeper host:port[/chroot] right?)"
+                + (f"; {', '.join(found)} speaks TLS: set TXSINK_ZOOKEEPER_CA_FILE to the "
+                   "CA of its certificate" if found else "")) from None
         self.url = url
         self.protected: list[str] = []  # sinks left out: their ACL names other credentials
         self._credentials = (user, password)

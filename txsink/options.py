@@ -62,6 +62,7 @@ class SinkOptions:
     txn_version: int | None = None
     compression: str | None = None  # Content-Encoding of the INSERT bodies (None: none)
     ca_file: str | None = None  # CA bundle that https:// servers are verified against
+    zookeeper_ca_file: str | None = None  # set: ZooKeeper over TLS, verified with this CA
     insert_settings: tuple[tuple[str, str], ...] = ()  # settings.<name> options
     tx_epoch: int | None = None
     tx_generation: int | None = None
@@ -128,6 +129,7 @@ PUBLIC_OPTIONS = (
     "url", "table", "zookeeper", "user", "password", "zookeeper_auth", "sink_id", "zk_root",
     "strategy", "insert_block_rows", "timeout", "retries", "recover_on_start", "shards",
     "sharding_key", "replica_choice", "txn_version", "compression", "ca_file",
+    "zookeeper_ca_file",
 )
 
 _NAMES = {
@@ -143,6 +145,11 @@ _NAMES = {
 CREDENTIAL_VARIABLES = {"user": "TXSINK_CLICKHOUSE_USER",
                         "password": "TXSINK_CLICKHOUSE_PASSWORD",
                         "zookeeper_auth": "TXSINK_ZOOKEEPER_AUTH"}
+
+
+#: The CA file the operator CLI reaches ZooKeeper over TLS with (the sink's option
+#: ``zookeeper_ca_file``); not a credential, but set beside them.
+ZOOKEEPER_CA_FILE_VARIABLE = "TXSINK_ZOOKEEPER_CA_FILE"
 
 
 def credentials_from(env: Mapping[str, str]) -> dict[str, str]:
@@ -228,8 +235,9 @@ def parse_options(
         raise OptionError(f"option compression={compression!r} is not one of none, "
                           f"{', '.join(ENCODINGS)}")
     values["compression"] = None if compression == "none" else compression
-    if values.get("ca_file") and not os.path.isfile(str(values["ca_file"])):
-        raise OptionError(f"option ca_file={values['ca_file']!r} is not a readable file")
+    for name in ("ca_file", "zookeeper_ca_file"):
+        if values.get(name) and not os.path.isfile(str(values[name])):
+            raise OptionError(f"option {name}={values[name]!r} is not a readable file")
     if "shards" in values:
         try:
             parse_shard_urls(str(values["shards"]))

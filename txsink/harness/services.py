@@ -13,6 +13,7 @@ Usage::
     services.clickhouse.url  # "http://127.0.0.1:8123"
     services.clickhouse.https_url  # "https://127.0.0.1:8443", verified with .ca_file
     services.zookeeper.hosts # "127.0.0.1:2181"
+    services.zookeeper.secure_hosts  # "127.0.0.1:2281", TLS verified with .ca_file
     services.down()
 
 The ClickHouse config enables ``<zookeeper>`` (for ReplicatedMergeTree targets) and
@@ -25,6 +26,9 @@ certificate for 127.0.0.1 and localhost, made once with ``openssl`` and kept in
 ``ca_file`` that clients verify the server with.  A server still running from a config
 without it keeps serving plain HTTP only (``up`` never restarts a running server);
 :meth:`ClickHouse.https_problem` says so and how to fix it.
+
+ZooKeeper likewise serves TLS on a ``secureClientPort`` (2281) with the same certificate
+(:class:`ZooKeeper`); :meth:`ZooKeeper.tls_problem` reports a server without it.
 
 A sharded and replicated topology (for Distributed / ReplicatedMergeTree targets) runs
 beside them on demand: N×M more ClickHouse servers sharing the same ZooKeeper, named
@@ -61,6 +65,8 @@ from typing import TYPE_CHECKING
 
 import requests
 
+from coordinator.tls import ZooKeeperTLS, handshake_problem
+
 if TYPE_CHECKING:
     from txsink.harness.modern_server import ModernClickHouse
 
@@ -68,6 +74,10 @@ log = logging.getLogger("txsink.harness.services")
 
 CLICKHOUSE_BINARY = "/usr/sbin/clickhouse-server"
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
+# The Netty connection factory (the only one with TLS) needs these beside the jars named
+# in zookeeper.jar's manifest (netty-buffer, -common, -handler, -transport, -epoll).
+ZOOKEEPER_NETTY_JARS = tuple(f"/usr/share/java/netty-{name}.jar"
+                             for name in ("codec", "resolver", "transport-native-unix-common"))
 APT_PACKAGES = ("clickhouse-server", "clickhouse-client", "zookeeper")
 OPENSSL_BINARY = "openssl"
 CERTIFICATE_DAYS = 3650  # kept in the services home for as long as the home lives
@@ -278,8 +288,19 @@ def _wait(ready, proc: ManagedProcess, what: str, timeout: float) -> None:
 
 @dataclass
 class ZooKeeper:
+    """ZooKeeper 3.8, standalone: plain ``port`` and, unless ``secure_port`` is None, a
+    TLS ``secureClientPort`` with the certificate of ``<home>/tls/`` (:func:`ensure_certificate`).
+
+    3.8 serves TLS only with the Netty connection factory, which then serves the plain
+    port too (``serverCnxnFactory``); its key store is a PEM file holding the key and
+    the certificate (:meth:`write_keystore`). Clients show no certificate
+    (``ssl.clientAuth=none``). Like ClickHouse's HTTPS, a server still running from a
+    config without TLS keeps running without it: :meth:`tls_problem` says so.
+    """
+
     home: Path
     port: int = 2181
+    secure_port: int | None = None
 
     def __post_init__(self) -> None:
         self.process = ManagedProcess("zookeeper", self.home, str(self.config_file))
@@ -289,8 +310,27 @@ class ZooKeeper:
         return f"127.0.0.1:{self.port}"
 
     @property
+    def secure_hosts(self) -> str | None:
+        """``host:port`` of the TLS port, for kazoo with ``use_ssl`` (the ``zookeeper``
+        option with ``zookeeper_ca_file``)."""
+        return None if self.secure_port is None else f"127.0.0.1:{self.secure_port}"
+
+    @property
     def config_file(self) -> Path:
         return self.home / "zoo.cfg"
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.home / "tls"
+
+    @property
+    def ca_file(self) -> Path:
+        """The self-signed certificate (shared with ClickHouse's HTTPS), its own CA."""
+        return self.tls_dir / "cert.pem"
+
+    @property
+    def keystore(self) -> Path:
+        return self.tls_dir / "zookeeper-keystore.pem"
 
     def four_letter(self, word: str) -> str:
         try:
@@ -307,9 +347,52 @@ class ZooKeeper:
         # `ruok` answers before sessions are accepted; `srvr` prints Mode: only after.
         return "Mode:" in self.four_letter("srvr")
 
+    def tls_problem(self) -> str | None:
+        """Why the TLS port does not complete a verified handshake, or None if it does.
+
+        A server started from a config without ``secureClientPort`` (an older ``up``)
+        keeps running without it: the answer then says to restart the services.
+        """
+        if self.secure_port is None:
+            return "ZooKeeper has no TLS port configured"
+        restart = "restart the services (txsink services down, then txsink services up)"
+        if not self.ca_file.exists():
+            return f"no certificate at {self.ca_file}: {restart}"
+        if not port_open(self.secure_port):
+            if not port_open(self.port):
+                return f"ZooKeeper at {self.hosts} is not running"
+            return (f"nothing listens on {self.secure_hosts}: ZooKeeper at {self.hosts} was "
+                    f"started from a config without TLS; {restart}")
+        problem = handshake_problem(ZooKeeperTLS(str(self.ca_file)).context(), "127.0.0.1",
+                                    self.secure_port, timeout=2.0)
+        if problem is not None:
+            return f"TLS with ZooKeeper at {self.secure_hosts} fails ({problem}): {restart}"
+        return None
+
+    def write_keystore(self) -> Path:
+        """The key store of the TLS port: 3.8 reads a PEM key store as one file holding
+        the private key and the certificate. Written next to them, readable by us only."""
+        cert, key = ensure_certificate(self.tls_dir)
+        text = key.read_text() + cert.read_text()
+        if not self.keystore.exists() or self.keystore.read_text() != text:
+            tmp = self.keystore.with_name(f"{self.keystore.name}.{os.getpid()}.tmp")
+            tmp.write_text(text)
+            tmp.chmod(0o600)
+            tmp.replace(self.keystore)
+        return self.keystore
+
     def write_config(self) -> None:
         data = self.home / "zk-data"
         data.mkdir(parents=True, exist_ok=True)
+        tls = [] if self.secure_port is None else [
+            f"secureClientPort={self.secure_port}",
+            "secureClientPortAddress=127.0.0.1",
+            # keys zoo.cfg does not know become system properties "zookeeper.<key>"
+            "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+            f"ssl.keyStore.location={self.write_keystore()}",
+            "ssl.keyStore.type=PEM",
+            "ssl.clientAuth=none",
+        ]
         self.config_file.write_text(
             "\n".join([
                 "tickTime=500",
@@ -318,6 +401,7 @@ class ZooKeeper:
                 f"dataDir={data}",
                 f"clientPort={self.port}",
                 "clientPortAddress=127.0.0.1",
+                *tls,
                 "maxClientCnxns=0",
                 "admin.enableServer=false",
                 "4lw.commands.whitelist=srvr,ruok,envi,stat,mntr",
@@ -332,15 +416,17 @@ class ZooKeeper:
         if self.process.pid() is not None:
             _wait(self.ready, self.process, "ZooKeeper", timeout)
             return
-        if port_open(self.port):
-            raise ServiceError(
-                f"port {self.port} is taken by a process not started by txsink; "
-                "stop it or choose another port (TXSINK_ZK_PORT)"
-            )
+        for port in (p for p in (self.port, self.secure_port) if p is not None):
+            if port_open(port):
+                raise ServiceError(
+                    f"port {port} is taken by a process not started by txsink; "
+                    "stop it or choose another port (TXSINK_ZK_PORT, TXSINK_ZK_SECURE_PORT)"
+                )
         self.write_config()
         java = shutil.which("java") or "java"
         classpath = ":".join(
-            p for p in (ZOOKEEPER_JAR, "/usr/share/java/slf4j-simple.jar",
+            p for p in (ZOOKEEPER_JAR, *ZOOKEEPER_NETTY_JARS,
+                        "/usr/share/java/slf4j-simple.jar",
                         "/usr/share/java/slf4j-api.jar") if Path(p).exists()
         )
         self.process.spawn(
@@ -349,6 +435,9 @@ class ZooKeeper:
             cwd=self.home,
         )
         _wait(self.ready, self.process, "ZooKeeper", timeout)
+        if self.secure_port is not None:
+            _wait(lambda: port_open(self.secure_port), self.process,  # type: ignore[arg-type]
+                  "ZooKeeper's TLS port", timeout)
 
 
 @dataclass(frozen=True)
@@ -821,7 +910,8 @@ class Services:
     @classmethod
     def from_env(cls) -> Services:
         home = default_home()
-        zk = ZooKeeper(home, port=int(os.environ.get("TXSINK_ZK_PORT", "2181")))
+        zk = ZooKeeper(home, port=int(os.environ.get("TXSINK_ZK_PORT", "2181")),
+                       secure_port=int(os.environ.get("TXSINK_ZK_SECURE_PORT", "2281")))
         ch = ClickHouse(
             home, zk,
             http_port=int(os.environ.get("TXSINK_CH_HTTP_PORT", "8123")),
@@ -906,9 +996,9 @@ class Services:
         return self.cluster() if self.has_cluster else self.cluster(1, 1)
 
     def status(self, modern: bool = False) -> dict[str, dict[str, object]]:
-        """Each service's pid, readiness and address (``clickhouse-https``: the main
-        server's HTTPS listener, with its ``ca_file``, and ``problem`` when the running
-        server does not serve it); the modern server (with its ``version``) when
+        """Each service's pid, readiness and address (``zookeeper-tls`` and
+        ``clickhouse-https``: the TLS listeners, with their ``ca_file``, and ``problem``
+        when the running server does not serve it); the modern server (with its ``version``) when
         ``modern`` or when it runs."""
         result: dict[str, dict[str, object]] = {
             "zookeeper": {"pid": self.zookeeper.process.pid(), "ready": self.zookeeper.ready(),
@@ -916,6 +1006,14 @@ class Services:
             "clickhouse": {"pid": self.clickhouse.process.pid(), "ready": self.clickhouse.ready(),
                            "address": self.clickhouse.url},
         }
+        if self.zookeeper.secure_hosts is not None:
+            pid = self.zookeeper.process.pid()
+            problem = self.zookeeper.tls_problem()
+            result["zookeeper-tls"] = {
+                "pid": pid, "address": self.zookeeper.secure_hosts, "ready": problem is None,
+                "ca_file": str(self.zookeeper.ca_file),
+                **({"state": "not served", "problem": problem}
+                   if pid is not None and problem is not None else {})}
         https_url = getattr(self.clickhouse, "https_url", None)  # a modern stand-in has none
         if https_url is not None:
             pid = self.clickhouse.process.pid()
