@@ -194,11 +194,11 @@ def _build(client: SqlClient, sources: list[Manifest], combined_table: str,
     sources = [m for m in sources if m.partitions]  # a task without rows staged no table
     target = describe_table(client, f"{database}.{table}")
     staging = staging_qualified(combined_table)
-    adopted = False
+    adopted = None
     if sources and precombined:
         _recreate(client, target, combined_table)
         adopted = _adopt(client, sources, precombined, staging, limits)
-    if not adopted:
+    if adopted is None:
         require_sealed(client, sources, purpose="read winners' staged parts before combining")
         _recreate(client, target, combined_table)
         if sources and _rewrites(sources, limits):
@@ -206,9 +206,10 @@ def _build(client: SqlClient, sources: list[Manifest], combined_table: str,
         elif sources:
             _attach(client, sources, staging, limits)
     # no source with rows: the combined table stays empty and is sealed with 0 rows
-    manifest = seal(client, target, combined_table, sum(m.rows for m in sources))
+    manifest = seal(client, target, combined_table, sum(m.rows for m in sources),
+                    partitions=adopted)
     log.info("combined %d branches into %s%s: %d partitions, %d parts", len(sources), staging,
-             f" from {precombined}" if adopted else "", len(manifest.partitions),
+             f" from {precombined}" if adopted is not None else "", len(manifest.partitions),
              sum(len(p.parts) for p in manifest.partitions))
     return manifest
 
@@ -221,19 +222,21 @@ def _recreate(client: SqlClient, target: TargetTable, combined_table: str) -> No
 
 
 def _adopt(client: SqlClient, sources: list[Manifest], precombined: str, staging: str,
-           limits: SizeLimits) -> bool:
+           limits: SizeLimits) -> dict[str, PartitionManifest] | None:
     """Merge the sources' partitions in the pre-combined table and copy them from there;
-    True if each copied partition holds exactly the rows the sources sealed there (see
-    the module's contract). What the background merges left is merged before the copy,
-    so the copy takes one part per partition."""
+    the combined table's partitions as read last if each copied partition holds exactly
+    the rows the sources sealed there (see the module's contract), else None. What the
+    background merges left is merged before the copy, so the copy takes one part per
+    partition."""
     expected: dict[str, int] = {}
     for source in sources:
         for partition in source.partitions:
             expected[partition.partition_id] = expected.get(partition.partition_id, 0) \
                 + partition.rows
     pool = staging_qualified(precombined)
-    try:
-        merge_partitions(client, pool, _to_merge(client, pool, set(expected), limits))
+    try:  # the pool's merges are on (create_precombined)
+        merge_partitions(client, pool, _to_merge(client, pool, set(expected), limits),
+                         merges_on=True)
         commands = [f"ATTACH PARTITION ID {sql_string(pid)} FROM {pool}"
                     for pid in sorted(expected)]
         for start in range(0, len(commands), MAX_COMMANDS_PER_ALTER):
@@ -243,7 +246,7 @@ def _adopt(client: SqlClient, sources: list[Manifest], precombined: str, staging
     except ClickHouseError as exc:
         log.warning("pre-combined %s not used (the sources are read instead): %s",
                     precombined, exc)
-        return False
+        return None
     found = read_staged_partitions(client, *split_table_name(staging),
                                    purpose="check pre-combined rows")
     rows = {pid: p.rows for pid, p in found.items()}
@@ -253,10 +256,13 @@ def _adopt(client: SqlClient, sources: list[Manifest], precombined: str, staging
         log.warning("pre-combined %s not used: partitions %s hold other rows than the winners "
                     "sealed (a failed or speculative attempt contributed too)", precombined,
                     differ)
-        return False
-    # a merge that the copy raced with leaves a partition in several parts
-    merge_partitions(client, staging, _to_merge(client, staging, set(expected), limits, found))
-    return True
+        return None
+    raced = _to_merge(client, staging, set(expected), limits, found)
+    if raced:  # a merge that the copy raced with leaves a partition in several parts
+        merge_partitions(client, staging, raced)
+        found = read_staged_partitions(client, *split_table_name(staging),
+                                       purpose="check pre-combined rows")
+    return found
 
 
 def _to_merge(client: SqlClient, table: str, partition_ids: set[str], limits: SizeLimits,

@@ -117,19 +117,22 @@ def describe_table(client: SqlClient, table: str) -> TargetTable:
     """
     database, name = split_table_name(table)
     purpose = f"describe table {database}.{name}"
-    _require_exists(client, database, name, purpose)
+    found = client.query_rows(
+        "SELECT engine, engine_full, partition_key, sorting_key, primary_key, "
+        "create_table_query FROM system.tables "
+        f"WHERE {table_filter(database, name, name_column='name')}",
+        purpose=purpose,
+    )
+    if not found:  # the database or the table: named by the first that is missing
+        _require_exists(client, database, name, purpose)
+        raise _unknown_table(database, name, purpose)  # created since: still not described
+    meta = found[0]
     rows = client.query_rows(f"DESCRIBE TABLE {qualified_name(database, name)}", purpose=purpose)
     columns = [
         Column(row["name"], row["type"], row.get("default_type", ""),
                row.get("default_expression", ""))
         for row in rows
     ]
-    meta = client.query_rows(
-        "SELECT engine, engine_full, partition_key, sorting_key, primary_key, "
-        "create_table_query FROM system.tables "
-        f"WHERE {table_filter(database, name, name_column='name')}",
-        purpose=purpose,
-    )[0]
     return TargetTable(
         database=database, name=name, columns=columns,
         partition_key=meta["partition_key"], sorting_key=meta["sorting_key"],
@@ -151,8 +154,12 @@ def _require_exists(client: SqlClient, database: str, name: str, purpose: str) -
     if int(rows["db"]) == 0:
         raise ClickHouseError(f"database `{database}` does not exist", code=81, purpose=purpose)
     if int(rows["tbl"]) == 0:
-        raise ClickHouseError(f"table `{database}`.`{name}` does not exist", code=60,
-                              purpose=purpose)
+        raise _unknown_table(database, name, purpose)
+
+
+def _unknown_table(database: str, name: str, purpose: str) -> ClickHouseError:
+    return ClickHouseError(f"table `{database}`.`{name}` does not exist", code=60,
+                           purpose=purpose)
 
 
 def _index_granularity(engine_full: str) -> int:
