@@ -14,6 +14,12 @@ micro-batches that carried the workload, the sink's median ``commit_ms`` and
 whether the query kept up: every row visible, and the median micro-batch no longer than
 the trigger interval. Writes ``results/streaming_partitions.json``.
 
+Measured in the same run, the **floor** of any Python sink for one micro-batch: a batch
+job of the micro-batch's shape (rows and partitions) written by the no-op Python Arrow
+writer (``sinkbench.noop_source``), which receives every row as a Python sink does and
+writes nothing. Where it takes longer than the trigger, no Python sink can keep up on
+this machine; the sinks are then judged against it (``÷ floor``).
+
 Usage::
 
     python benchmarks/bench_streaming_partitions.py            # 200 partitions, 5 s, 40 s
@@ -30,8 +36,10 @@ import time
 import warnings
 from pathlib import Path
 
-from sinkbench import environment, streaming
+from sinkbench import environment, streaming, workload
 from sinkbench.environment import Scratch, load
+from sinkbench.noop_source import NAME as NOOP_ARROW
+from sinkbench.noop_source import NoopArrowDataSource
 
 import txsink
 
@@ -61,6 +69,19 @@ def metrics(scratch: Scratch, sink_prefix: str) -> dict:
             if found else None}
 
 
+def python_floor(spark, rows: int, partitions: int, rounds: int = 3) -> dict:
+    """Seconds the no-op Python Arrow writer takes for one micro-batch's rows and
+    partitions (a batch job; the first, warm-up run is not counted)."""
+    frame = workload.rows_frame(spark, rows, 2).repartition(partitions)
+    seconds = []
+    for _ in range(rounds + 1):
+        started = time.perf_counter()
+        frame.write.format(NOOP_ARROW).mode("append").save()
+        seconds.append(time.perf_counter() - started)
+    return {"rows": rows, "partitions": partitions, "seconds": [round(s, 3) for s in seconds[1:]],
+            "median_ms": round(statistics.median(seconds[1:]) * 1000, 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:8123", help="the 18.16 server")
@@ -82,8 +103,12 @@ def main() -> None:
         print(f"modern server skipped: {exc}"[:200])
     spark = environment.start_spark(2, 10_000)
     txsink.register(spark)
+    spark.dataSource.register(NoopArrowDataSource)
     started, results = time.time(), []
     try:
+        floor = python_floor(spark, int(args.rate * args.trigger), args.partitions)
+        print(f"floor: the no-op Python writer takes {floor['median_ms']:,.0f} ms for one "
+              f"micro-batch ({floor['seconds']} s)", flush=True)
         for name, url in servers:
             scratch = Scratch.create(url, args.zookeeper)
             try:
@@ -104,20 +129,29 @@ def main() -> None:
         spark.stop()
     print(f"\n### {args.partitions}-partition micro-batches at a {args.trigger:g} s trigger "
           f"({args.rate:,} rows/s, {args.rate * args.trigger:,.0f} rows per micro-batch)\n")
-    print("| server | sink | micro-batches | triggerExecution ms | addBatch ms | commit_ms | "
-          "cleanup_ms | latency mean / max s | keeps up |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    print("| server | sink | micro-batches | triggerExecution ms | ÷ floor | addBatch ms | "
+          "commit_ms | cleanup_ms | latency mean / max s | keeps up |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in results:
         epoch = r.get("epoch_metrics") or {}
+        trigger_ms = r.get("trigger_ms_median")
+        ratio = f"{trigger_ms / floor['median_ms']:.2f}" if trigger_ms else ""
         print(f"| {r['server']} | {r['sink']} | {r.get('micro_batches')} | "
-              f"{r.get('trigger_ms_median')} | {r.get('add_batch_ms_median')} | "
+              f"{trigger_ms} | {ratio} | {r.get('add_batch_ms_median')} | "
               f"{epoch.get('commit_ms_median', '')} | {epoch.get('cleanup_ms_median', '')} | "
               f"{r.get('latency_mean_s')} / {r.get('latency_max_s')} | "
               f"{'yes' if r['keeps_up'] else 'NO'} |")
+    print(f"| – | no-op Python writer (floor, batch job) | {len(floor['seconds'])} | "
+          f"{floor['median_ms']} | 1.00 | | | | | "
+          f"{'yes' if floor['median_ms'] <= args.trigger * 1000 else 'NO'} |")
+    if floor["median_ms"] > args.trigger * 1000:
+        print(f"\nno Python sink can keep up here: the floor alone takes "
+              f"{floor['median_ms'] / 1000:.1f} s per micro-batch, over the "
+              f"{args.trigger:g} s trigger")
     out = {"benchmark": "streaming, partitions per micro-batch (issue 14)",
            "command": " ".join(["python", *sys.argv]), "machine": environment.machine(),
            "started_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
-           "load_end": load(), "results": results}
+           "load_end": load(), "floor": floor, "results": results}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "streaming_partitions.json").write_text(json.dumps(out, indent=1) + "\n")
     print(f"\nwritten {args.out / 'streaming_partitions.json'}")
