@@ -127,6 +127,15 @@ def test_an_untrusted_certificate_fails_at_once_without_retries(https_server):
     assert err.value.retryable is False
 
 
+def test_requests_ca_bundle_set_when_the_client_is_made_verifies_the_server(
+        https_server, monkeypatch):
+    # the client reads requests' environment variables once, when it is made
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(https_server.ca_file))
+    client = ClickHouseClient(str(https_server.https_url))
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE")
+    assert client.query_value("SELECT 1", purpose="ask over TLS") == "1"
+
+
 def test_services_status_lists_the_https_url_with_its_ca_file(https_server, capsys):
     assert cli.main(["services", "status"]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines()
