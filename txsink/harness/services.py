@@ -275,6 +275,12 @@ def _reap(pid: int) -> None:
         pass
 
 
+#: Seconds a ClickHouse 18.16 server may take to answer after its start: it loads every
+#: table's metadata first, and one with thousands of tables left by earlier runs (crashed
+#: jobs' staging) was not ready within 60 s on a 2-core machine.
+START_TIMEOUT = 180.0
+
+
 def _wait(ready, proc: ManagedProcess, what: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -686,10 +692,10 @@ class ClickHouse:
             [CLICKHOUSE_BINARY, f"--config-file={self.config_file}"], cwd=self.dir
         )
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
         _wait(self.ready, self.process, f"ClickHouse {self.name}", timeout)
 
-    def start(self, timeout: float = 60.0) -> None:
+    def start(self, timeout: float = START_TIMEOUT) -> None:
         self.launch()
         self.wait_ready(timeout)
 
@@ -813,7 +819,7 @@ class Cluster:
             return False
         return rows == self._expected_rows()
 
-    def up(self, timeout: float = 60.0) -> None:
+    def up(self, timeout: float = START_TIMEOUT) -> None:
         """Start the missing servers (all at once) and wait until all are usable.
 
         Idempotent: running servers are kept; their and ``main``'s config.d is rewritten
