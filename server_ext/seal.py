@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from server_ext.capabilities import SqlClient
+from server_ext.capabilities import SqlClient, known_settings
 from server_ext.errors import StagingChanged
 from server_ext.manifest import Manifest, PartitionManifest, StagedPart
 from server_ext.schema import TargetTable
@@ -27,6 +27,9 @@ from server_ext.sql import qualified_name, split_table_name, sql_string
 from server_ext.staging import STAGING_DATABASE
 
 MERGE_WORKERS = 4  # OPTIMIZE statements of one table at once
+# Newer servers' OPTIMIZE ... FINAL rewrites a partition that is one merged part already
+# (45 ms for 100,000 rows on 26.x); 18.16 has no such setting.
+SKIP_MERGED = "optimize_skip_merged_partitions"
 
 
 class StagedRowsMismatch(Exception):
@@ -155,17 +158,19 @@ def merge_partitions(client: SqlClient, staging: str, partition_ids: list[str],
 
     Staging merges are off (see ``staging``), unless ``merges_on``; OPTIMIZE still merges
     while they are started, and the background merge selector cannot pick any part
-    meanwhile. Partitions
-    merge at once where the client allows it (``concurrent``): a merge is one thread on
-    the server, and four partitions of 50k rows merged 1.5x faster so on 2 cores (18.16
-    and 26.x alike).
+    meanwhile. Partitions merge at once where the client allows it (``concurrent``): a
+    merge is one thread on the server, and four partitions of 50k rows merged 1.5x faster
+    so on 2 cores (18.16 and 26.x alike).
     """
     if not partition_ids:
         return
+    # A background merge (merges on) may have made a partition one part since the caller
+    # counted its parts: that part is not rewritten.
+    settings = {SKIP_MERGED: 1} if SKIP_MERGED in known_settings(client, (SKIP_MERGED,)) else None
 
     def merge(pid: str) -> None:
         client.execute(f"OPTIMIZE TABLE {staging} PARTITION ID {sql_string(pid)} FINAL",
-                       purpose="merge staged parts")
+                       purpose="merge staged parts", settings=settings)
 
     if not merges_on:
         client.execute(f"SYSTEM START MERGES {staging}", purpose="start merges in staging")

@@ -26,7 +26,7 @@ from server_ext.ledger import MemoryLedger
 from server_ext.manifest import Manifest
 from server_ext.publish_steps import STEPS as PUBLISH_STEPS
 from server_ext.schema import describe_table
-from server_ext.seal import seal
+from server_ext.seal import merge_partitions, seal
 from server_ext.staging import STAGING_DATABASE, create_staging, staging_table_name
 from tests.conftest import run_sql
 from tests.test_publish import Crash, crash_at, expect, keys_in, make_target, stage
@@ -304,3 +304,19 @@ def test_a_contribution_to_a_missing_precombined_table_reports_failure(
     target = make_target(clickhouse_url, client, ch_db, "plain")
     source = stage(client, clickhouse_url, target, staging_names(), first_key=0)
     assert not contribute(client, source, precombined)
+
+
+@pytest.mark.parametrize("server", ["ch26"], indirect=True)  # 18.16 lacks the setting
+def test_merging_a_partition_that_a_background_merge_made_one_part_leaves_that_part(
+        server_url: str, server_db: str) -> None:
+    table = f"`{server_db}`.pool"
+    run_sql(server_url, f"CREATE TABLE {table} (d Date, k UInt64) ENGINE = MergeTree "
+                        "PARTITION BY toYYYYMM(d) ORDER BY k")
+    for start in (0, 100):
+        run_sql(server_url, f"INSERT INTO {table} SELECT toDate('2024-01-01'), {start} + number "
+                            "FROM numbers(100)")
+    run_sql(server_url, f"OPTIMIZE TABLE {table} FINAL")  # what the background merge did
+    parts = f"SELECT name FROM system.parts WHERE database = '{server_db}' AND active"
+    merged = run_sql(server_url, parts).split()
+    merge_partitions(ClickHouseClient(server_url), table, ["202401"], merges_on=True)
+    assert run_sql(server_url, parts).split() == merged == ["202401_1_2_1"]
