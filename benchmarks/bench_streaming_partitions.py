@@ -12,7 +12,7 @@ Printed per (server, sink): Spark's median ``triggerExecution`` and ``addBatch``
 micro-batches that carried the workload, the sink's median ``commit_ms`` and
 ``cleanup_ms`` (recorded per epoch in ZooKeeper), mean and max visibility latency, and
 whether the query kept up: every row visible, and the median micro-batch no longer than
-the trigger interval. Writes ``results/streaming_partitions.json``.
+the trigger interval. Writes ``results/streaming_partitions.json`` and ``.png``.
 
 Measured in the same run, the **floor** of any Python sink for one micro-batch: a batch
 job of the micro-batch's shape (rows and partitions) written by the no-op Python Arrow
@@ -36,6 +36,7 @@ import time
 import warnings
 from pathlib import Path
 
+import plots
 from sinkbench import environment, streaming, workload
 from sinkbench.environment import Scratch, load
 from sinkbench.noop_source import NAME as NOOP_ARROW
@@ -154,7 +155,8 @@ def main() -> None:
            "load_end": load(), "floor": floor, "results": results}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "streaming_partitions.json").write_text(json.dumps(out, indent=1) + "\n")
-    print(f"\nwritten {args.out / 'streaming_partitions.json'}")
+    picture = plots.streaming_partitions(out, args.out)
+    print(f"\nwritten {args.out / 'streaming_partitions.json'} and {picture}")
 
 
 if __name__ == "__main__":

@@ -314,6 +314,32 @@ def partitions(data: dict, out: Path) -> Path | None:
     return _save(fig, out / "partitions.png")
 
 
+def streaming_partitions(data: dict, out: Path) -> Path | None:
+    """``bench_streaming_partitions.py``: median micro-batch per server and sink, against
+    the trigger interval and the floor (the no-op Python writer, same run)."""
+    rows = [r for r in data.get("results", []) if r.get("trigger_ms_median")]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=SIZE)
+    labels = [f"{r['server']} {r['sink']}" for r in rows]
+    seconds = [r["trigger_ms_median"] / 1000 for r in rows]
+    ax.bar(labels, seconds, color=[COLORS.get(r["sink"], "#7f7f7f") for r in rows])
+    trigger = rows[0].get("trigger_s")
+    if trigger:
+        ax.axhline(trigger, color="black", linestyle="--", linewidth=0.8,
+                   label=f"trigger {trigger:g} s")
+    floor = (data.get("floor") or {}).get("median_ms")
+    if floor:
+        ax.axhline(floor / 1000, color=COLORS["arrow_noop"], linewidth=1.2,
+                   label=f"floor: no-op Python writer {floor / 1000:.1f} s")
+    ax.set_ylabel("micro-batch s (triggerExecution, median)", fontsize=8)
+    partitions = rows[0].get("partitions", "")
+    ax.set_title(f"{partitions}-partition micro-batches: keeping up means below the trigger",
+                 fontsize=9)
+    ax.legend(fontsize=7)
+    return _save(fig, out / "streaming_partitions.png")
+
+
 def components(results: Path, out: Path) -> Path | None:
     """The three component benchmarks side by side, if their JSON is there."""
     loaded = {name: json.loads((results / f"{name}.json").read_text())
@@ -456,6 +482,9 @@ def draw_all(results: Path) -> list[Path]:
     shards_file = results / "shards.json"
     if shards_file.exists():
         written.append(shards(json.loads(shards_file.read_text()), results))
+    streaming_file = results / "streaming_partitions.json"
+    if streaming_file.exists():
+        written.append(streaming_partitions(json.loads(streaming_file.read_text()), results))
     partitions_file = results / "partitions.json"
     if partitions_file.exists():
         written.append(partitions(json.loads(partitions_file.read_text()), results))
