@@ -31,9 +31,9 @@ from kazoo.client import KazooClient
 from pyspark.sql.types import DateType, DoubleType, LongType, StringType, StructField, StructType
 
 import txsink.crashpoints
-from coordinator import Coordinator, SinkTakenOver, XidState
+from coordinator import Coordinator, SinkTakenOver, XidDecided, XidState
 from tests.conftest import kazoo_client, run_sql
-from tests.sinkutil import assert_exactly_once, id_counts
+from tests.sinkutil import assert_exactly_once, id_counts, staging_tables
 from tests.test_coordinator_session import expire_session
 from txsink import driver
 from txsink.datasource import ClickHouseTxDataSource
@@ -225,6 +225,32 @@ def test_job_whose_session_expired_at_step_yields_to_recover_and_rows_appear_onc
     finally:
         client.stop()
         client.close()
+
+
+# -- a task attempt overlapping its xid's decision ---------------------------------------
+
+
+def test_a_task_aborted_between_its_register_and_its_staging_drops_that_staging(
+        sink: Sink, hold_at) -> None:
+    # The abort rolls back the registered branch before its staging table exists; the
+    # task then creates and fills it, and learns of the decision only at prepare.
+    writer = ClickHouseTxDataSource(sink.options).writer(SCHEMA, False)
+    hold_at("branch.after_register", lambda: writer.abort([]))
+    with pytest.raises(XidDecided, match="Aborted"):
+        writer.write(iter([task_batch(0, ROWS_PER_TASK)]))
+    assert staging_tables(sink.url, sink.options) == []
+    assert id_counts(sink.url, sink.table) == {}
+
+
+def test_a_task_taken_over_between_its_register_and_its_staging_drops_that_staging(
+        sink: Sink, hold_at) -> None:
+    # A second driver fences the sink and its recovery aborts the xid in that window.
+    writer = ClickHouseTxDataSource(sink.options).writer(SCHEMA, False)
+    hold_at("branch.after_register", sink.second_driver)
+    with pytest.raises(SinkTakenOver):
+        writer.write(iter([task_batch(0, ROWS_PER_TASK)]))
+    assert staging_tables(sink.url, sink.options) == []
+    assert id_counts(sink.url, sink.table) == {}
 
 
 # -- free-running: recover loop and second drivers against committing jobs ----------------

@@ -5,7 +5,10 @@ Contract (what Spark's ``DataWriter`` asks, made exactly-once):
 - A branch is registered in ZooKeeper *before* its staging table exists, so every
   staging table a coordinator may have to drop is known to it. A registration after the
   xid is decided (a zombie or speculative loser) is refused; a staging table such a
-  task creates anyway is left to the sweeper.
+  task creates anyway is left to the sweeper. An attempt that registered in time but
+  learns at prepare that its xid was decided, or that a newer writer took the sink over,
+  drops its own staging (``_Attempt.drop_staging``): the rollback of the decision (or of
+  the newer writer's recovery) may have run before the table existed.
 - Rows go only into the branch's own staging table: nothing is visible until the driver
   publishes. A failed or killed attempt leaves staging that the driver's commit (as a
   non-winner) or recovery drops.
@@ -39,7 +42,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 import server_ext
-from coordinator import Coordinator, CoordinatorError, XidState
+from coordinator import Coordinator, CoordinatorError, Fenced, XidDecided, XidState
 from server_ext import consolidate
 from server_ext.errors import ClickHouseError
 from server_ext.sharding import Shard, ShardRouter
@@ -223,6 +226,26 @@ class _Attempt:
         return (sum(s[2] for s in sealed), sum(s[3] for s in sealed),
                 sum(len(s[1].partitions) for s in sealed))
 
+    def drop_staging(self) -> None:
+        """Drop this attempt's staging tables once its xid was decided without it (or a
+        newer writer took the sink over).
+
+        None of its branches can be published: a winner's task returned its message
+        before the decision, and a newer writer never publishes an older generation's
+        undecided branches. The rollback that decided so may have run before a table
+        existed (registered, then staged after the rollback dropped nothing). A drop that
+        fails is left to the sweeper.
+        """
+        for branch in self.branches.values():
+            if branch.writer is not None:
+                branch.writer.abort()
+            try:
+                server_ext.rollback(branch.client, branch.staging)
+            except ClickHouseError as exc:
+                log.warning("xid %s/%d decided without branch %s; its staging %s is left for "
+                            "txsink gc: %s", self.plan.sink_id, self.epoch, branch.branch_id,
+                            branch.staging, exc)
+
     def contribute(self, branch: _ShardBranch, manifest: server_ext.Manifest) -> str:
         """Attach a sealed branch of small parts into the pre-combined table; its name if
         that worked, "" if the branch is not contributed (large parts, an overwrite, or
@@ -283,14 +306,18 @@ def _write_branch(plan: WritePlan, coord: Coordinator, epoch: int, generation: i
 
     started = time.time()
     attempt = _Attempt(plan, epoch, generation)
-    if len(plan.shard_layout.shards) == 1:
-        attempt.open(0)  # at once: an attempt that starts after the decision fails here
-    for batch in batches:
-        if batch.num_rows:
-            attempt.write(batch)
-    stage_ms = (time.time() - started) * 1000
-    sealed = time.time()
-    rows, bytes_sent, partitions = attempt.prepare()
+    try:
+        if len(plan.shard_layout.shards) == 1:
+            attempt.open(0)  # at once: an attempt that starts after the decision fails here
+        for batch in batches:
+            if batch.num_rows:
+                attempt.write(batch)
+        stage_ms = (time.time() - started) * 1000
+        sealed = time.time()
+        rows, bytes_sent, partitions = attempt.prepare()
+    except (XidDecided, Fenced):  # decided, or by a newer writer's recovery, without it
+        attempt.drop_staging()
+        raise
     return BranchMessage(
         epoch=epoch, generation=generation,
         branch_ids=tuple(b.branch_id for b in attempt.branches.values()), rows=rows,
