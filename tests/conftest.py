@@ -7,9 +7,13 @@ own ClickHouse database and its own ZooKeeper chroot, so tests cannot see each o
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import requests
@@ -19,12 +23,42 @@ from kazoo.retry import KazooRetry
 
 from server_ext.client import ClickHouseClient
 from server_ext.staging import STAGING_DATABASE, staging_table_name
+from txsink import cli
 from txsink.harness.services import Cluster, Services
 
 # The same examples on every run: an input that crashes the shared server (as some
 # LowCardinality blocks crash 18.16) must fail every run, not one run in a few.
 settings.register_profile("txsink", derandomize=True)
 settings.load_profile("txsink")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on (at the moment of asking)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def status_line(capsys: pytest.CaptureFixture[str], name: str) -> str:
+    """The line of ``txsink services status`` for the service ``name``."""
+    assert cli.main(["services", "status"]) == 0
+    return next(line for line in capsys.readouterr().out.splitlines()
+                if line.startswith(name))
+
+
+@pytest.fixture(scope="session")
+def elsewhere_certificate(tmp_path_factory) -> tuple[Path, Path]:
+    """(certificate, key): self-signed, naming only ``elsewhere.invalid``: a CA that
+    vouches for none of the test servers, and a certificate for another host."""
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl is needed to make the test certificate")
+    folder = tmp_path_factory.mktemp("elsewhere")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=elsewhere.invalid",
+                    "-addext", "subjectAltName=DNS:elsewhere.invalid",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return cert, key
 
 
 @pytest.fixture(scope="session")

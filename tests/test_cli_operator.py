@@ -3,7 +3,6 @@ what it shows of epochs that recovery finished."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ import pytest
 
 from coordinator import Coordinator
 from server_ext.manifest import Manifest
+from tests.conftest import free_port
 from txsink import payload
 
 
@@ -19,11 +19,6 @@ def txsink(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "txsink", *args], capture_output=True,
                           text=True, timeout=60)
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_status_of_a_root_without_sinks_says_so(zk_hosts, zk_chroot):

@@ -6,7 +6,6 @@ answer "read-only replica" on demand without stopping the shared ZooKeeper.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -17,15 +16,8 @@ import pytest
 from server_ext.client import ClickHouseClient
 from server_ext.errors import ClickHouseError, ServerUnreachable
 from server_ext.sql import qualified_name, quote_identifier, split_table_name
-from tests.conftest import run_sql
+from tests.conftest import free_port, run_sql
 from txsink.harness.services import SECRET_PASSWORD, SECRET_USER
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 # -- answers --------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import requests
 
 from server_ext.capabilities import choose_strategy, detect_capabilities
 from server_ext.client import ClickHouseClient
-from tests.conftest import run_sql
+from tests.conftest import run_sql, status_line
 from txsink import cli
 from txsink.harness.modern_server import (
     TESTED_CHDB_VERSIONS,
@@ -92,9 +92,7 @@ def test_status_shows_the_modern_server_with_its_version(
     assert info["pid"] == modern_clickhouse.process.pid() is not None
     assert info["ready"] and info["address"] == modern_clickhouse.url
     assert str(info["version"]).startswith("26.")
-    assert cli.main(["services", "status"]) == 0
-    line = next(line for line in capsys.readouterr().out.splitlines()
-                if line.startswith("clickhouse-modern"))
+    line = status_line(capsys, "clickhouse-modern")
     assert modern_clickhouse.url in line and "ready" in line and "version=26." in line
 
 

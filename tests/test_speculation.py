@@ -11,7 +11,6 @@ writes its rows too. Only the authorised attempt may become visible, and after
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,17 +20,12 @@ import pyspark
 import pytest
 
 from coordinator import Coordinator
-from tests.conftest import run_sql
+from tests.conftest import free_port, run_sql
 from tests.sinkutil import assert_exactly_once, create_events
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 ROOT = Path(__file__).resolve().parent.parent
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def wait_for_log(path: Path, text: str, timeout: float = 60) -> None:

@@ -17,10 +17,7 @@ real server cannot show is a trusted certificate naming another host (it listens
 from __future__ import annotations
 
 import re
-import shutil
-import socket
 import ssl
-import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
@@ -33,9 +30,8 @@ import txsink
 from coordinator import Coordinator
 from server_ext.client import ClickHouseClient
 from server_ext.errors import ClickHouseError
-from tests.conftest import kazoo_client
+from tests.conftest import free_port, kazoo_client, status_line
 from tests.sinkutil import assert_exactly_once, create_events, events_df, id_counts, staging_tables
-from txsink import cli
 from txsink.harness.services import (
     SECRET_PASSWORD,
     SECRET_USER,
@@ -137,18 +133,14 @@ def test_requests_ca_bundle_set_when_the_client_is_made_verifies_the_server(
 
 
 def test_services_status_lists_the_https_url_with_its_ca_file(https_server, capsys):
-    assert cli.main(["services", "status"]) == 0
-    line = next(line for line in capsys.readouterr().out.splitlines()
-                if line.startswith("clickhouse-https"))
+    line = status_line(capsys, "clickhouse-https")
     assert f"{https_server.https_url} " in line and " ready " in line
     assert f"ca_file={https_server.ca_file}" in line
 
 
 def test_a_server_running_without_https_is_reported_with_how_to_restart(
         services: Services, tmp_path: Path):
-    with socket.socket() as sock:  # a port nothing listens on, as after an older ``up``
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # nothing listens on it, as after an older ``up``
     older = ClickHouse(tmp_path, services.zookeeper, https_port=port)
     ensure_certificate(older.tls_dir)
     problem = older.https_problem()
@@ -170,19 +162,6 @@ class _Answer(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:
         pass
 
-
-@pytest.fixture(scope="module")
-def elsewhere_certificate(tmp_path_factory) -> tuple[Path, Path]:
-    """A self-signed certificate naming only ``elsewhere.invalid``."""
-    if shutil.which("openssl") is None:
-        pytest.fail("openssl is needed to make the test certificate")
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=elsewhere.invalid",
-                    "-addext", "subjectAltName=DNS:elsewhere.invalid",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    return cert, key
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,8 @@ certificate naming another host is shown by a tiny local TLS server instead.
 
 from __future__ import annotations
 
-import shutil
 import socket
 import ssl
-import subprocess
 import threading
 import time
 import uuid
@@ -26,7 +24,7 @@ import pytest
 
 import txsink
 from coordinator import Coordinator, XidState, ZooKeeperTLS, ZooKeeperTLSError
-from tests.conftest import kazoo_client
+from tests.conftest import free_port, kazoo_client, status_line
 from tests.sinkutil import assert_exactly_once, create_events, events_df, id_counts, staging_tables
 from txsink import cli, connections
 from txsink.harness.services import Services, ZooKeeper
@@ -49,20 +47,6 @@ def tls_zookeeper(services: Services) -> ZooKeeper:
 def secure_hosts(tls_zookeeper: ZooKeeper) -> str:
     return str(tls_zookeeper.secure_hosts)
 
-
-@pytest.fixture(scope="module")
-def elsewhere_certificate(tmp_path_factory) -> tuple[Path, Path]:
-    """A self-signed certificate naming only ``elsewhere.invalid``: a CA that does not
-    vouch for the test ZooKeeper, and a certificate for another host."""
-    if shutil.which("openssl") is None:
-        pytest.fail("openssl is needed to make the test certificate")
-    folder = tmp_path_factory.mktemp("zktls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=elsewhere.invalid",
-                    "-addext", "subjectAltName=DNS:elsewhere.invalid",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    return cert, key
 
 
 @pytest.fixture
@@ -187,18 +171,14 @@ def test_a_trusted_certificate_for_another_host_is_refused(elsewhere_port, elsew
 
 def test_services_status_lists_the_zookeeper_tls_address_with_its_ca_file(
         tls_zookeeper, capsys):
-    assert cli.main(["services", "status"]) == 0
-    line = next(line for line in capsys.readouterr().out.splitlines()
-                if line.startswith("zookeeper-tls"))
+    line = status_line(capsys, "zookeeper-tls")
     assert f"{tls_zookeeper.secure_hosts} " in line and " ready " in line
     assert f"ca_file={tls_zookeeper.ca_file}" in line
 
 
 def test_a_zookeeper_running_without_tls_is_reported_with_how_to_restart(
         services: Services, tmp_path: Path):
-    with socket.socket() as sock:  # a port nothing listens on, as after an older ``up``
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # nothing listens on it, as after an older ``up``
     older = ZooKeeper(tmp_path, port=services.zookeeper.port, secure_port=port)
     older.write_keystore()
     problem = older.tls_problem()

@@ -137,6 +137,18 @@ def ensure_installed() -> None:
             policy.unlink(missing_ok=True)
 
 
+def tls_dir(home: Path) -> Path:
+    """Where the services under ``home`` keep their one certificate (ClickHouse's HTTPS
+    and ZooKeeper's TLS port share it)."""
+    return home / "tls"
+
+
+def certificate_paths(folder: Path) -> tuple[Path, Path]:
+    """(certificate, key) as :func:`ensure_certificate` keeps them in ``folder``; the
+    certificate is self-signed, so it is also the CA clients verify with."""
+    return folder / "cert.pem", folder / "key.pem"
+
+
 def ensure_certificate(folder: Path) -> tuple[Path, Path]:
     """(certificate, key) in ``folder``: a self-signed pair for 127.0.0.1 and localhost,
     made on first use and kept.
@@ -145,7 +157,7 @@ def ensure_certificate(folder: Path) -> tuple[Path, Path]:
     on the CA.  Made in a private folder and renamed into place, so that two ``up`` runs
     at once never pair one's certificate with the other's key.
     """
-    cert, key = folder / "cert.pem", folder / "key.pem"
+    cert, key = certificate_paths(folder)
     if cert.exists() and key.exists():
         return cert, key
     if shutil.which(OPENSSL_BINARY) is None:
@@ -327,12 +339,12 @@ class ZooKeeper:
 
     @property
     def tls_dir(self) -> Path:
-        return self.home / "tls"
+        return tls_dir(self.home)
 
     @property
     def ca_file(self) -> Path:
         """The self-signed certificate (shared with ClickHouse's HTTPS), its own CA."""
-        return self.tls_dir / "cert.pem"
+        return certificate_paths(self.tls_dir)[0]
 
     @property
     def keystore(self) -> Path:
@@ -526,12 +538,12 @@ class ClickHouse:
 
     @property
     def tls_dir(self) -> Path:
-        return self.home / "tls"
+        return tls_dir(self.home)
 
     @property
     def ca_file(self) -> Path:
         """The self-signed certificate, which is also the CA that verifies it."""
-        return self.tls_dir / "cert.pem"
+        return certificate_paths(self.tls_dir)[0]
 
     def https_problem(self) -> str | None:
         """Why ``https_url`` does not answer ``/ping`` over verified TLS, or None if it does.
