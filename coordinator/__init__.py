@@ -36,7 +36,7 @@ from coordinator.records import BranchRecord, StreamRecord, XidRecord
 from coordinator.recovery import RecoveryAction, RecoveryReport
 from coordinator.states import BranchState, XidState
 from coordinator.stream import ResetOutcome
-from coordinator.tls import ZooKeeperTLS, ZooKeeperTLSError, tls_ports
+from coordinator.tls import ZooKeeperTLS, ZooKeeperTLSError, tls_hint
 
 __all__ = [
     "AccessDenied",
@@ -77,5 +77,5 @@ __all__ = [
     "ZooKeeperTLS",
     "ZooKeeperTLSError",
     "audit",
-    "tls_ports",
+    "tls_hint",
 ]

@@ -135,6 +135,13 @@ def tls_ports(hosts: str, timeout: float = HANDSHAKE_SECONDS) -> list[str]:
             if speaks_tls(host, port, timeout)]
 
 
+def tls_hint(hosts: str, remedy: str) -> str:
+    """Why a plain session to ``hosts`` never started, when a port answers TLS instead:
+    "; <host:port> speaks TLS: <remedy>", or "" (for the end of a "did not answer")."""
+    found = tls_ports(hosts)
+    return f"; {', '.join(found)} speaks TLS: {remedy}" if found else ""
+
+
 def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 

@@ -100,12 +100,11 @@ def _print_https(clickhouse) -> None:
 
 def _operations(args: argparse.Namespace) -> int:
     from txsink import operations
-    from txsink.options import ZOOKEEPER_CA_FILE_VARIABLE, OptionError, credentials_from
+    from txsink.options import ZOOKEEPER_CA_FILE_VARIABLE, credentials_from, require_file
 
     credentials = credentials_from(os.environ)
     ca_file = os.environ.get(ZOOKEEPER_CA_FILE_VARIABLE) or None
-    if ca_file is not None and not os.path.isfile(ca_file):
-        raise OptionError(f"{ZOOKEEPER_CA_FILE_VARIABLE}={ca_file!r} is not a readable file")
+    require_file(ZOOKEEPER_CA_FILE_VARIABLE, ca_file)
     ops = operations.Operations(
         zookeeper=args.zookeeper, zk_root=args.zk_root, url=getattr(args, "url", None),
         user=credentials.get("user"), password=credentials.get("password"),

@@ -13,7 +13,7 @@ import threading
 from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
-from coordinator import AccessDenied, Coordinator, DigestAuth, ZooKeeperTLS, tls_ports
+from coordinator import AccessDenied, Coordinator, DigestAuth, ZooKeeperTLS, tls_hint
 from server_ext.client import ClickHouseClient
 from txsink import crashpoints
 from txsink.options import SinkOptions
@@ -62,17 +62,10 @@ def zookeeper(hosts: str, timeout: float = 15.0, auth: str | None = None,
             client.close()
             raise ZooKeeperUnreachable(
                 f"ZooKeeper at {hosts} did not answer within {timeout:.0f}s ({exc})"
-                f"{'' if tls else _tls_hint(hosts)}"
+                f"{'' if tls else tls_hint(hosts, 'give the zookeeper_ca_file option')}"
             ) from None
         _zk[(hosts, auth, ca_file)] = client
         return client
-
-
-def _tls_hint(hosts: str) -> str:
-    """Why a plain session never started, when a port answers TLS instead."""
-    found = tls_ports(hosts)
-    return (f"; {', '.join(found)} speaks TLS: give the zookeeper_ca_file option"
-            if found else "")
 
 
 def clickhouse(options: SinkOptions, url: str | None = None) -> ClickHouseClient:

@@ -39,7 +39,7 @@ from coordinator import (
     XidState,
     ZooKeeperTLS,
     audit,
-    tls_ports,
+    tls_hint,
 )
 from coordinator.recovery import FAILED, IN_PROGRESS, ROLLED_BACK, ROLLED_FORWARD, RecoveryAction
 from server_ext.capabilities import strategy_problem
@@ -151,12 +151,11 @@ class Operations:
             self.zk.stop()
             self.zk.close()
             hosts = zookeeper.partition("/")[0]
-            found = [] if tls else tls_ports(hosts)
+            hint = "" if tls else tls_hint(
+                hosts, "set TXSINK_ZOOKEEPER_CA_FILE to the CA of its certificate")
             raise ZooKeeperUnreachable(
                 f"no answer from ZooKeeper at {hosts} within {CONNECT_SECONDS:.0f} s (is it "
-                "running, and is --zookeeper host:port[/chroot] right?)"
-                + (f"; {', '.join(found)} speaks TLS: set TXSINK_ZOOKEEPER_CA_FILE to the "
-                   "CA of its certificate" if found else "")) from None
+                f"running, and is --zookeeper host:port[/chroot] right?){hint}") from None
         self.url = url
         self.protected: list[str] = []  # sinks left out: their ACL names other credentials
         self._credentials = (user, password)

@@ -152,6 +152,13 @@ CREDENTIAL_VARIABLES = {"user": "TXSINK_CLICKHOUSE_USER",
 ZOOKEEPER_CA_FILE_VARIABLE = "TXSINK_ZOOKEEPER_CA_FILE"
 
 
+def require_file(label: str, path: object) -> None:
+    """Refuse ``label=path`` unless ``path`` is unset or names a file (a CA bundle that
+    is missing would otherwise fail only at the first TLS handshake)."""
+    if path and not os.path.isfile(str(path)):
+        raise OptionError(f"{label}={path!r} is not a readable file")
+
+
 def credentials_from(env: Mapping[str, str]) -> dict[str, str]:
     """``user``/``password``/``zookeeper_auth`` from the credential variables of ``env``
     (unset or empty: absent)."""
@@ -236,8 +243,7 @@ def parse_options(
                           f"{', '.join(ENCODINGS)}")
     values["compression"] = None if compression == "none" else compression
     for name in ("ca_file", "zookeeper_ca_file"):
-        if values.get(name) and not os.path.isfile(str(values[name])):
-            raise OptionError(f"option {name}={values[name]!r} is not a readable file")
+        require_file(f"option {name}", values.get(name))
     if "shards" in values:
         try:
             parse_shard_urls(str(values["shards"]))
