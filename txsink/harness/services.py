@@ -287,6 +287,23 @@ def _reap(pid: int) -> None:
         pass
 
 
+RESTART = "restart the services (txsink services down, then txsink services up)"
+
+
+def _listener_problem(ca_file: Path, port: int, listener: str, plain_port: int,
+                      server: str, what: str) -> str | None:
+    """Why a TLS listener of the services cannot answer before any handshake (no
+    certificate, or a server started from a config without it), or None."""
+    if not ca_file.exists():
+        return f"no certificate at {ca_file}: {RESTART}"
+    if port_open(port):
+        return None
+    if not port_open(plain_port):
+        return f"{server} is not running"
+    return (f"nothing listens on {listener}: {server} was started from a config without "
+            f"{what}; {RESTART}")
+
+
 #: Seconds a ClickHouse 18.16 server may take to answer after its start: it loads every
 #: table's metadata first, and one with thousands of tables left by earlier runs (crashed
 #: jobs' staging) was not ready within 60 s on a 2-core machine.
@@ -373,18 +390,14 @@ class ZooKeeper:
         """
         if self.secure_port is None:
             return "ZooKeeper has no TLS port configured"
-        restart = "restart the services (txsink services down, then txsink services up)"
-        if not self.ca_file.exists():
-            return f"no certificate at {self.ca_file}: {restart}"
-        if not port_open(self.secure_port):
-            if not port_open(self.port):
-                return f"ZooKeeper at {self.hosts} is not running"
-            return (f"nothing listens on {self.secure_hosts}: ZooKeeper at {self.hosts} was "
-                    f"started from a config without TLS; {restart}")
+        problem = _listener_problem(self.ca_file, self.secure_port, str(self.secure_hosts),
+                                    self.port, f"ZooKeeper at {self.hosts}", "TLS")
+        if problem is not None:
+            return problem
         problem = handshake_problem(ZooKeeperTLS(str(self.ca_file)).context(), "127.0.0.1",
                                     self.secure_port, timeout=2.0)
         if problem is not None:
-            return f"TLS with ZooKeeper at {self.secure_hosts} fails ({problem}): {restart}"
+            return f"TLS with ZooKeeper at {self.secure_hosts} fails ({problem}): {RESTART}"
         return None
 
     def write_keystore(self) -> Path:
@@ -551,22 +564,18 @@ class ClickHouse:
         A server started from a config without ``<https_port>`` (an older ``up``) keeps
         running without it: the answer then says to restart the services.
         """
-        if self.https_url is None:
+        if self.https_port is None:
             return f"ClickHouse {self.name} has no HTTPS port configured"
-        restart = "restart the services (txsink services down, then txsink services up)"
-        if not self.ca_file.exists():
-            return f"no certificate at {self.ca_file}: {restart}"
-        if not port_open(self.https_port):  # type: ignore[arg-type]
-            if not port_open(self.http_port):
-                return f"ClickHouse at {self.url} is not running"
-            return (f"nothing listens on {self.https_url}: ClickHouse at {self.url} was "
-                    f"started from a config without HTTPS; {restart}")
+        problem = _listener_problem(self.ca_file, self.https_port, str(self.https_url),
+                                    self.http_port, f"ClickHouse at {self.url}", "HTTPS")
+        if problem is not None:
+            return problem
         try:
             answer = requests.get(f"{self.https_url}/ping", verify=str(self.ca_file),
                                   timeout=2.0)
         except requests.exceptions.SSLError as exc:
             return (f"{self.https_url} does not present the certificate of {self.ca_file} "
-                    f"({type(exc).__name__}): {restart}")
+                    f"({type(exc).__name__}): {RESTART}")
         except requests.RequestException as exc:
             return f"{self.https_url} does not answer ({type(exc).__name__})"
         if answer.content.strip() != b"Ok.":
