@@ -20,7 +20,6 @@ def txsink(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=60)
 
 
-
 def test_status_of_a_root_without_sinks_says_so(zk_hosts, zk_chroot):
     done = txsink("status", "--zookeeper", zk_hosts + zk_chroot)
     assert done.returncode == 0

@@ -27,7 +27,6 @@ SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 ROOT = Path(__file__).resolve().parent.parent
 
 
-
 def wait_for_log(path: Path, text: str, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

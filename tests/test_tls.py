@@ -163,7 +163,6 @@ class _Answer(BaseHTTPRequestHandler):
         pass
 
 
-
 @pytest.fixture(scope="module")
 def elsewhere_url(elsewhere_certificate) -> Iterator[str]:
     cert, key = elsewhere_certificate

@@ -48,7 +48,6 @@ def secure_hosts(tls_zookeeper: ZooKeeper) -> str:
     return str(tls_zookeeper.secure_hosts)
 
 
-
 @pytest.fixture
 def target(clickhouse_url: str, ch_db: str) -> str:
     return create_events(clickhouse_url, ch_db, name="zktls_events")
