@@ -149,16 +149,19 @@ def publish_combined(
     ledger: Ledger,
     *,
     precombined: str = "",
+    target: TargetTable | None = None,
     on_step: StepHook | None = None,
     limits: SizeLimits = DEFAULT_LIMITS,
 ) -> PublishReport:
     """Publish the sealed staging tables ``sources`` (one target, one server) in one pass
     through ``combined_table`` (in the staging database). ``precombined``: the table every
-    source with rows contributed to ("" if not all did). Re-runnable; the caller drops
-    the combined table afterwards, as it drops a branch's staging after ``publish``."""
+    source with rows contributed to ("" if not all did). ``target``: the description the
+    sources' staging tables were created from, if the caller has it (else the target is
+    described). Re-runnable; the caller drops the combined table afterwards, as it drops a
+    branch's staging after ``publish``."""
     step = on_step or no_step
     manifest = combine(client, sources, combined_table, ledger, precombined=precombined,
-                       on_step=step, limits=limits)
+                       target=target, on_step=step, limits=limits)
     return publish(client, manifest, strategy, ledger, on_step=step)
 
 
@@ -169,6 +172,7 @@ def combine(
     ledger: Ledger,
     *,
     precombined: str = "",
+    target: TargetTable | None = None,
     on_step: StepHook = no_step,
     limits: SizeLimits = DEFAULT_LIMITS,
 ) -> Manifest:
@@ -178,7 +182,7 @@ def combine(
     if record.get("state") == COMBINED:
         manifest = Manifest.from_dict(record["manifest"])
     else:
-        manifest = _build(client, sources, combined_table, precombined, limits)
+        manifest = _build(client, sources, combined_table, precombined, target, limits)
         on_step(STEP_AFTER_COMBINE)
         ledger.put(key, {"state": COMBINED, "manifest": manifest.to_dict()})
         on_step(STEP_AFTER_RECORD)
@@ -186,13 +190,14 @@ def combine(
 
 
 def _build(client: SqlClient, sources: list[Manifest], combined_table: str,
-           precombined: str, limits: SizeLimits) -> Manifest:
+           precombined: str, target: TargetTable | None, limits: SizeLimits) -> Manifest:
     targets = {(m.target_database, m.target_table) for m in sources}
     if len(targets) != 1:
         raise ValueError(f"sources of one combined table must share a target, got {targets}")
     database, table = next(iter(targets))
     sources = [m for m in sources if m.partitions]  # a task without rows staged no table
-    target = describe_table(client, f"{database}.{table}")
+    if target is None or (target.database, target.name) != (database, table):
+        target = describe_table(client, f"{database}.{table}")
     staging = staging_qualified(combined_table)
     adopted = None
     if sources and precombined:

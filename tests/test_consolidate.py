@@ -266,6 +266,29 @@ def test_combine_takes_the_rows_from_the_precombined_table_when_every_source_con
     assert active_parts(clickhouse_url, ch_db) == {"202401": 1, "202402": 1, "202403": 1}
 
 
+class DescribeCounter(ClickHouseClient):
+    """A client that counts the statements describing a table."""
+
+    describes = 0
+
+    def query_rows(self, sql: str, *, purpose: str, settings: dict | None = None) -> list[dict]:
+        self.describes += purpose.startswith("describe table")
+        return super().query_rows(sql, purpose=purpose, settings=settings)
+
+
+def test_a_combine_given_the_stagings_description_does_not_describe_the_target_again(
+        clickhouse_url, ch_db, staging_names, combined, precombined):
+    client = DescribeCounter(clickhouse_url)
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    sources = staged_branches(client, clickhouse_url, target, staging_names)
+    contributed(client, target, sources, precombined)
+    client.describes = 0
+    publish_combined(client, sources, combined, "attach_marked", MemoryLedger(),
+                     precombined=precombined, target=target)
+    assert keys_in(clickhouse_url, ch_db) == expect(range(BRANCHES * ROWS))
+    assert client.describes == 0
+
+
 @pytest.mark.parametrize("spoiled_by", ["a failed attempt's contribution",
                                         "a branch contributed twice", "its table dropped"])
 def test_a_precombined_table_with_other_rows_makes_the_combine_read_the_sources(

@@ -36,8 +36,10 @@ log = logging.getLogger(__name__)
 HOLDER_WAIT_SECONDS = 15.0
 
 
-def publisher_for(options: SinkOptions, coord: Coordinator) -> BranchPublisher:
-    return BranchPublisher(lambda url: connections.clickhouse(options, url), coord)
+def publisher_for(options: SinkOptions, coord: Coordinator,
+                  target: server_ext.TargetTable | None = None) -> BranchPublisher:
+    return BranchPublisher(lambda url: connections.clickhouse(options, url), coord,
+                           target=target)
 
 
 def open_sink(options: SinkOptions, sink_id: str) -> tuple[Coordinator, int]:
@@ -185,7 +187,7 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> Non
         return
     started = time.time()
     generation = generation_of(plan, coord, messages)
-    publisher = publisher_for(plan.options, coord)
+    publisher = publisher_for(plan.options, coord, plan.table)
     try:
         coord.begin(epoch, generation)  # a micro-batch with no task still gets its xid
         winners = [b for m in branch_messages for b in m.branch_ids]
