@@ -2,10 +2,13 @@
 
 The machine is shared, so a figure alone says little: load from other processes comes and
 goes within seconds. Every experiment therefore runs in rounds, and each round measures
-every (case, variant) once in the same order (A B C D A B C D ...), so a burst of load
-hits all variants alike. A variant is reported as the median of its rounds and as a
-ratio to each baseline: the ratio of medians and the median of per-round ratios (the
-paired ratio, which cancels load that changed between rounds).
+every (case, variant) once, so a burst of load hits all variants alike. The variants'
+order turns by one each round (A B C D, B C D A, ...): a write leaves the server busy
+for a while after it returns (background merges, its dropped table), and in a fixed
+order the same variant would always pay for the same predecessor. A variant is reported
+as the median of its rounds and as a ratio to each baseline: the ratio of medians and the
+median of per-round ratios (the paired ratio, which cancels load that changed between
+rounds).
 
 A measurement that fails (a shared server restarted by someone else's test) is recorded
 with its error and left out of the medians; the run goes on.
@@ -101,8 +104,9 @@ class Bench:
             (c, v): [] for c in cases for v in variants}
         for number in range(rounds):
             self.log(f"{experiment}: round {number + 1}/{rounds}")
+            turn = number % len(variants)
             for case in cases:
-                for variant in variants:
+                for variant in [*variants[turn:], *variants[:turn]]:
                     samples[(case, variant)].append(self.measure(experiment, case, variant))
         return [summarize(case, variant, samples[(case, variant)],
                           {b: samples[(case, b)] for b in BASELINES if b in variants})
