@@ -2,8 +2,8 @@
 
 Reads ``sink.json`` (``bench_sink.py``) and, when present, ``writer.json``,
 ``publish.json`` and ``coordinator.json`` (the component benchmarks), ``shards.json``
-(``bench_shards.py``) and ``partitions.json`` (``bench_partitions.py``) from one results
-directory and writes one small PNG per figure
+(``bench_shards.py``), ``partitions.json`` (``bench_partitions.py``) and ``task_paths.json``
+(``bench_task_paths.py``) from one results directory and writes one small PNG per figure
 next to them. Plots never measure anything: re-drawing a recorded run gives the same
 pictures.
 
@@ -340,6 +340,31 @@ def streaming_partitions(data: dict, out: Path) -> Path | None:
     return _save(fig, out / "streaming_partitions.png")
 
 
+def task_paths(data: dict, out: Path) -> Path | None:
+    """``bench_task_paths.py``: each (Spark path, task body)'s median task phases, stacked,
+    beside its median job time."""
+    rows = data.get("results", [])
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=SIZE)
+    labels = [r["variant"] for r in rows]
+    bottom = [0.0] * len(rows)
+    for key, label, color in (("first_s", "until the first batch", "#bdbdbd"),
+                              ("arrive_s", "batches arriving", "#6baed6"),
+                              ("insert_s", "INSERT after the last batch", "#2ca02c")):
+        values = [r[key] for r in rows]
+        ax.bar(labels, values, bottom=bottom, color=color, label=label, width=0.5)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.scatter(labels, [r["median_s"] for r in rows], color="black", marker="_", s=600,
+               label="whole job", zorder=3)
+    ax.set_ylabel("seconds (median)", fontsize=8)
+    ax.set_title(f"{data.get('rows', 0):,} rows, {data.get('partitions', '')} tasks: "
+                 "Spark path (map / source) x task body (sink / connect)", fontsize=9)
+    ax.set_ylim(0, 1.35 * max(max(bottom), *(r["median_s"] for r in rows)))
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    return _save(fig, out / "task_paths.png")
+
+
 def components(results: Path, out: Path) -> Path | None:
     """The three component benchmarks side by side, if their JSON is there."""
     loaded = {name: json.loads((results / f"{name}.json").read_text())
@@ -485,6 +510,9 @@ def draw_all(results: Path) -> list[Path]:
     streaming_file = results / "streaming_partitions.json"
     if streaming_file.exists():
         written.append(streaming_partitions(json.loads(streaming_file.read_text()), results))
+    task_paths_file = results / "task_paths.json"
+    if task_paths_file.exists():
+        written.append(task_paths(json.loads(task_paths_file.read_text()), results))
     partitions_file = results / "partitions.json"
     if partitions_file.exists():
         written.append(partitions(json.loads(partitions_file.read_text()), results))
