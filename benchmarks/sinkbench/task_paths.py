@@ -4,10 +4,11 @@ A Python data source's ``write`` is run by Spark as a ``mapInArrow`` function
 (``pyspark/sql/worker/write_into_data_source.py``), so the two paths should cost the
 same; this module lets a benchmark check it with real inserts. The body is either the
 sink's task-side insert (``txsink.plain.insert_directly``: ``clickhouse_plain``'s, the same
-writer ``clickhouse_tx`` stages with) or clickhouse-connect's ``insert_arrow`` of the
-task's batches (the ``connect_executor`` baseline's). Each task appends its phases to a
-JSON-lines file: Spark runs the tasks in this machine's worker processes (local mode), and
-a data source's commit messages never reach the benchmark's own process.
+writer ``clickhouse_tx`` stages with) or the ``connect_executor`` baseline's
+(``client_baseline.connect_insert_partition``: clickhouse-connect's ``insert_arrow``).
+Each task appends its phases to a JSON-lines file: Spark runs the tasks in this machine's
+worker processes (local mode), and a data source's commit messages never reach the
+benchmark's own process.
 """
 
 from __future__ import annotations
@@ -56,13 +57,12 @@ def run_body(body: str, path: str, url: str, table: str, log: str,
     else:
         from urllib.parse import urlsplit
 
-        from sinkbench.client_baseline import ConnectTarget, _connect_client
+        from sinkbench.client_baseline import ConnectTarget, connect_insert_partition
 
         parts = urlsplit(url)
         target = ConnectTarget(parts.hostname or "127.0.0.1", parts.port or 8123, table)
-        arrow = pa.Table.from_batches(list(timed))
-        if arrow.num_rows:
-            _connect_client(target).insert_arrow(target.name, arrow, database=target.database)
+        for _ in connect_insert_partition(target, iter(timed)):
+            pass
     ended = time.perf_counter()
     first = timed.first or ended
     last = timed.last or ended
