@@ -27,6 +27,7 @@ from plots import task_paths as plot
 from sinkbench import workload
 from sinkbench.environment import Scratch, load, machine, start_spark
 from sinkbench.report import table
+from sinkbench.rounds import turned
 from sinkbench.task_paths import BODIES, PATHS, TaskPathSource, map_function
 
 RESULTS = Path(__file__).parent / "results" / "task_paths.json"
@@ -52,8 +53,7 @@ def main() -> None:
     seconds: dict[str, list[float]] = {f"{p}-{b}": [] for p, b in variants}
     try:
         for number in range(args.rounds + 1):  # round 0 warms the workers up
-            turn = number % len(variants)
-            for path, body in variants[turn:] + variants[:turn]:
+            for path, body in turned(variants, number):
                 name = f"{path}-{body}"
                 target = scratch.table(name.replace("-", "_"))
                 workload.create_target(args.url, target)

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
+from urllib.parse import urlsplit
 
 import pandas as pd
 import pyarrow as pa
@@ -125,6 +126,12 @@ class ConnectTarget:
     host: str
     port: int
     table: str
+
+    @classmethod
+    def at(cls, url: str, table: str) -> ConnectTarget:
+        """``table`` on the server of an HTTP ``url``."""
+        parts = urlsplit(url)
+        return cls(parts.hostname or "127.0.0.1", parts.port or 8123, table)
 
     @property
     def database(self) -> str:

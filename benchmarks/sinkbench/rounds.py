@@ -21,6 +21,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import TypeVar
 
 from sinkbench import workload
 from sinkbench.client_baseline import NATIVE_PORT
@@ -28,6 +29,7 @@ from sinkbench.environment import Scratch, load
 from sinkbench.memory import PeakMemory
 from sinkbench.variants import VARIANTS, WRITES_TABLE, Sink
 
+T = TypeVar("T")
 BASELINES = ("noop", "arrow_noop", "plain", "client_driver", "client_executor",
              "connect_driver", "connect_executor")
 
@@ -104,9 +106,8 @@ class Bench:
             (c, v): [] for c in cases for v in variants}
         for number in range(rounds):
             self.log(f"{experiment}: round {number + 1}/{rounds}")
-            turn = number % len(variants)
             for case in cases:
-                for variant in [*variants[turn:], *variants[:turn]]:
+                for variant in turned(variants, number):
                     samples[(case, variant)].append(self.measure(experiment, case, variant))
         return [summarize(case, variant, samples[(case, variant)],
                           {b: samples[(case, b)] for b in BASELINES if b in variants})
@@ -116,6 +117,12 @@ class Bench:
         """First saves of a session pay for worker start-up and imports: not measured."""
         for variant in variants:
             self.measure("warm-up", Case(10_000, 2), variant)
+
+
+def turned(items: Sequence[T], number: int) -> list[T]:
+    """``items`` in round ``number``'s order: turned left by one per round."""
+    turn = number % len(items)
+    return [*items[turn:], *items[:turn]]
 
 
 def _median(values: Sequence[float]) -> float | None:

@@ -55,13 +55,9 @@ def run_body(body: str, path: str, url: str, table: str, log: str,
         options = parse_options({"url": url, "table": table, "zookeeper": "unused"})
         insert_directly(options, ("id", "name", "score", "ts"), iter(timed))
     else:
-        from urllib.parse import urlsplit
-
         from sinkbench.client_baseline import ConnectTarget, connect_insert_partition
 
-        parts = urlsplit(url)
-        target = ConnectTarget(parts.hostname or "127.0.0.1", parts.port or 8123, table)
-        for _ in connect_insert_partition(target, iter(timed)):
+        for _ in connect_insert_partition(ConnectTarget.at(url, table), iter(timed)):
             pass
     ended = time.perf_counter()
     first = timed.first or ended

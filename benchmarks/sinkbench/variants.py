@@ -59,8 +59,7 @@ class Sink:
                             self.native_port)
 
     def connect_target(self) -> ConnectTarget:
-        parts = urlsplit(self.url)
-        return ConnectTarget(parts.hostname or "127.0.0.1", parts.port or 8123, self.table)
+        return ConnectTarget.at(self.url, self.table)
 
 
 def server_native_port(url: str) -> int:
