@@ -61,6 +61,7 @@ from server_ext.staging import (
 )
 from server_ext.staging import sink_key as staging_sink_key
 from server_ext.sweeper import sweep
+from server_ext.views import ViewNode, ViewProblem
 from server_ext.writer import BranchWriter
 
 __all__ = [
@@ -77,6 +78,8 @@ __all__ = [
     "ServerUnreachable",
     "Strategy",
     "TargetTable",
+    "ViewNode",
+    "ViewProblem",
     "arrow_stream_chunks",
     "check_arrow_schema",
     "check_batch",

@@ -223,8 +223,12 @@ def engine_problem(target: DescribedTarget) -> str | None:
     or REPLACE PARTITION), which only a MergeTree-family table accepts (measured on 18.16
     and the 26.x engine: Replacing/Summing/Collapsing/Aggregating targets accept a plain
     MergeTree's partitions). The deprecated ``MergeTree(date, key, granularity)`` syntax
-    has another part format and cannot be staged.
+    has another part format and cannot be staged. A ``Null`` table (an ingest table whose
+    rows live only in its materialized views) is staged as ``Null``: its staging views
+    fire, and nothing is published into it.
     """
+    if target.engine == "Null":
+        return None
     if not target.engine.endswith("MergeTree"):
         return (f"its engine is {target.engine}; clickhouse_tx publishes whole partitions, "
                 "which only a MergeTree-family table (or a Distributed table over such "

@@ -109,9 +109,12 @@ def require_sealed(client: SqlClient, manifests: list[Manifest], *, purpose: str
                     staging=manifest.staging_table, partition_ids=changed)
 
 
-def seal(client: SqlClient, target: TargetTable, staging: str, expected_rows: int,
+def seal(client: SqlClient, target: TargetTable, staging: str, expected_rows: int | None,
          partitions: dict[str, PartitionManifest] | None = None) -> Manifest:
     """Check that ``staging`` holds ``expected_rows`` rows and return its manifest.
+
+    ``expected_rows`` None: the rows came from staging views (``server_ext.views``), whose
+    output only the server knows; the manifest records what the table holds.
 
     ``partitions``: the table's partitions as the caller has just read them
     (``read_staged_partitions``), when nothing can have changed them since.
@@ -122,7 +125,7 @@ def seal(client: SqlClient, target: TargetTable, staging: str, expected_rows: in
     if target.replicated:
         partitions = _merge_lookalike_parts(client, database, table, partitions)
     found = sum(p.rows for p in partitions.values())
-    if found != expected_rows:
+    if expected_rows is not None and found != expected_rows:
         raise StagedRowsMismatch(f"{database}.{table}", expected_rows, found)
     return Manifest(
         target_database=target.database,

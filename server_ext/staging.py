@@ -185,7 +185,7 @@ def create_staging(client: SqlClient, target: TargetTable, table_name: str,
         _create_database(client, server)
         client.execute(staging_ddl(target, staging, dedup_window, merges),
                        purpose="create staging table")
-    if not merges:
+    if not merges and target.engine != "Null":
         client.execute(f"SYSTEM STOP MERGES {staging}", purpose="stop merges in staging table")
     return staging
 
@@ -210,6 +210,8 @@ def staging_ddl(target: TargetTable, staging: str, dedup_window: bool = False,
     the target's engine. Without it, ``AS`` of a Replicated target fails on 18.16 ("Replica
     already exists"), since the copy would register the same replica path.
     """
+    if target.engine == "Null":
+        return f"CREATE TABLE IF NOT EXISTS {staging} AS {target.qualified} ENGINE = Null"
     if " ORDER BY " not in f" {target.engine_full} ":
         raise UnsupportedTarget(
             f"{target.qualified} uses the deprecated MergeTree(date, key, granularity) syntax; "
@@ -281,7 +283,11 @@ def _split_top_level(text: str) -> list[str]:
     return items
 
 
-def rollback(client: SqlClient, table_name: str) -> None:
-    """Drop a staging table (bare name or qualified). Idempotent."""
+def rollback(client: SqlClient, table_name: str, view: str = "") -> None:
+    """Drop a staging table (bare name or qualified), and first the staging view that
+    writes into it, if the branch has one (``server_ext.views``). Idempotent."""
+    if view:
+        client.execute(f"DROP TABLE IF EXISTS {staging_qualified(view)}",
+                       purpose="drop staging view")
     client.execute(f"DROP TABLE IF EXISTS {staging_qualified(table_name)}",
                    purpose="drop staging table")

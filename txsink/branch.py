@@ -128,8 +128,27 @@ def pick_replica(shard: Shard, partition: int, attempt: int, choice: str,
     return shard.replicas[(partition + attempt + shard.index) % len(shard.replicas)]
 
 
+class _ViewBranch:
+    """The share of one materialized view (``server_ext.views.ViewNode``) in a branch:
+    a staging copy of the view's table, filled by a staging view over its source's
+    staging table. A branch of its own in the coordinator, published into the view's
+    table under the same decision."""
+
+    def __init__(self, plan: WritePlan, epoch: int, parent_id: str,
+                 node: server_ext.ViewNode) -> None:
+        self.node = node
+        self.table = node.table
+        self.branch_id = f"{parent_id}-v{node.index}"
+        self.staging = server_ext.staging_table_name(plan.sink_id, epoch, self.branch_id,
+                                                     root=plan.options.root_identity)
+        self.view = server_ext.staging_table_name(plan.sink_id, epoch, f"{self.branch_id}-mv",
+                                                  root=plan.options.root_identity)
+
+
 class _ShardBranch:
-    """One branch: this attempt's rows for one shard, staged on one replica."""
+    """One branch: this attempt's rows for one shard, staged on one replica, with the
+    shares of the materialized views the target feeds (``views``), created before the
+    first row so that every row fires them."""
 
     def __init__(self, plan: WritePlan, epoch: int, branch_id: str, server: str) -> None:
         self.plan = plan
@@ -140,10 +159,15 @@ class _ShardBranch:
                                                      root=plan.options.root_identity)
         self.client = connections.clickhouse(plan.options, server)
         self.writer: server_ext.BranchWriter | None = None
+        self.views = [_ViewBranch(plan, epoch, branch_id, node) for node in plan.views]
+
+    @property
+    def table(self) -> server_ext.TargetTable:
+        return self.plan.table or server_ext.describe_table(self.client, self.plan.target)
 
     def write(self, batch: pa.RecordBatch) -> None:
         if self.writer is None:
-            target = self.plan.table or server_ext.describe_table(self.client, self.plan.target)
+            target = self.table
             caps = server_ext.detect_capabilities(self.client)
             columns = send_columns(target, self.plan.columns)
             # values out of this server's ranges fail before its staging table exists
@@ -151,6 +175,7 @@ class _ShardBranch:
             dedup = caps.insert_deduplication_token and caps.non_replicated_deduplication_window
             qualified = server_ext.create_staging(self.client, target, self.staging,
                                                   dedup_window=dedup)
+            self.create_views(qualified)
             self.writer = server_ext.BranchWriter(
                 self.client, target, qualified, caps,
                 block_rows=self.plan.options.insert_block_rows, target_columns=columns,
@@ -160,19 +185,50 @@ class _ShardBranch:
             )
         self.writer.write(batch)
 
+    def create_views(self, staging: str) -> None:
+        """Stage the view tree: each view's table, then the staging view that fills it
+        from its source's staging table (parents first, so every source exists)."""
+        tables = {-1: staging}
+        for share in self.views:
+            tables[share.node.index] = server_ext.create_staging(self.client, share.table,
+                                                                 share.staging)
+            self.client.execute(server_ext.views.staging_view_ddl(
+                share.node, server_ext.staging.staging_qualified(share.view),
+                tables[share.node.parent], tables[share.node.index]),
+                purpose=f"create staging view for {share.node.view_name}")
+
     def flush(self) -> None:
         if self.writer is not None:
             self.writer.flush()
 
     def seal(self) -> tuple[server_ext.Manifest, int, int]:
-        """(manifest, rows, bytes) of the flushed staging table (empty: no rows came)."""
-        if self.writer is None:
-            target = self.plan.table or server_ext.describe_table(self.client, self.plan.target)
-            return server_ext.Manifest.empty(target, self.staging), 0, 0
+        """(manifest, rows, bytes) of the flushed staging table (empty: no rows came, or
+        a ``Null`` target, whose rows live only in its views)."""
+        if self.writer is None or self.table.engine == "Null":
+            manifest = server_ext.Manifest.empty(self.table, self.staging)
+            return manifest, self.writer.rows_sent if self.writer else 0, 0
         rows = self.writer.rows_sent
         manifest = server_ext.seal(self.client, self.writer.target, self.writer.staging_table,
                                    expected_rows=rows)
         return manifest, rows, self.writer.bytes_sent
+
+    def seal_views(self) -> list[tuple[_ViewBranch, server_ext.Manifest]]:
+        """The manifest of each view's staging table: what the staging views wrote."""
+        sealed = []
+        for share in self.views:
+            if self.writer is None or share.table.engine == "Null":
+                manifest = server_ext.Manifest.empty(share.table, share.staging)
+            else:
+                manifest = server_ext.seal(self.client, share.table, share.staging,
+                                           expected_rows=None)
+            sealed.append((share, manifest))
+        return sealed
+
+    def drop(self) -> None:
+        """Drop this branch's staging: the views' (view first), then its own."""
+        for share in reversed(self.views):
+            server_ext.rollback(self.client, share.staging, view=share.view)
+        server_ext.rollback(self.client, self.staging)
 
 
 class _Attempt:
@@ -204,6 +260,9 @@ class _Attempt:
                               new_branch_id(self.partition, self.attempt, index), server)
         owner = {**self.owner, "staging": branch.staging, "server": server, "shard": index}
         self.coord.register_branch(self.epoch, branch.branch_id, self.generation, owner=owner)
+        for share in branch.views:
+            self.coord.register_branch(self.epoch, share.branch_id, self.generation, owner={
+                **owner, "staging": share.staging, "view": share.view})
         crashpoints.hit(crashpoints.BRANCH_AFTER_REGISTER)
         self.branches[index] = branch
         return branch
@@ -214,14 +273,23 @@ class _Attempt:
             branch.flush()
         crashpoints.hit(crashpoints.BRANCH_AFTER_STAGING_WRITE)
         sealed = [(branch, *branch.seal()) for branch in self.branches.values()]
+        views = [(branch, share, manifest) for branch in self.branches.values()
+                 for share, manifest in branch.seal_views()]
         crashpoints.hit(crashpoints.BRANCH_AFTER_SEAL)
-        contributed = [self.contribute(branch, manifest) for branch, manifest, _, _ in sealed]
+        staged = [(branch, branch.branch_id, branch.staging, "", branch.table, manifest, rows)
+                  for branch, manifest, rows, _ in sealed]
+        staged += [(branch, share.branch_id, share.staging, share.view, share.table, manifest,
+                    manifest.rows) for branch, share, manifest in views]
+        contributed = [self.contribute(branch, manifest, table)
+                       for branch, _, _, _, table, manifest, _ in staged]
         crashpoints.hit(crashpoints.BRANCH_AFTER_CONTRIBUTE)
-        for (branch, manifest, rows, _), precombined in zip(sealed, contributed, strict=True):
-            self.coord.prepare_branch(self.epoch, branch.branch_id, payload.to_record(
+        for (branch, branch_id, staging, view, _, manifest, rows), precombined in zip(
+                staged, contributed, strict=True):
+            self.coord.prepare_branch(self.epoch, branch_id, payload.to_record(
                 payload.StagedBranch(manifest=manifest, strategy=self.plan.strategy,
-                                     staging=branch.staging, server=branch.server, rows=rows,
-                                     overwrite=self.plan.overwrite, contributed=precombined)))
+                                     staging=staging, server=branch.server, rows=rows,
+                                     overwrite=self.plan.overwrite, contributed=precombined,
+                                     view=view)))
         crashpoints.hit(crashpoints.BRANCH_AFTER_PREPARE)
         return (sum(s[2] for s in sealed), sum(s[3] for s in sealed),
                 sum(len(s[1].partitions) for s in sealed))
@@ -240,21 +308,24 @@ class _Attempt:
             if branch.writer is not None:
                 branch.writer.abort()
             try:
-                server_ext.rollback(branch.client, branch.staging)
+                branch.drop()
             except ClickHouseError as exc:
                 log.warning("xid %s/%d decided without branch %s; its staging %s is left for "
                             "txsink gc: %s", self.plan.sink_id, self.epoch, branch.branch_id,
                             branch.staging, exc)
 
-    def contribute(self, branch: _ShardBranch, manifest: server_ext.Manifest) -> str:
-        """Attach a sealed branch of small parts into the pre-combined table; its name if
-        that worked, "" if the branch is not contributed (large parts, an overwrite, or
-        any failure: the commit reads the branch's own staging then)."""
-        if (self.plan.overwrite or branch.writer is None
+    def contribute(self, branch: _ShardBranch, manifest: server_ext.Manifest,
+                   table: server_ext.TargetTable) -> str:
+        """Attach a sealed staging table of small parts (the branch's own, or a view's
+        share, for ``table``) into the pre-combined table of ``table``; its name if that
+        worked, "" if it is not contributed (large parts, no parts, an overwrite, or any
+        failure: the commit reads the staging table itself then)."""
+        if (self.plan.overwrite or branch.writer is None or not manifest.partitions
                 or not consolidate.DEFAULT_LIMITS.small(manifest)):
             return ""
         options = self.plan.options
-        branch_id = precombined_branch_id(self.generation, branch.server, self.plan.target)
+        branch_id = precombined_branch_id(self.generation, branch.server,
+                                          f"{table.database}.{table.name}")
         name = server_ext.staging_table_name(self.plan.sink_id, self.epoch, branch_id,
                                              root=options.root_identity)
         key = (options.root_identity, self.plan.sink_id, self.epoch, branch_id)
@@ -262,7 +333,7 @@ class _Attempt:
             try:
                 self.coord.register_branch(self.epoch, branch_id, self.generation,
                                            owner={"staging": name, "server": branch.server})
-                consolidate.create_precombined(branch.client, branch.writer.target, name)
+                consolidate.create_precombined(branch.client, table, name)
             except (CoordinatorError, ClickHouseError) as exc:
                 log.warning("xid %s/%d: no pre-combined table (the commit reads the "
                             "branches instead): %s", self.plan.sink_id, self.epoch, exc)
@@ -320,7 +391,9 @@ def _write_branch(plan: WritePlan, coord: Coordinator, epoch: int, generation: i
         raise
     return BranchMessage(
         epoch=epoch, generation=generation,
-        branch_ids=tuple(b.branch_id for b in attempt.branches.values()), rows=rows,
+        branch_ids=tuple(i for b in attempt.branches.values()
+                         for i in (b.branch_id, *(share.branch_id for share in b.views))),
+        rows=rows,
         bytes=bytes_sent, partitions=partitions, started_at=started, stage_ms=stage_ms,
         seal_ms=(time.time() - sealed) * 1000,
     )

@@ -52,7 +52,7 @@ class ClickHouseTxDataSource(DataSource):
     def _plan(self, schema: StructType, overwrite: bool, streaming: bool) -> WritePlan:
         options = parse_options(self.options)
         checked = check_target(options, schema)
-        checked = replace(checked, strategy=check_publish(options, checked))  # before any open
+        checked = replace(checked, strategy=check_publish(options, checked, overwrite))
         sink_id = options.resolved_sink_id(streaming)
         if options.in_transaction():
             generation, epoch = options.tx_generation, options.tx_epoch
@@ -68,7 +68,7 @@ class ClickHouseTxDataSource(DataSource):
             if covered is not None:
                 return WritePlan(options, sink_id, generation, checked.strategy, overwrite,
                                  checked.columns, None, checked.layout, checked.table,
-                                 covered_by_txn=covered)
+                                 covered_by_txn=covered, views=checked.views)
             epoch = coord.allocate_epoch()
             try:
                 coord.begin(epoch, generation)
@@ -78,7 +78,8 @@ class ClickHouseTxDataSource(DataSource):
                     raise
                 raise taken from exc
         return WritePlan(options, sink_id, generation, checked.strategy, overwrite,
-                         checked.columns, epoch, checked.layout, checked.table)
+                         checked.columns, epoch, checked.layout, checked.table,
+                         views=checked.views)
 
 
 class BatchWriter(DataSourceArrowWriter):

@@ -111,8 +111,9 @@ def generation_of(plan: WritePlan, coord: Coordinator, messages: Sequence[object
 
 def combined_branches(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
                       winners: Sequence[str], publisher: BranchPublisher) -> list[str]:
-    """The decision's winners: one combined branch per server that got several winners
-    (every server, for an overwrite), the task branches elsewhere.
+    """The decision's winners: one combined branch per server and table that got several
+    winners (every server, for an overwrite), the task branches elsewhere. The tables are
+    the target and those of the materialized views it feeds (``server_ext.views``).
 
     A combined branch publishes its sources in one pass (``server_ext.consolidate``; an
     overwrite: one ``REPLACE PARTITION`` per partition of all of them). It is registered
@@ -123,11 +124,13 @@ def combined_branches(plan: WritePlan, coord: Coordinator, epoch: int, generatio
     """
     records = coord.branches(epoch, winners)
     publisher.remember(records)
-    by_server: dict[str | None, list[BranchRecord]] = {}
+    by_table: dict[tuple[str | None, str, str], list[BranchRecord]] = {}
     for record in records:
-        by_server.setdefault(server_of(record), []).append(record)
+        manifest = staged_manifest(record)
+        key = (server_of(record), manifest.target_database, manifest.target_table)
+        by_table.setdefault(key, []).append(record)
     chosen = []
-    for server, group in sorted(by_server.items(), key=lambda item: str(item[0])):
+    for (server, _, _), group in sorted(by_table.items(), key=lambda item: str(item[0])):
         if len(group) == 1 and not plan.overwrite:
             chosen.append(group[0].branch_id)
             continue

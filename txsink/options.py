@@ -24,6 +24,9 @@ from txsink import insert_settings
 
 STRATEGIES = ("auto", "move", "attach_replicated", "attach_marked")
 REPLICA_CHOICES = ("round_robin", "random")
+#: What happens to the materialized views the target feeds: staged and published with
+#: the target's rows (``server_ext.views``), or left without them (logged at WARNING).
+VIEW_CHOICES = ("stage", "ignore")
 
 #: Options Spark itself may add to a write; accepted and ignored unless used.
 SPARK_OPTIONS = frozenset({"path", "checkpointlocation", "queryname"})
@@ -64,6 +67,7 @@ class SinkOptions:
     ca_file: str | None = None  # CA bundle that https:// servers are verified against
     zookeeper_ca_file: str | None = None  # set: ZooKeeper over TLS, verified with this CA
     insert_settings: tuple[tuple[str, str], ...] = ()  # settings.<name> options
+    materialized_views: str = "stage"  # one of VIEW_CHOICES
     tx_epoch: int | None = None
     tx_generation: int | None = None
 
@@ -129,7 +133,7 @@ PUBLIC_OPTIONS = (
     "url", "table", "zookeeper", "user", "password", "zookeeper_auth", "sink_id", "zk_root",
     "strategy", "insert_block_rows", "timeout", "retries", "recover_on_start", "shards",
     "sharding_key", "replica_choice", "txn_version", "compression", "ca_file",
-    "zookeeper_ca_file",
+    "zookeeper_ca_file", "materialized_views",
 )
 
 _NAMES = {
@@ -237,6 +241,11 @@ def parse_options(
         raise OptionError(
             f"option replica_choice={choice!r} is not one of {', '.join(REPLICA_CHOICES)}")
     values["replica_choice"] = choice
+    views = str(values.get("materialized_views", "stage")).lower()
+    if views not in VIEW_CHOICES:
+        raise OptionError(f"option materialized_views={views!r} is not one of "
+                          f"{', '.join(VIEW_CHOICES)}")
+    values["materialized_views"] = views
     compression = str(values.get("compression") or "none").lower()
     if compression not in ("none", *ENCODINGS):
         raise OptionError(f"option compression={compression!r} is not one of none, "

@@ -18,7 +18,9 @@ Formats: 1 (no ``format`` key: the releases before the combined publish; an over
 embedded its sources' manifests under ``overwrite_of``), 2 (this one). A reader accepts
 both; a payload of an unknown newer format is refused by name, never guessed at. Keys a
 reader does not know are ignored: they may only carry what a publish can do without
-(``contributed``/``precombined``, the pre-combined table, are such keys).
+(``contributed``/``precombined``, the pre-combined table, are such keys; so is ``view``,
+the staging view of a materialized view's share, which a rollback drops with the share's
+staging table).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class StagedBranch:
     rows: int
     overwrite: bool = False
     contributed: str = ""  # the pre-combined table its parts were attached into
+    view: str = ""  # the staging view that filled it (a materialized view's share)
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,8 @@ def to_record(payload: Payload) -> dict[str, Any]:
               "server": payload.server, "rows": payload.rows, "overwrite": payload.overwrite}
     if isinstance(payload, StagedBranch):
         return {**common, "kind": "staged", "manifest": payload.manifest.to_dict(),
-                **({"contributed": payload.contributed} if payload.contributed else {})}
+                **({"contributed": payload.contributed} if payload.contributed else {}),
+                **({"view": payload.view} if payload.view else {})}
     if payload.embedded:
         raise ValueError("a combined payload is written with sources, not manifests")
     return {**common, "kind": "combined", "sources": list(payload.sources),
@@ -125,7 +129,8 @@ def from_record(raw: dict[str, Any] | None) -> Payload | None:
     if kind == "staged":
         return StagedBranch(manifest=Manifest.from_dict(raw["manifest"]),
                             overwrite=bool(raw.get("overwrite")),
-                            contributed=str(raw.get("contributed") or ""), **common)
+                            contributed=str(raw.get("contributed") or ""),
+                            view=str(raw.get("view") or ""), **common)
     if kind == "combined":
         return CombinedBranch(
             sources=tuple(raw["sources"]), overwrite=bool(raw.get("overwrite")),

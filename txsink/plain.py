@@ -60,7 +60,7 @@ class PlainDataSource(DataSource):
         raw = {**self.options}
         raw.setdefault("zookeeper", "unused")
         options = parse_options(raw)
-        return options, check_target(options, schema).columns
+        return options, check_target(options, schema, views=False).columns
 
     def writer(self, schema: StructType, overwrite: bool) -> PlainWriter:
         return PlainWriter(*self._plan(schema))

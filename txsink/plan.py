@@ -13,6 +13,7 @@ decided xid can never be rolled back, so one wrong option would block the sink.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
@@ -33,8 +34,11 @@ from server_ext.sharding import (
     layout_from_urls,
     parse_shard_urls,
 )
+from server_ext.views import ViewNode, ViewProblem, discover, tree_problem
 from txsink import connections, insert_settings
 from txsink.options import OptionError, SinkOptions
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class WritePlan:
     layout: ShardLayout | None = None  # None: the ``url`` server alone
     table: server_ext.TargetTable | None = None  # the local table as the driver saw it
     covered_by_txn: int | None = None  # the sink's txn_version that makes this job a no-op
+    views: tuple[ViewNode, ...] = ()  # the materialized views the target feeds, staged too
 
     @property
     def target(self) -> str:
@@ -85,6 +90,7 @@ class CheckedTarget:
     strategy: str
     layout: ShardLayout
     shard_tables: tuple[tuple[server_ext.TargetTable, str], ...] = ()
+    views: tuple[ViewNode, ...] = ()  # shard 1's view tree (every shard has the same)
 
 
 def single_server(options: SinkOptions) -> ShardLayout:
@@ -146,11 +152,13 @@ def _describe_on_some_replica(options: SinkOptions, table: str,
         purpose=f"describe table {table}")
 
 
-def check_target(options: SinkOptions, spark_schema) -> CheckedTarget:
+def check_target(options: SinkOptions, spark_schema, *, views: bool = True) -> CheckedTarget:
     """Describe the target, check the incoming schema against it, pick the strategy.
 
     Raises the server's typed errors (unknown table or database, unreachable server) and
     ``SchemaMismatch`` naming every bad column, all before any staging exists.
+    ``views``: discover the materialized views the target feeds (:func:`view_tree`); the
+    at-least-once baseline, which inserts into the target itself, does not need them.
     """
     client = connections.clickhouse(options)
     table = server_ext.describe_table(client, options.table)
@@ -171,10 +179,52 @@ def check_target(options: SinkOptions, spark_schema) -> CheckedTarget:
     if strategy == "auto":
         strategy = server_ext.choose_strategy(caps, table)
     return CheckedTarget(table, tuple(c.name for c in columns), strategy, layout,
-                         tuple(shard_tables))
+                         tuple(shard_tables),
+                         view_tree(options, client, layout, shard_tables) if views else ())
 
 
-def check_publish(options: SinkOptions, checked: CheckedTarget) -> str:
+def view_tree(options: SinkOptions, client, layout: ShardLayout,
+              shard_tables: list[tuple[server_ext.TargetTable, str]]) -> tuple[ViewNode, ...]:
+    """The materialized views the target feeds (``server_ext.views``), the same on every
+    shard; ``()`` with ``materialized_views='ignore'``, logged.
+
+    Refused before anything is staged, naming the view: a view the sink cannot stage, a
+    view of a ``Distributed`` target (the sink writes into the shards' local tables, so
+    it would never fire), and shards whose trees differ.
+    """
+    if layout.local_table != options.table:
+        above = server_ext.describe_table(client, options.table)
+        found = discover(client, above)
+        if found:
+            raise server_ext.UnsupportedTarget(
+                f"materialized view {found[0].view_name} reads the Distributed table "
+                f"{above.database}.{above.name}; clickhouse_tx writes into the shards' "
+                f"local tables ({layout.local_table}), so it would never fire. Make it read "
+                "the local table on every shard")
+    trees = []
+    for index, (table, url) in enumerate(shard_tables):
+        try:
+            trees.append(discover(connections.clickhouse(options, url), table))
+        except ViewProblem as exc:
+            where = f" (shard {index + 1}, {url})" if len(shard_tables) > 1 else ""
+            raise server_ext.UnsupportedTarget(f"cannot stage the views of {table.qualified}"
+                                               f"{where}: {exc}. Nothing was staged") from None
+    shapes = [[(n.view, n.table.qualified, n.select) for n in tree] for tree in trees]
+    for index, shape in enumerate(shapes[1:], start=2):
+        if shape != shapes[0]:
+            raise server_ext.UnsupportedTarget(
+                f"shard {index} of {layout.local_table} feeds other materialized views than "
+                "shard 1; every shard's local table must feed the same views")
+    tree = trees[0] if trees else ()
+    if tree and options.materialized_views == "ignore":
+        log.warning("materialized_views='ignore': %s feeds %s, which will not get the rows "
+                    "of this write", layout.local_table,
+                    ", ".join(node.view_name for node in tree))
+        return ()
+    return tree
+
+
+def check_publish(options: SinkOptions, checked: CheckedTarget, overwrite: bool = False) -> str:
     """Check the target's engine and the ``strategy`` option against every shard's server;
     return the strategy the branches record.
 
@@ -182,7 +232,9 @@ def check_publish(options: SinkOptions, checked: CheckedTarget) -> str:
     table, the server and what to do instead:
 
     - a target no staged partition can be published into (not MergeTree-family, or the
-      deprecated MergeTree syntax): ``server_ext.UnsupportedTarget``;
+      deprecated MergeTree syntax), a view tree that cannot be staged
+      (``server_ext.views.tree_problem``: e.g. a view into a ``Distributed`` table, or an
+      overwrite of a target that feeds views): ``server_ext.UnsupportedTarget``;
     - shards whose local tables disagree on being Replicated (no one strategy serves
       both): ``UnsupportedTarget``;
     - a ``compression`` some shard's server cannot read: :class:`OptionError`;
@@ -197,11 +249,11 @@ def check_publish(options: SinkOptions, checked: CheckedTarget) -> str:
     shards = checked.shard_tables or ((checked.table, options.url),)
     several = len(shards) > 1
     for index, (table, server) in enumerate(shards):
-        problem = engine_problem(table)
+        problem = engine_problem(table) or tree_problem(checked.views, overwrite)
         if problem:
             raise server_ext.UnsupportedTarget(
                 f"cannot write into {table.qualified}{_on_shard(index, server, several)}: "
-                f"{problem}")
+                f"{problem}. Nothing was staged")
     if len({table.replicated for table, _ in shards}) > 1:
         kinds = ", ".join(f"shard {i + 1}: {t.engine}" for i, (t, _) in enumerate(shards))
         raise server_ext.UnsupportedTarget(
@@ -215,16 +267,19 @@ def check_publish(options: SinkOptions, checked: CheckedTarget) -> str:
                 raise OptionError(f"option compression={options.compression!r} cannot be "
                                   f"used{_on_shard(index, server, several)}: {problem}; "
                                   "use gzip (every server reads it) or none. Nothing was staged")
+    # one strategy publishes the whole tree: every view's table must support it too
     caps = [(table, server, server_ext.detect_capabilities(connections.clickhouse(
-        options, server))) for table, server in shards]
+        options, server)), index) for index, (shard, server) in enumerate(shards)
+        for table in (shard, *(node.table for node in checked.views))]
     if options.strategy == "auto":
-        first_table, _, first_caps = caps[0]
+        first_table, _, first_caps, _ = caps[0]
         for candidate in supported_strategies(first_caps, first_table):
-            if all(strategy_problem(c, t, candidate) is None for t, _, c in caps):
+            if all(strategy_problem(c, t, candidate) is None for t, _, c, _ in caps):
                 return candidate
+        views = " and the tables of its materialized views" if checked.views else ""
         raise OptionError(f"option strategy='auto' finds no publish strategy that every "
-                          f"shard of {checked.layout.local_table} supports")
-    for index, (table, server, server_caps) in enumerate(caps):
+                          f"shard of {checked.layout.local_table}{views} supports")
+    for table, server, server_caps, index in caps:
         found = strategy_problem(server_caps, table, options.strategy)
         if found is not None:
             raise OptionError(strategy_refusal(

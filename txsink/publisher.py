@@ -126,7 +126,8 @@ class BranchPublisher:
         return [staged_manifest(source) for source in found if source is not None]
 
     def rollback(self, record: BranchRecord) -> None:
-        """Drop the branch's staging table; on an unreachable server, leave it.
+        """Drop the branch's staging table (and the staging view filling it, for a
+        materialized view's share); on an unreachable server, leave it.
 
         A branch that is rolled back is never published, so its staging table can never
         become visible: ``txsink gc`` drops it once the xid is finished. Failing instead
@@ -134,11 +135,12 @@ class BranchPublisher:
         replica that a failed task attempt chose stays down.
         """
         staging = (record.manifest or {}).get("staging") or (record.owner or {}).get("staging")
+        view = (record.manifest or {}).get("view") or (record.owner or {}).get("view") or ""
         server = server_of(record)
         if not staging:
             return
         try:
-            server_ext.rollback(self.client_for(server), staging)
+            server_ext.rollback(self.client_for(server), staging, view=view)
         except server_ext.ServerUnreachable as exc:
             log.warning("xid %s: staging %s of branch %s left for txsink gc: %s",
                         record.xid, staging, record.branch_id, exc)

@@ -1,0 +1,258 @@
+"""Materialized views the target feeds: staged with every branch, published under the same
+decision, each committed row reaching every view exactly once; views the sink cannot
+stage refused by name before anything is staged or any xid opened."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import pytest
+from kazoo.client import KazooClient
+
+import txsink
+from server_ext.views import tokenize
+from tests.conftest import run_sql
+from tests.sinkutil import assert_exactly_once, create_events, events_df, staging_tables
+from txsink.options import parse_options
+from txsink.plan import check_target
+
+ROWS = 3000
+
+
+@pytest.fixture(autouse=True)
+def _registered(spark) -> None:
+    txsink.register(spark)
+
+
+@pytest.fixture
+def options(server_url: str, zk_hosts: str, zk_chroot: str) -> dict[str, str]:
+    return {"url": server_url, "zookeeper": zk_hosts + zk_chroot, "sink_id": "views"}
+
+
+def save(df, options: dict[str, str], table: str, mode: str = "append", **extra: str) -> None:
+    (df.write.format("clickhouse_tx").options(**options).options(**extra)
+        .option("table", table).mode(mode).save())
+
+
+def rows(url: str, sql: str) -> list[tuple[str, ...]]:
+    return [tuple(line.split("\t")) for line in run_sql(url, sql + " FORMAT TSV").splitlines()]
+
+
+def summing_view(url: str, db: str, source: str = "events", name: str = "by_day") -> str:
+    """A per-day rollup: a SummingMergeTree ``TO`` table and the view that fills it."""
+    run_sql(url, f"CREATE TABLE `{db}`.`{name}` (day Date, n UInt64, total Float64) "
+                 "ENGINE = SummingMergeTree() PARTITION BY toYYYYMM(day) ORDER BY day")
+    run_sql(url, f"CREATE MATERIALIZED VIEW `{db}`.`{name}_mv` TO `{db}`.`{name}` AS "
+                 f"SELECT day, count() AS n, sum(value) AS total FROM `{db}`.`{source}` "
+                 "GROUP BY day")
+    return f"`{db}`.`{name}`"
+
+
+def doubled_inner_view(url: str, db: str) -> None:
+    run_sql(url, f"CREATE MATERIALIZED VIEW `{db}`.`doubled` "
+                 "ENGINE = MergeTree() PARTITION BY toYYYYMM(day) ORDER BY id "
+                 f"AS SELECT id, day, value * 2 AS v2 FROM `{db}`.`events`")
+
+
+def even_copy_view(url: str, db: str) -> None:
+    run_sql(url, f"CREATE TABLE `{db}`.`copy` (id UInt64, day Date, value Float64) "
+                 "ENGINE = MergeTree() PARTITION BY toYYYYMM(day) ORDER BY id")
+    run_sql(url, f"CREATE MATERIALIZED VIEW `{db}`.`copy_mv` TO `{db}`.`copy` AS "
+                 f"SELECT id, day, value FROM `{db}`.`events` WHERE id % 2 = 0")
+
+
+def contents(url: str, db: str) -> dict[str, list[tuple[str, ...]]]:
+    """Every table of ``db`` that holds rows (views' inner tables included), read by an
+    independent query: rows grouped by all columns with their count, so that parts the
+    server has not merged yet do not matter (a rollup is summed per key)."""
+    tables = rows(url, "SELECT name, engine FROM system.tables WHERE database = "
+                       f"'{db}' AND engine LIKE '%MergeTree' ORDER BY name")
+    found = {}
+    for name, engine in tables:
+        qualified = f"`{db}`.`{name}`"
+        columns = [r[0] for r in rows(url, f"DESCRIBE TABLE {qualified}")]
+        key = ", ".join(f"`{c}`" for c in columns)
+        if engine == "SummingMergeTree":
+            sums = ", ".join(f"sum(`{c}`)" for c in columns[1:])
+            found[name.split(".")[-1] if name.startswith(".inner.") else name] = rows(
+                url, f"SELECT `{columns[0]}`, {sums} FROM {qualified} GROUP BY `{columns[0]}` "
+                     f"ORDER BY `{columns[0]}`")
+        else:
+            label = "inner" if name.startswith(".inner") else name
+            found[label] = rows(url, f"SELECT {key}, count() FROM {qualified} GROUP BY {key} "
+                                     f"ORDER BY {key}")
+    return found
+
+
+@pytest.fixture
+def twin(server_url: str):
+    """A second database for ``clickhouse_plain`` to write the same rows into, dropped
+    after the test: what the sink leaves must be what a plain INSERT leaves."""
+    name = f"t_plain_{uuid.uuid4().hex[:8]}"
+    run_sql(server_url, f"CREATE DATABASE `{name}`")
+    yield name
+    run_sql(server_url, f"DROP DATABASE IF EXISTS `{name}`")
+
+
+def plain_save(df, url: str, table: str) -> None:
+    df.write.format("clickhouse_plain").option("url", url).option("table", table) \
+        .mode("append").save()
+
+
+def fail_first_attempt(batches):
+    """Each task's first attempt stages some rows, then fails: Spark retries it."""
+    from pyspark import TaskContext
+
+    attempt = TaskContext.get().attemptNumber()
+    for sent, batch in enumerate(batches):
+        if attempt == 0 and sent >= 1:
+            raise RuntimeError("injected task failure after staging")
+        yield batch
+
+
+def retried(df):
+    return df.mapInArrow(fail_first_attempt, df.schema)
+
+
+TREES = {
+    "a view with a TO table": lambda url, db: summing_view(url, db),
+    "a view with an inner table": doubled_inner_view,
+    "a chain of two views": lambda url, db: (even_copy_view(url, db),
+                                             summing_view(url, db, source="copy")),
+    "two views into one table, one of them chained": lambda url, db: (
+        even_copy_view(url, db), summing_view(url, db, source="copy"),
+        run_sql(url, f"CREATE MATERIALIZED VIEW `{db}`.`odd_mv` TO `{db}`.`copy` AS "
+                     f"SELECT id, day, value FROM `{db}`.`events` WHERE id % 2 = 1")),
+}
+
+
+# -- what a view gets ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+def test_every_table_a_tree_of_views_fills_holds_what_a_plain_insert_leaves_despite_a_retried_task(
+        spark, server_url, server_db, twin, options, tree):
+    for db in (server_db, twin):
+        create_events(server_url, db)
+        TREES[tree](server_url, db)
+    df = events_df(spark, 0, ROWS)
+    plain_save(df, server_url, f"{twin}.events")
+    save(retried(df), options, f"{server_db}.events")
+    assert_exactly_once(server_url, f"{server_db}.events", range(ROWS))
+    expected = contents(server_url, twin)
+    # 18.16 does not fire a view on what another view wrote (a chain ends after one view)
+    assert sum(1 for found in expected.values() if found) > 1
+    assert contents(server_url, server_db) == expected
+    assert staging_tables(server_url, options) == []
+
+
+def test_a_null_ingest_table_feeds_its_views_and_keeps_nothing(
+        spark, server_url, server_db, twin, options):
+    for db in (server_db, twin):
+        run_sql(server_url, f"CREATE TABLE `{db}`.`ingest` (id UInt64, day Date, name String, "
+                            "value Float64) ENGINE = Null")
+        create_events(server_url, db)
+        run_sql(server_url, f"CREATE MATERIALIZED VIEW `{db}`.`ingest_mv` TO `{db}`.`events` "
+                            f"AS SELECT * FROM `{db}`.`ingest`")
+        summing_view(server_url, db)
+    df = events_df(spark, 0, ROWS)
+    plain_save(df, server_url, f"{twin}.ingest")
+    save(retried(df), options, f"{server_db}.ingest")
+    assert_exactly_once(server_url, f"{server_db}.events", range(ROWS))
+    assert contents(server_url, server_db) == contents(server_url, twin)
+    assert staging_tables(server_url, options) == []
+
+
+def test_a_failed_job_leaves_every_view_without_its_rows(
+        spark, server_url, server_db, options):
+    table = create_events(server_url, server_db)
+    rollup = summing_view(server_url, server_db)
+
+    def always_fail(batches):
+        yield from batches
+        raise RuntimeError("injected failure of every attempt")
+
+    df = events_df(spark, 0, ROWS)
+    with pytest.raises(Exception, match="injected failure"):
+        save(df.mapInArrow(always_fail, df.schema), options, table)
+    assert rows(server_url, f"SELECT count() FROM {rollup}") == [("0",)]
+    assert staging_tables(server_url, options) == []
+
+
+def test_materialized_views_ignore_leaves_the_views_without_the_rows(
+        spark, server_url, server_db, options):
+    table = create_events(server_url, server_db)
+    rollup = summing_view(server_url, server_db)
+    save(events_df(spark, 0, 100), options, table, materialized_views="ignore")
+    assert_exactly_once(server_url, table, range(100))
+    assert rows(server_url, f"SELECT count() FROM {rollup}") == [("0",)]
+
+
+def test_materialized_views_ignore_names_the_views_left_without_the_rows_in_the_log(
+        spark, server_url, server_db, options, caplog):
+    table = create_events(server_url, server_db)
+    summing_view(server_url, server_db)
+    chosen = parse_options({**options, "table": table, "materialized_views": "ignore"})
+    with caplog.at_level(logging.WARNING, logger="txsink.plan"):
+        checked = check_target(chosen, events_df(spark, 0, 1).schema)
+    assert checked.views == ()
+    assert "by_day_mv" in caplog.text
+
+
+# -- refusals, before anything is staged or any xid opened --------------------------------
+
+
+def assert_refused_untouched(spark, server_url, options, table, match, zk_hosts, zk_chroot,
+                             mode="append"):
+    with pytest.raises(Exception, match=match):
+        save(events_df(spark, 0, 10), options, table, mode=mode)
+    assert staging_tables(server_url, options) == []
+    zk = KazooClient(hosts=zk_hosts + zk_chroot)
+    zk.start()
+    try:
+        sink = "/txsink/sinks/views/xids"
+        assert not zk.exists(sink) or zk.get_children(sink) == []
+    finally:
+        zk.stop()
+
+
+def test_an_overwrite_of_a_table_that_feeds_views_is_refused_naming_them(
+        spark, server_url, server_db, options, zk_hosts, zk_chroot):
+    table = create_events(server_url, server_db)
+    summing_view(server_url, server_db)
+    assert_refused_untouched(spark, server_url, options, table, "overwrite.*by_day_mv",
+                             zk_hosts, zk_chroot, mode="overwrite")
+
+
+def test_a_view_into_a_table_no_partition_can_be_published_into_is_refused_naming_it(
+        spark, server_url, server_db, options, zk_hosts, zk_chroot):
+    table = create_events(server_url, server_db)
+    run_sql(server_url, f"CREATE TABLE `{server_db}`.`log` (id UInt64) ENGINE = Log")
+    run_sql(server_url, f"CREATE MATERIALIZED VIEW `{server_db}`.`log_mv` TO "
+                        f"`{server_db}`.`log` AS SELECT id FROM `{server_db}`.`events`")
+    assert_refused_untouched(spark, server_url, options, table, "log_mv.*engine is Log",
+                             zk_hosts, zk_chroot)
+
+
+def test_a_view_that_reads_its_source_twice_is_refused_naming_it(
+        spark, server_url, server_db, options, zk_hosts, zk_chroot):
+    table = create_events(server_url, server_db)
+    run_sql(server_url, f"CREATE TABLE `{server_db}`.`top` (id UInt64) "
+                        "ENGINE = MergeTree() ORDER BY id")
+    run_sql(server_url, f"CREATE MATERIALIZED VIEW `{server_db}`.`top_mv` TO "
+                        f"`{server_db}`.`top` AS SELECT id FROM `{server_db}`.`events` "
+                        f"WHERE id NOT IN (SELECT id FROM `{server_db}`.`events`)")
+    assert_refused_untouched(spark, server_url, options, table, "top_mv.*more than once",
+                             zk_hosts, zk_chroot)
+
+
+# -- the view's query text (pure) ---------------------------------------------------------
+
+
+def test_tokens_keep_quoted_identifiers_and_strings_apart():
+    tokens = tokenize("SELECT `a``b`.\"c\" , 'x.y' FROM db.t -- db.t\n")
+    assert [(t.kind, t.text) for t in tokens] == [
+        ("word", "SELECT"), ("quoted", "a`b"), ("punct", "."), ("quoted", "c"),
+        ("punct", ","), ("string", "'x.y'"), ("word", "FROM"), ("word", "db"),
+        ("punct", "."), ("word", "t")]
