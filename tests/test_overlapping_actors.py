@@ -6,7 +6,8 @@ ZooKeeper; Spark's scheduling is left out so that the interleaving is exact. The
 is held at a named step of its commit while another actor runs in its own ZooKeeper
 session: ``txsink recover``, a second driver of the same sink (fence + recovery, as at job
 start), or the job's own session expires and someone else takes over. Then the job goes
-on. An independent checker counts every id in the target over HTTP.
+on. An independent checker counts every id in the target, and in the table a materialized
+view of the target fills, over HTTP.
 
 The free-running race at the end lets a recover loop and repeated second drivers hammer
 the sink while jobs commit, and judges each job by the outcome of its xid.
@@ -37,6 +38,7 @@ from tests.sinkutil import assert_exactly_once, id_counts, staging_tables
 from tests.test_coordinator_session import expire_session
 from txsink import driver
 from txsink.datasource import ClickHouseTxDataSource
+from txsink.harness.chaos.pipeline import create_fed_view, fed_table
 from txsink.operations import Operations
 from txsink.options import parse_options
 from txsink.plan import check_target
@@ -110,6 +112,11 @@ class Sink:
             client.stop()
             client.close()
 
+    def assert_exactly_once(self, ids: range) -> None:
+        """Every id once in the target and in the table its materialized view fills."""
+        for table in (self.table, fed_table(self.table)):
+            assert_exactly_once(self.url, table, ids)
+
     def coordinator(self, client: KazooClient) -> Coordinator:
         return Coordinator(client, self.options["sink_id"], root=self.options["zk_root"])
 
@@ -173,6 +180,7 @@ def sink(request, zk_hosts: str) -> Iterator[Sink]:
     run_sql(url, f"CREATE TABLE `{db}`.`events` (id UInt64, day Date, name String, "
                  f"value Float64) ENGINE = {ENGINES[strategy].format(db=db)} "
                  "PARTITION BY toYYYYMM(day) ORDER BY id")
+    create_fed_view(url, f"{db}.events")  # every row must reach the view's table too
     sink = Sink(url, zk_hosts, f"{db}.events")
     assert check_target(parse_options(sink.options), SCHEMA).strategy == strategy  # the id's
     yield sink
@@ -190,7 +198,7 @@ def test_txsink_recover_while_the_job_is_at_step_leaves_every_row_once(
         sink: Sink, hold_at, step: str) -> None:
     reports = hold_at(step, sink.recover)
     sink.run_job(0)
-    assert_exactly_once(sink.url, sink.table, range(TASKS * ROWS_PER_TASK))
+    sink.assert_exactly_once(range(TASKS * ROWS_PER_TASK))
     (report,) = reports
     actions = report["sinks"][0]["actions"] if report["sinks"] else []
     if step != "commit.after_decision":  # the job holds the publish lease from then on
@@ -202,7 +210,7 @@ def test_second_driver_starting_while_the_job_is_at_step_leaves_every_row_once(
         sink: Sink, hold_at, step: str) -> None:
     hold_at(step, sink.second_driver)
     sink.run_job(0)  # decided before the fence: the job finishes it and succeeds
-    assert_exactly_once(sink.url, sink.table, range(TASKS * ROWS_PER_TASK))
+    sink.assert_exactly_once(range(TASKS * ROWS_PER_TASK))
 
 
 @pytest.mark.parametrize("step", ["publish.after_intent", "publish.after_attach"])
@@ -216,7 +224,7 @@ def test_job_whose_session_expired_at_step_yields_to_recover_and_rows_appear_onc
 
     reports = hold_at(step, expire_then_recover)
     epoch = sink.run_job(0)
-    assert_exactly_once(sink.url, sink.table, range(TASKS * ROWS_PER_TASK))
+    sink.assert_exactly_once(range(TASKS * ROWS_PER_TASK))
     (report,) = reports
     assert any("rolled_forward" in a for a in report["sinks"][0]["actions"])
     client = started_client(sink.zk_hosts)
@@ -239,7 +247,7 @@ def test_a_task_aborted_between_its_register_and_its_staging_drops_that_staging(
     with pytest.raises(XidDecided, match="Aborted"):
         writer.write(iter([task_batch(0, ROWS_PER_TASK)]))
     assert staging_tables(sink.url, sink.options) == []
-    assert id_counts(sink.url, sink.table) == {}
+    assert id_counts(sink.url, sink.table) == {} == id_counts(sink.url, fed_table(sink.table))
 
 
 def test_a_task_taken_over_between_its_register_and_its_staging_drops_that_staging(
@@ -250,7 +258,7 @@ def test_a_task_taken_over_between_its_register_and_its_staging_drops_that_stagi
     with pytest.raises(SinkTakenOver):
         writer.write(iter([task_batch(0, ROWS_PER_TASK)]))
     assert staging_tables(sink.url, sink.options) == []
-    assert id_counts(sink.url, sink.table) == {}
+    assert id_counts(sink.url, sink.table) == {} == id_counts(sink.url, fed_table(sink.table))
 
 
 # -- free-running: recover loop and second drivers against committing jobs ----------------
@@ -289,6 +297,7 @@ def test_recover_loop_and_second_drivers_racing_committing_jobs_never_duplicate(
             actor.join(timeout=120)
     sink.recover()  # what the last second driver left undecided is rolled back
     counts = id_counts(sink.url, sink.table)
+    assert counts == id_counts(sink.url, fed_table(sink.table)), "the view's table differs"
     assert max(counts.values(), default=1) == 1, "an id is visible twice"
     for job, outcome in outcomes.items():
         ids = range(job * 10_000, job * 10_000 + TASKS * ROWS_PER_TASK)

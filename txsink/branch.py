@@ -138,6 +138,7 @@ class _ViewBranch:
                  node: server_ext.ViewNode) -> None:
         self.node = node
         self.table = node.table
+        self.strategy = plan.view_strategies[node.index]
         self.branch_id = f"{parent_id}-v{node.index}"
         self.staging = server_ext.staging_table_name(plan.sink_id, epoch, self.branch_id,
                                                      root=plan.options.root_identity)
@@ -176,6 +177,7 @@ class _ShardBranch:
             qualified = server_ext.create_staging(self.client, target, self.staging,
                                                   dedup_window=dedup)
             self.create_views(qualified)
+            crashpoints.hit(crashpoints.BRANCH_AFTER_VIEWS)
             self.writer = server_ext.BranchWriter(
                 self.client, target, qualified, caps,
                 block_rows=self.plan.options.insert_block_rows, target_columns=columns,
@@ -276,17 +278,17 @@ class _Attempt:
         views = [(branch, share, manifest) for branch in self.branches.values()
                  for share, manifest in branch.seal_views()]
         crashpoints.hit(crashpoints.BRANCH_AFTER_SEAL)
-        staged = [(branch, branch.branch_id, branch.staging, "", branch.table, manifest, rows)
-                  for branch, manifest, rows, _ in sealed]
+        staged = [(branch, branch.branch_id, branch.staging, "", branch.table, manifest, rows,
+                   self.plan.strategy) for branch, manifest, rows, _ in sealed]
         staged += [(branch, share.branch_id, share.staging, share.view, share.table, manifest,
-                    manifest.rows) for branch, share, manifest in views]
+                    manifest.rows, share.strategy) for branch, share, manifest in views]
         contributed = [self.contribute(branch, manifest, table)
-                       for branch, _, _, _, table, manifest, _ in staged]
+                       for branch, _, _, _, table, manifest, _, _ in staged]
         crashpoints.hit(crashpoints.BRANCH_AFTER_CONTRIBUTE)
-        for (branch, branch_id, staging, view, _, manifest, rows), precombined in zip(
+        for (branch, branch_id, staging, view, _, manifest, rows, strategy), precombined in zip(
                 staged, contributed, strict=True):
             self.coord.prepare_branch(self.epoch, branch_id, payload.to_record(
-                payload.StagedBranch(manifest=manifest, strategy=self.plan.strategy,
+                payload.StagedBranch(manifest=manifest, strategy=strategy,
                                      staging=staging, server=branch.server, rows=rows,
                                      overwrite=self.plan.overwrite, contributed=precombined,
                                      view=view)))

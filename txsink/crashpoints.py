@@ -25,6 +25,7 @@ from coordinator import steps
 from server_ext import consolidate, publish_steps
 
 BRANCH_AFTER_REGISTER = "branch.after_register"  # task: branch recorded, nothing staged
+BRANCH_AFTER_VIEWS = "branch.after_views"  # task: staging and its staging views made, no row
 BRANCH_AFTER_STAGING_WRITE = "branch.after_staging_write"  # task: rows staged, not sealed
 BRANCH_AFTER_SEAL = "branch.after_seal"  # task: manifest built, not recorded
 BRANCH_AFTER_CONTRIBUTE = "branch.after_contribute"  # task: parts in pre-combined, not recorded
@@ -34,7 +35,7 @@ BRANCH_AFTER_PREPARE = "branch.after_prepare"  # task: branch Prepared, no messa
 #: then those the coordinator and ``server_ext`` declare (their modules say what each
 #: means); ``publish.*`` are passed once per winner, the combined branch first.
 CRASH_POINTS: tuple[str, ...] = (
-    BRANCH_AFTER_REGISTER, BRANCH_AFTER_STAGING_WRITE, BRANCH_AFTER_SEAL,
+    BRANCH_AFTER_REGISTER, BRANCH_AFTER_VIEWS, BRANCH_AFTER_STAGING_WRITE, BRANCH_AFTER_SEAL,
     BRANCH_AFTER_CONTRIBUTE, BRANCH_AFTER_PREPARE,
     steps.COMMIT_AFTER_DECISION,
     *consolidate.STEPS,

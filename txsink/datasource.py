@@ -28,7 +28,7 @@ from txsink.branch import streaming_epoch, write_branch
 from txsink.messages import SkippedMessage
 from txsink.operations import explain_blocked
 from txsink.options import OptionError, parse_options
-from txsink.plan import WritePlan, check_publish, check_target
+from txsink.plan import WritePlan, check_publish, check_target, view_strategies
 
 
 class ClickHouseTxDataSource(DataSource):
@@ -52,7 +52,8 @@ class ClickHouseTxDataSource(DataSource):
     def _plan(self, schema: StructType, overwrite: bool, streaming: bool) -> WritePlan:
         options = parse_options(self.options)
         checked = check_target(options, schema)
-        checked = replace(checked, strategy=check_publish(options, checked, overwrite))
+        checked = replace(checked, strategy=check_publish(options, checked, overwrite),
+                          view_strategies=view_strategies(options, checked))
         sink_id = options.resolved_sink_id(streaming)
         if options.in_transaction():
             generation, epoch = options.tx_generation, options.tx_epoch
@@ -68,7 +69,8 @@ class ClickHouseTxDataSource(DataSource):
             if covered is not None:
                 return WritePlan(options, sink_id, generation, checked.strategy, overwrite,
                                  checked.columns, None, checked.layout, checked.table,
-                                 covered_by_txn=covered, views=checked.views)
+                                 covered_by_txn=covered, views=checked.views,
+                                 view_strategies=checked.view_strategies)
             epoch = coord.allocate_epoch()
             try:
                 coord.begin(epoch, generation)
@@ -79,7 +81,7 @@ class ClickHouseTxDataSource(DataSource):
                 raise taken from exc
         return WritePlan(options, sink_id, generation, checked.strategy, overwrite,
                          checked.columns, epoch, checked.layout, checked.table,
-                         views=checked.views)
+                         views=checked.views, view_strategies=checked.view_strategies)
 
 
 class BatchWriter(DataSourceArrowWriter):

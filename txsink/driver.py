@@ -27,7 +27,7 @@ from txsink.messages import BranchMessage, SkippedMessage
 from txsink.options import SinkOptions
 from txsink.payload import CombinedBranch, staged_manifest
 from txsink.plan import WritePlan
-from txsink.publisher import BranchPublisher, server_of
+from txsink.publisher import BranchPublisher, recorded_strategy, server_of
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def combined_branches(plan: WritePlan, coord: Coordinator, epoch: int, generatio
                                                 root=plan.options.root_identity)
         combined = CombinedBranch.of(
             {r.branch_id: staged_manifest(r) for r in group}, staging=staging,
-            strategy=plan.strategy, server=server, overwrite=plan.overwrite,
+            strategy=recorded_strategy(group[0]), server=server, overwrite=plan.overwrite,
             precombined="" if plan.overwrite else precombined_of(group))
         coord.register_branch(epoch, branch_id, generation,  # both idempotent
                               owner={"staging": staging, "server": server})

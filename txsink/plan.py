@@ -54,6 +54,7 @@ class WritePlan:
     table: server_ext.TargetTable | None = None  # the local table as the driver saw it
     covered_by_txn: int | None = None  # the sink's txn_version that makes this job a no-op
     views: tuple[ViewNode, ...] = ()  # the materialized views the target feeds, staged too
+    view_strategies: tuple[str, ...] = ()  # the publish strategy of each view's table
 
     @property
     def target(self) -> str:
@@ -91,6 +92,7 @@ class CheckedTarget:
     layout: ShardLayout
     shard_tables: tuple[tuple[server_ext.TargetTable, str], ...] = ()
     views: tuple[ViewNode, ...] = ()  # shard 1's view tree (every shard has the same)
+    view_strategies: tuple[str, ...] = ()  # the publish strategy of each view's table
 
 
 def single_server(options: SinkOptions) -> ShardLayout:
@@ -267,24 +269,38 @@ def check_publish(options: SinkOptions, checked: CheckedTarget, overwrite: bool 
                 raise OptionError(f"option compression={options.compression!r} cannot be "
                                   f"used{_on_shard(index, server, several)}: {problem}; "
                                   "use gzip (every server reads it) or none. Nothing was staged")
-    # one strategy publishes the whole tree: every view's table must support it too
-    caps = [(table, server, server_ext.detect_capabilities(connections.clickhouse(
-        options, server)), index) for index, (shard, server) in enumerate(shards)
-        for table in (shard, *(node.table for node in checked.views))]
     if options.strategy == "auto":
-        first_table, _, first_caps, _ = caps[0]
-        for candidate in supported_strategies(first_caps, first_table):
-            if all(strategy_problem(c, t, candidate) is None for t, _, c, _ in caps):
-                return candidate
-        views = " and the tables of its materialized views" if checked.views else ""
-        raise OptionError(f"option strategy='auto' finds no publish strategy that every "
-                          f"shard of {checked.layout.local_table}{views} supports")
-    for table, server, server_caps, index in caps:
-        found = strategy_problem(server_caps, table, options.strategy)
+        return _auto_strategy(options, shards, checked.layout.local_table)
+    for index, (table, server) in enumerate(shards):
+        caps = server_ext.detect_capabilities(connections.clickhouse(options, server))
+        found = strategy_problem(caps, table, options.strategy)
         if found is not None:
             raise OptionError(strategy_refusal(
                 found, f"{table.qualified}{_on_shard(index, server, several)}"))
     return options.strategy
+
+
+def view_strategies(options: SinkOptions, checked: CheckedTarget) -> tuple[str, ...]:
+    """The strategy each view's table is published with (aligned with ``checked.views``):
+    ``auto``'s choice for that table on every shard, whatever the ``strategy`` option
+    says of the target (a Replicated target may feed a plain MergeTree rollup)."""
+    shards = checked.shard_tables or ((checked.table, options.url),)
+    return tuple(_auto_strategy(options, [(node.table, server) for _, server in shards],
+                                f"{node.table.database}.{node.table.name}")
+                 for node in checked.views)
+
+
+def _auto_strategy(options: SinkOptions, tables, name: str) -> str:
+    """The strategy ``choose_strategy`` prefers for the first (table, server) if every
+    one supports it, else the next one every one supports."""
+    caps = [(table, server_ext.detect_capabilities(connections.clickhouse(options, server)))
+            for table, server in tables]
+    first_table, first_caps = caps[0]
+    for candidate in supported_strategies(first_caps, first_table):
+        if all(strategy_problem(c, t, candidate) is None for t, c in caps):
+            return candidate
+    raise OptionError(f"option strategy='auto' finds no publish strategy that every "
+                      f"shard of {name} supports")
 
 
 def check_server_options(options: SinkOptions) -> None:

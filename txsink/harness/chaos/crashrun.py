@@ -34,6 +34,8 @@ from txsink.harness.chaos.launcher import DriverProcess, PipelineSpec
 from txsink.harness.chaos.pipeline import (
     committed_batches,
     create_events_table,
+    create_fed_view,
+    fed_table,
     write_epoch_file,
 )
 
@@ -73,6 +75,7 @@ class CrashPointRun:
     setup_timeout: float = 300.0  # the first driver boots cold
     log: Callable[[str], None] = lambda line: None
     standby: int = 2  # drivers kept warm: a restart promotes one instead of booting
+    views: bool = True  # the target feeds a materialized view, checked like the target
 
     def __post_init__(self) -> None:
         self.files = 0
@@ -84,6 +87,8 @@ class CrashPointRun:
         """Create the target, start the driver and commit a first epoch (warm-up)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         create_events_table(self.url, self.table)
+        if self.views:
+            create_fed_view(self.url, self.table)
         self.arming.disarm_all()
         spec = PipelineSpec(
             source=self.workdir / "input", checkpoint=self.checkpoint, table=self.table,
@@ -108,8 +113,14 @@ class CrashPointRun:
         return range(0, self.files * self.rows_per_epoch)
 
     def check(self) -> checker.CheckResult | None:
+        """The target's counts; the view's table's where the target's are exactly once
+        and those are not (every row must reach both exactly once)."""
         try:
-            return checker.check(self.url, self.table, self.expected())
+            result = checker.check(self.url, self.table, self.expected())
+            if self.views and result.exactly_once:
+                fed = checker.check(self.url, fed_table(self.table), self.expected())
+                return result if fed.exactly_once else fed
+            return result
         except checker.CheckerError:
             return None
 

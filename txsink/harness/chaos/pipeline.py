@@ -67,6 +67,24 @@ def create_events_table(url: str, table: str, engine: str = "MergeTree()") -> No
             raise RuntimeError(f"cannot create {table}: {resp.content.decode('utf-8')[:300]}")
 
 
+def fed_table(table: str) -> str:
+    """The table the target's materialized view fills (:func:`create_fed_view`)."""
+    return f"{table}_fed"
+
+
+def create_fed_view(url: str, table: str) -> None:
+    """A materialized view of the target (``db.name``) into ``db.name_fed`` (its ``TO``
+    table): every row's id and day, so the checker can count each id there too."""
+    fed = fed_table(table)
+    for sql in (f"CREATE TABLE {_quoted(fed)} (id UInt64, day Date) ENGINE = MergeTree() "
+                "PARTITION BY toYYYYMM(day) ORDER BY id",
+                f"CREATE MATERIALIZED VIEW {_quoted(fed + '_mv')} TO {_quoted(fed)} AS "
+                f"SELECT id, day FROM {_quoted(table)}"):
+        resp = requests.post(url, data=sql.encode(), timeout=30)
+        if resp.status_code != 200:
+            raise RuntimeError(f"cannot create {fed}: {resp.content.decode('utf-8')[:300]}")
+
+
 def event_lines(ids: Iterable[int]) -> Iterator[str]:
     for i in ids:
         yield json.dumps({"id": i, "day": f"2026-0{1 + i % 3}-15", "name": f"event-{i}",
