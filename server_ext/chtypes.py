@@ -175,6 +175,9 @@ def _parse(text: str) -> tuple[ChType, str]:
     name, rest = match.group(0), text[match.end():].lstrip()
     if not rest.startswith("("):
         return ChType(name, text=name), rest
+    if name == "SimpleAggregateFunction":  # stored and sent as its argument type
+        args_text, rest = _balanced(rest)
+        return parse_type(_split_args(args_text)[-1]), rest
     if name in WRAPPERS:
         inner, rest = _parse(rest[1:].lstrip())
         rest = _expect(rest, ")")

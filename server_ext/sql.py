@@ -9,6 +9,8 @@ Every statement server_ext sends is built from these helpers, so escaping exists
   ("Unknown setting param_x", code 115, measured over HTTP); they came with 19.x, and chdb
   (engine 26.9) has them. Once 18.16 is no longer supported, values can move to parameters
   here without touching the statements' callers;
+- ``tokenize`` splits statement text into tokens (strings, quoted names, words), for the
+  few places that read the server's own DDL text (a view's query, an engine's TTL);
 - ``column_list``, ``settings_clause``, ``setting_assignments``, ``table_filter`` and
   ``strip_statement`` are the statement fragments several modules share (the HTTP and chdb
   clients, staging DDL, every query of a system table about one table).
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 _BARE_IDENTIFIER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -154,3 +157,56 @@ def table_filter(database: str, table: str, *, name_column: str = "table") -> st
 def strip_statement(sql: str) -> str:
     """``sql`` without surrounding whitespace and trailing semicolons, ready for a suffix."""
     return sql.strip().rstrip(";").rstrip()
+
+
+# -- tokens --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Token:
+    kind: str  # "word", "quoted" (an identifier in `` ` `` or ``"``), "string", "number", "punct"
+    text: str  # for identifiers, the name unquoted
+    start: int
+    end: int
+
+
+_TOKEN_RE = re.compile(r"""
+    (?P<space>\s+|--[^\n]*|/\*.*?\*/)
+  | (?P<string>'(?:[^'\\]|\\.|'')*')
+  | (?P<quoted>`(?:[^`\\]|\\.|``)*`|"(?:[^"\\]|\\.|"")*")
+  | (?P<word>[A-Za-z_][A-Za-z0-9_$]*)
+  | (?P<number>[0-9][0-9A-Za-z_.]*)
+  | (?P<punct>.)
+""", re.VERBOSE | re.DOTALL)
+
+
+def tokenize(text: str) -> list[Token]:
+    """SQL tokens of ``text`` (whitespace and comments dropped)."""
+    tokens = []
+    for match in _TOKEN_RE.finditer(text):
+        kind = match.lastgroup or "punct"
+        if kind == "space":
+            continue
+        value = match.group()
+        if kind == "quoted":
+            value = re.sub(r"\\(.)", r"\1", value[1:-1]).replace(value[0] * 2, value[0])
+        tokens.append(Token(kind, value, match.start(), match.end()))
+    return tokens
+
+
+def clause(text: str, keyword: str, ends: tuple[str, ...]) -> str:
+    """The top-level clause of ``text`` that starts with the word ``keyword`` and runs to
+    the next top-level word of ``ends`` (or the end), as written; "" if there is none."""
+    depth, start = 0, None
+    for token in tokenize(text):
+        if token.kind == "punct" and token.text in "([":
+            depth += 1
+        elif token.kind == "punct" and token.text in ")]":
+            depth -= 1
+        elif depth == 0 and token.kind == "word":
+            word = token.text.upper()
+            if start is None and word == keyword:
+                start = token.start
+            elif start is not None and word in ends:
+                return text[start:token.start].strip()
+    return text[start:].strip() if start is not None else ""

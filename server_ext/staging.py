@@ -27,10 +27,12 @@ Contract:
 - ``create_staging`` is idempotent (IF NOT EXISTS). The table has the target's columns
   (types, defaults, materialized and alias columns included), partition key, sorting key,
   primary key and MergeTree settings (index_granularity first of all), so that ATTACH /
-  MOVE / REPLACE PARTITION accept its parts. Its engine is plain ``MergeTree`` even for a
-  Replicated target (a staging table must not register a replica in ZooKeeper). SAMPLE
-  BY and TTL are not copied: ATTACH / MOVE do not compare them, and a TTL could delete
-  staged rows. Targets in the deprecated ``MergeTree(date, key, granularity)`` syntax are
+  MOVE / REPLACE PARTITION accept its parts, and its TTL (see ``staging_ddl``). A task's
+  staging has the target's MergeTree variant with its parameters (``mirror_engine``), so
+  that its rows are merged at insert as a plain INSERT's would be; tables filled from
+  other staging tables are plain ``MergeTree``. Never Replicated (a staging table must not
+  register a replica in ZooKeeper). SAMPLE BY is not copied: ATTACH / MOVE do not
+  compare it. Targets in the deprecated ``MergeTree(date, key, granularity)`` syntax are
   refused (``UnsupportedTarget``): their parts have another format version.
 - Merges in a staging table never run: publish relies on the part names recorded at seal
   time, and a merge would also break the Replicated target's deduplication of a repeated
@@ -54,7 +56,15 @@ from dataclasses import dataclass
 from server_ext.capabilities import SqlClient
 from server_ext.errors import ClickHouseError
 from server_ext.schema import TargetTable
-from server_ext.sql import qualified_name, quote_identifier, setting_assignments, split_table_name
+from server_ext.sharding.engine_args import engine_arguments
+from server_ext.sql import (
+    clause,
+    qualified_name,
+    quote_identifier,
+    setting_assignments,
+    split_table_name,
+    tokenize,
+)
 
 STAGING_DATABASE = "txsink_staging"
 
@@ -158,7 +168,8 @@ def staging_qualified(table: str) -> str:
 
 
 def create_staging(client: SqlClient, target: TargetTable, table_name: str,
-                   dedup_window: bool = False, merges: bool = False) -> str:
+                   dedup_window: bool = False, merges: bool = False,
+                   mirror_engine: bool = False) -> str:
     """Create (if absent) the staging table ``table_name`` for ``target``; returns it quoted.
 
     ``dedup_window``: give it a ``non_replicated_deduplication_window`` (servers that
@@ -167,6 +178,11 @@ def create_staging(client: SqlClient, target: TargetTable, table_name: str,
     ``merges``: let the server merge its parts in the background (the pre-combined table
     of ``consolidate``, whose part names nobody records); every other staging table
     holds its parts exactly as written.
+    ``mirror_engine``: the target's MergeTree variant with its parameters (a task's
+    staging, which rows are inserted into: a Replacing, Collapsing, Summing or Aggregating
+    target merges the rows of each inserted block as a plain INSERT into it would);
+    otherwise plain ``MergeTree`` (tables filled from other staging tables, whose rows
+    must stay exactly as staged).
 
     Idempotent: a repeat finds the table and only stops its merges again. The staging
     database is created once per server and process (every task of an epoch would ask
@@ -177,13 +193,13 @@ def create_staging(client: SqlClient, target: TargetTable, table_name: str,
     if server is None or server not in _DATABASE_MADE:
         _create_database(client, server)
     try:
-        client.execute(staging_ddl(target, staging, dedup_window, merges),
+        client.execute(staging_ddl(target, staging, dedup_window, merges, mirror_engine),
                        purpose="create staging table")
     except ClickHouseError as exc:
         if exc.code != UNKNOWN_DATABASE:
             raise
         _create_database(client, server)
-        client.execute(staging_ddl(target, staging, dedup_window, merges),
+        client.execute(staging_ddl(target, staging, dedup_window, merges, mirror_engine),
                        purpose="create staging table")
     if not merges and target.engine != "Null":
         client.execute(f"SYSTEM STOP MERGES {staging}", purpose="stop merges in staging table")
@@ -202,13 +218,18 @@ def _create_database(client: SqlClient, server: str | None) -> None:
 
 
 def staging_ddl(target: TargetTable, staging: str, dedup_window: bool = False,
-                merges: bool = False) -> str:
+                merges: bool = False, mirror_engine: bool = False) -> str:
     """``CREATE TABLE IF NOT EXISTS`` statement for a staging table of ``target``.
 
     ``AS <target>`` copies the column definitions exactly as the server stores them (no
     re-rendering of types or default expressions); the explicit ENGINE clause replaces
     the target's engine. Without it, ``AS`` of a Replicated target fails on 18.16 ("Replica
     already exists"), since the copy would register the same replica path.
+
+    The target's table TTL is copied, so that staged parts carry the TTL information a
+    plain INSERT gives them (a part attached without it never expires), with TTL merges
+    off (``max_number_of_merges_with_ttl_in_pool = 0``, stored in the table's metadata
+    like the other merge settings): a TTL merge would rewrite the parts the seal recorded.
     """
     if target.engine == "Null":
         return f"CREATE TABLE IF NOT EXISTS {staging} AS {target.qualified} ENGINE = Null"
@@ -223,15 +244,43 @@ def staging_ddl(target: TargetTable, staging: str, dedup_window: bool = False,
     clauses.append(f"ORDER BY {_key_expression(target.sorting_key or 'tuple()')}")
     if target.primary_key and target.primary_key != target.sorting_key:
         clauses.append(f"PRIMARY KEY {_key_expression(target.primary_key)}")
+    ttl = clause(target.engine_full, "TTL", ("SETTINGS",))
+    if ttl:
+        clauses.append(ttl)
     own = STAGING_SETTINGS if not merges else {
         name: value for name, value in STAGING_SETTINGS.items() if "merge" not in name}
     settings = {"index_granularity": str(target.index_granularity),
                 **table_settings(target.engine_full), **own,
+                **({"max_number_of_merges_with_ttl_in_pool": "0"} if ttl else {}),
                 **({"non_replicated_deduplication_window": str(DEDUP_WINDOW)}
                    if dedup_window else {})}
+    engine = staging_engine(target) if mirror_engine else "MergeTree()"
     return (f"CREATE TABLE IF NOT EXISTS {staging} AS {target.qualified} "
-            f"ENGINE = MergeTree() {' '.join(clauses)} "
+            f"ENGINE = {engine} {' '.join(clauses)} "
             f"SETTINGS {setting_assignments(settings)}")
+
+
+def staging_engine(target: TargetTable) -> str:
+    """The target's MergeTree variant with its parameters, not Replicated:
+    ``ReplicatedReplacingMergeTree('/p', '{replica}', ver)`` → ``ReplacingMergeTree(ver)``
+    (a staging table must not register a replica)."""
+    name = target.engine
+    tokens = tokenize(target.engine_full)
+    args: list[str] = []
+    if len(tokens) > 1 and tokens[1].text == "(":
+        args = engine_arguments(target.engine_full)
+    if name.startswith("Replicated"):
+        name = name[len("Replicated"):]
+        if len(args) >= 2 and all(a.startswith("'") for a in args[:2]):
+            args = args[2:]
+    return f"{name}({', '.join(args)})"
+
+
+def merges_at_insert(target: TargetTable) -> bool:
+    """Whether an INSERT into a staging table of ``target`` made with ``mirror_engine``
+    may keep fewer rows than it sent: a merging variant (Replacing, Collapsing, Summing,
+    …) merges the rows of each block on servers that do so (26.x; 18.16 does not)."""
+    return target.engine.removeprefix("Replicated") != "MergeTree"
 
 
 def _key_expression(key: str) -> str:
@@ -291,3 +340,51 @@ def rollback(client: SqlClient, table_name: str, view: str = "") -> None:
                        purpose="drop staging view")
     client.execute(f"DROP TABLE IF EXISTS {staging_qualified(table_name)}",
                    purpose="drop staging table")
+
+
+# Targets (server, table, DDL) whose staging tables' partitions were accepted, this process
+_ACCEPTED: set[tuple[str, str, str]] = set()
+_PREFLIGHT_PARTITION = "209901"  # any id: the probe's staging table is empty
+
+
+def publish_problem(client: SqlClient, target: TargetTable, strategy: str) -> str | None:
+    """Why ``target`` would refuse the partitions of its staging tables (None: it takes
+    them), asked of the server before anything is staged.
+
+    The server compares the structure of both tables before it looks for parts
+    (measured on 18.16 and 26.x: "Tables have different ordering" for an empty partition),
+    so the strategy's own statement (``MOVE``, or ``ATTACH … FROM``) is run with a
+    partition of two empty scratch tables made as a task's staging and as a combined
+    table are; nothing moves. A refusal found only after the decision would leave the xid
+    ``Committing`` for good. Not run for a Replicated target: an empty ``ATTACH`` still
+    writes a ``REPLACE_RANGE`` entry to its replication log (measured on 18.16). A
+    ``Null`` target takes no partitions. Cached per server, table and DDL in the process.
+    """
+    if target.replicated or target.engine == "Null":
+        return None
+    key = (getattr(client, "url", ""), target.qualified, target.create_table_query)
+    if key in _ACCEPTED:
+        return None
+    from server_ext.capabilities import SCRATCH_DATABASE  # the probes' database
+
+    client.execute(f"CREATE DATABASE IF NOT EXISTS {quote_identifier(SCRATCH_DATABASE)}",
+                   purpose="create scratch database")
+    suffix = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
+    for mirror in (True, False):
+        scratch = qualified_name(SCRATCH_DATABASE, f"preflight_{suffix}_{int(mirror)}")
+        try:
+            client.execute(staging_ddl(target, scratch, mirror_engine=mirror),
+                           purpose="create preflight staging table")
+            statement = (
+                f"ALTER TABLE {scratch} MOVE PARTITION ID '{_PREFLIGHT_PARTITION}' "
+                f"TO TABLE {target.qualified}" if strategy == "move" else
+                f"ALTER TABLE {target.qualified} ATTACH PARTITION ID "
+                f"'{_PREFLIGHT_PARTITION}' FROM {scratch}")
+            client.execute(statement, purpose="check the target takes staged partitions",
+                           retry=False)
+        except ClickHouseError as exc:
+            return f"it refuses the partitions of a staging table: {exc}"
+        finally:
+            client.execute(f"DROP TABLE IF EXISTS {scratch}", purpose="drop preflight table")
+    _ACCEPTED.add(key)
+    return None

@@ -28,12 +28,11 @@ Pure discovery and text: nothing here creates or drops anything.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from server_ext.capabilities import engine_problem
 from server_ext.schema import SqlClient, TargetTable, describe_table
-from server_ext.sql import qualified_name, sql_string, table_filter
+from server_ext.sql import Token, qualified_name, sql_string, table_filter, tokenize
 
 MAX_DEPTH = 16  # levels of MVs below the target; deeper trees are refused
 
@@ -193,38 +192,6 @@ def staging_view_ddl(node: ViewNode, view: str, source: str, into: str) -> str:
 
 
 # -- tokens -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Token:
-    kind: str  # "word", "quoted" (an identifier in `` ` `` or ``"``), "string", "number", "punct"
-    text: str  # for identifiers, the name unquoted
-    start: int
-    end: int
-
-
-_TOKEN_RE = re.compile(r"""
-    (?P<space>\s+|--[^\n]*|/\*.*?\*/)
-  | (?P<string>'(?:[^'\\]|\\.|'')*')
-  | (?P<quoted>`(?:[^`\\]|\\.|``)*`|"(?:[^"\\]|\\.|"")*")
-  | (?P<word>[A-Za-z_][A-Za-z0-9_$]*)
-  | (?P<number>[0-9][0-9A-Za-z_.]*)
-  | (?P<punct>.)
-""", re.VERBOSE | re.DOTALL)
-
-
-def tokenize(text: str) -> list[Token]:
-    """SQL tokens of ``text`` (whitespace and comments dropped)."""
-    tokens = []
-    for match in _TOKEN_RE.finditer(text):
-        kind = match.lastgroup or "punct"
-        if kind == "space":
-            continue
-        value = match.group()
-        if kind == "quoted":
-            value = re.sub(r"\\(.)", r"\1", value[1:-1]).replace(value[0] * 2, value[0])
-        tokens.append(Token(kind, value, match.start(), match.end()))
-    return tokens
 
 
 def _is_identifier(token: Token) -> bool:

@@ -11,7 +11,7 @@ import pytest
 from kazoo.client import KazooClient
 
 import txsink
-from server_ext.views import tokenize
+from server_ext.sql import tokenize
 from tests.conftest import run_sql
 from tests.sinkutil import assert_exactly_once, create_events, events_df, staging_tables
 from txsink.options import parse_options

@@ -46,6 +46,7 @@ from coordinator import Coordinator, CoordinatorError, Fenced, XidDecided, XidSt
 from server_ext import consolidate
 from server_ext.errors import ClickHouseError
 from server_ext.sharding import Shard, ShardRouter
+from server_ext.staging import merges_at_insert
 from txsink import connections, crashpoints, payload
 from txsink.messages import BranchMessage, SkippedMessage
 from txsink.plan import WritePlan, send_columns
@@ -175,7 +176,7 @@ class _ShardBranch:
             server_ext.check_batch(columns, batch, caps.value_ranges)
             dedup = caps.insert_deduplication_token and caps.non_replicated_deduplication_window
             qualified = server_ext.create_staging(self.client, target, self.staging,
-                                                  dedup_window=dedup)
+                                                  dedup_window=dedup, mirror_engine=True)
             self.create_views(qualified)
             crashpoints.hit(crashpoints.BRANCH_AFTER_VIEWS)
             self.writer = server_ext.BranchWriter(
@@ -192,8 +193,8 @@ class _ShardBranch:
         from its source's staging table (parents first, so every source exists)."""
         tables = {-1: staging}
         for share in self.views:
-            tables[share.node.index] = server_ext.create_staging(self.client, share.table,
-                                                                 share.staging)
+            tables[share.node.index] = server_ext.create_staging(
+                self.client, share.table, share.staging, mirror_engine=True)
             self.client.execute(server_ext.views.staging_view_ddl(
                 share.node, server_ext.staging.staging_qualified(share.view),
                 tables[share.node.parent], tables[share.node.index]),
@@ -210,9 +211,11 @@ class _ShardBranch:
             manifest = server_ext.Manifest.empty(self.table, self.staging)
             return manifest, self.writer.rows_sent if self.writer else 0, 0
         rows = self.writer.rows_sent
+        # a merging variant may keep fewer rows than were sent (staging.merges_at_insert)
+        expected = None if merges_at_insert(self.writer.target) else rows
         manifest = server_ext.seal(self.client, self.writer.target, self.writer.staging_table,
-                                   expected_rows=rows)
-        return manifest, rows, self.writer.bytes_sent
+                                   expected_rows=expected)
+        return manifest, manifest.rows if expected is None else rows, self.writer.bytes_sent
 
     def seal_views(self) -> list[tuple[_ViewBranch, server_ext.Manifest]]:
         """The manifest of each view's staging table: what the staging views wrote."""

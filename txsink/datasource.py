@@ -28,7 +28,13 @@ from txsink.branch import streaming_epoch, write_branch
 from txsink.messages import SkippedMessage
 from txsink.operations import explain_blocked
 from txsink.options import OptionError, parse_options
-from txsink.plan import WritePlan, check_publish, check_target, view_strategies
+from txsink.plan import (
+    WritePlan,
+    check_publish,
+    check_publishable,
+    check_target,
+    view_strategies,
+)
 
 
 class ClickHouseTxDataSource(DataSource):
@@ -54,6 +60,7 @@ class ClickHouseTxDataSource(DataSource):
         checked = check_target(options, schema)
         checked = replace(checked, strategy=check_publish(options, checked, overwrite),
                           view_strategies=view_strategies(options, checked))
+        check_publishable(options, checked)
         sink_id = options.resolved_sink_id(streaming)
         if options.in_transaction():
             generation, epoch = options.tx_generation, options.tx_epoch

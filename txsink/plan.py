@@ -27,6 +27,7 @@ from server_ext.capabilities import (
     supported_strategies,
 )
 from server_ext.compression import encoding_problem
+from server_ext.staging import publish_problem
 from server_ext.sharding import (
     Shard,
     ShardLayout,
@@ -288,6 +289,25 @@ def view_strategies(options: SinkOptions, checked: CheckedTarget) -> tuple[str, 
     return tuple(_auto_strategy(options, [(node.table, server) for _, server in shards],
                                 f"{node.table.database}.{node.table.name}")
                  for node in checked.views)
+
+
+def check_publishable(options: SinkOptions, checked: CheckedTarget) -> None:
+    """Refuse, before anything is staged, a target or view table that would refuse the
+    partitions of its staging tables (``server_ext.staging.publish_problem``), on every
+    shard: found after the decision, it would leave the xid ``Committing`` for good."""
+    shards = checked.shard_tables or ((checked.table, options.url),)
+    several = len(shards) > 1
+    for index, (table, server) in enumerate(shards):
+        client = connections.clickhouse(options, server)
+        for each, strategy in ((table, checked.strategy),
+                               *((n.table, s) for n, s in zip(checked.views,
+                                                              checked.view_strategies,
+                                                              strict=True))):
+            problem = publish_problem(client, each, strategy)
+            if problem:
+                raise server_ext.UnsupportedTarget(
+                    f"cannot write into {each.qualified}{_on_shard(index, server, several)}: "
+                    f"{problem}. Nothing was staged")
 
 
 def _auto_strategy(options: SinkOptions, tables, name: str) -> str:
