@@ -27,7 +27,6 @@ from server_ext.capabilities import (
     supported_strategies,
 )
 from server_ext.compression import encoding_problem
-from server_ext.staging import publish_problem
 from server_ext.sharding import (
     Shard,
     ShardLayout,
@@ -35,6 +34,7 @@ from server_ext.sharding import (
     layout_from_urls,
     parse_shard_urls,
 )
+from server_ext.staging import publish_problem
 from server_ext.views import ViewNode, ViewProblem, discover, tree_problem
 from txsink import connections, insert_settings
 from txsink.options import OptionError, SinkOptions
