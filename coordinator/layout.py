@@ -24,14 +24,18 @@ the same tree.
 
 from __future__ import annotations
 
+import logging
 from urllib.parse import quote, unquote
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError
+from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.security import OPEN_ACL_UNSAFE
 
+from coordinator.errors import SinkTreeDamaged
 from coordinator.multi import Multi, MultiFailed
-from coordinator.records import encode
+from coordinator.records import decode, encode
+
+log = logging.getLogger(__name__)
 
 EPOCH_DIGITS = 20
 
@@ -107,23 +111,86 @@ class SinkLayout:
     def ledger_entry(self, epoch: int, branch_id: str, key: str) -> str:
         return f"{self.ledger(epoch, branch_id)}/{escape(key)}"
 
+    def initial(self) -> dict[str, bytes]:
+        """Every node a new sink has, parent first, with its first content."""
+        return {
+            self.sink: encode({"sink_id": self.sink_id}, "sink"),
+            self.generation: encode({"generation": 0}, "generation"),
+            self.last_committed: encode({"epoch": None}, "last_committed"),
+            self.next_epoch: encode({"next": 0}, "next_epoch"),
+            self.pruned: encode({"committed": [], "aborted": []}, "pruned"),
+            self.open: b"",
+            self.xids: b"",
+        }
+
     def ensure(self, client: KazooClient) -> None:
-        """Create the sink's nodes in one multi-op, so no process sees half a sink.
+        """Create the sink's nodes in one multi-op, so no process sees half a sink; an
+        existing tree is checked instead (:meth:`check`), so a half-made or foreign tree
+        is completed or refused rather than retried forever.
 
         The shared ancestors are created open whatever the client's default ACL: other
         sinks, with other credentials, must be able to add theirs (coordinator/auth.py).
         """
         client.ensure_path(self.sinks, acl=OPEN_ACL_UNSAFE)
         multi = Multi(client)
-        multi.create(self.sink, encode({"sink_id": self.sink_id}, "sink"), label="sink")
-        multi.create(self.generation, encode({"generation": 0}, "generation"))
-        multi.create(self.last_committed, encode({"epoch": None}, "last_committed"))
-        multi.create(self.next_epoch, encode({"next": 0}, "next_epoch"))
-        multi.create(self.pruned, encode({"committed": [], "aborted": []}, "pruned"))
-        multi.create(self.open)
-        multi.create(self.xids)
+        for path, data in self.initial().items():
+            multi.create(path, data, label="sink" if path == self.sink else "create")
         try:
             multi.commit()
+            return  # created here, with this client's ACL: nothing to check
         except MultiFailed as failed:
             if not (failed.label == "sink" and isinstance(failed.error, NodeExistsError)):
                 raise
+        self.check(client)
+
+    def check(self, client: KazooClient, _again: bool = True) -> None:
+        """Check the shape of an existing sink tree.
+
+        A tree is repaired only when it is provably this sink's own half-made creation:
+        the sink node holds this sink's record and no xid was ever begun under it, so every
+        missing child's first content is known. Anything else raises
+        :class:`SinkTreeDamaged` naming the path (re-creating ``generation`` or
+        ``last_committed`` of a sink with history would reopen fencing or forget commits).
+        Returns quietly when the sink does not exist (yet).
+        """
+        try:
+            data, stat = client.get(self.sink)
+            children = set(client.get_children(self.sink))
+        except NoNodeError:
+            return
+        if decode(data, self.sink).get("sink_id") != self.sink_id:
+            raise SinkTreeDamaged(
+                f"{self.sink} exists but does not hold sink {self.sink_id!r}'s record (found "
+                f"{data[:60]!r}): txsink did not create it. Delete it if nothing uses it "
+                f"(zkCli: deleteall {self.sink}), or write under another sink_id or zk_root")
+        initial = self.initial()
+        missing = [p for p in initial if p != self.sink and p.rsplit("/", 1)[1] not in children]
+        if not missing:
+            return
+        begun = [p for p in (self.open, self.xids) if p not in missing and _has_children(
+            client, p)]
+        if begun:
+            raise SinkTreeDamaged(
+                f"sink {self.sink_id!r}'s tree lacks {', '.join(missing)} although xids were "
+                f"begun under {', '.join(begun)}: its state cannot be rebuilt safely. "
+                "Restore the tree from a backup, or remove it (txsink status shows what it "
+                "held) and let the next writer start the sink afresh")
+        multi = Multi(client).check(self.sink, stat.version, label="sink")
+        for path in missing:
+            multi.create(path, initial[path])
+        try:
+            multi.commit()
+        except MultiFailed as failed:  # another writer completed or changed it meanwhile
+            if not (_again and failed.conflict):
+                raise
+            self.check(client, _again=False)
+            return
+        log.warning("sink %s: completed its half-made tree (created %s)", self.sink_id,
+                    ", ".join(missing))
+
+
+def _has_children(client: KazooClient, path: str) -> bool:
+    try:
+        return bool(client.get_children(path))
+    except NoNodeError:
+        return False

@@ -245,6 +245,27 @@ def test_a_user_variable_set_after_the_session_started_reaches_the_write_once_re
     assert names(r"(?i)read-?only", message)
 
 
+@on_18_16_only
+@pytest.mark.timeout(120)
+def test_a_sink_node_left_without_children_is_refused_naming_its_path(spark, target):
+    """A sink node with no record and no children (made by hand, or by anyone: the
+    shared ancestors are open) is refused, instead of hanging the writer."""
+    from kazoo.client import KazooClient
+
+    node = f"{target.options['zk_root']}/sinks/{target.options['sink_id']}"
+    zk = KazooClient(hosts=target.zookeeper)
+    zk.start(timeout=15)
+    try:
+        zk.create(node, b"", makepath=True)
+        message = rejected(target, frame(spark, GOOD_ROW))
+        assert zk.get_children(node) == []
+    finally:
+        zk.delete(target.options["zk_root"], recursive=True)
+        zk.stop()
+        zk.close()
+    assert names(rf"{re.escape(node)} exists but does not hold", message), message[-500:]
+
+
 MALFORMED_OPTIONS = {
     "unknown_option": ({"tabel": "x"}, r"unknown option\(s\): tabel"),
     "url_without_scheme": ({"url": "127.0.0.1:8123"}, r"url must start with http"),
