@@ -31,6 +31,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.security import OPEN_ACL_UNSAFE
 
+from coordinator.auth import require_acl, sink_acl
 from coordinator.errors import SinkTreeDamaged
 from coordinator.multi import Multi, MultiFailed
 from coordinator.records import decode, encode
@@ -144,7 +145,8 @@ class SinkLayout:
         self.check(client)
 
     def check(self, client: KazooClient, _again: bool = True) -> None:
-        """Check the shape of an existing sink tree.
+        """Check the shape (and, for a client with credentials, the ACL of every node) of
+        an existing sink tree.
 
         A tree is repaired only when it is provably this sink's own half-made creation:
         the sink node holds this sink's record and no xid was ever begun under it, so every
@@ -163,6 +165,9 @@ class SinkLayout:
                 f"{self.sink} exists but does not hold sink {self.sink_id!r}'s record (found "
                 f"{data[:60]!r}): txsink did not create it. Delete it if nothing uses it "
                 f"(zkCli: deleteall {self.sink}), or write under another sink_id or zk_root")
+        expected = sink_acl(client)
+        if expected is not None:  # credentials protect only what is created with them
+            require_acl(client, self.sink, expected)
         initial = self.initial()
         missing = [p for p in initial if p != self.sink and p.rsplit("/", 1)[1] not in children]
         if not missing:

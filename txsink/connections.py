@@ -89,8 +89,8 @@ def coordinator(options: SinkOptions, sink_id: str) -> Coordinator:
 
     A sink whose records this session may not read (their ACL names other credentials)
     is refused here with :class:`AccessDenied`, before anything is claimed or staged; so
-    is an existing tree that is damaged (``Coordinator.check_tree``), once per process
-    and sink.
+    is an existing tree that is damaged or, with ``zookeeper_auth``, not protected by
+    this writer's credentials (``Coordinator.check_tree``), once per process and sink.
     """
     client = zookeeper(options.zookeeper, auth=options.zookeeper_auth,
                        ca_file=options.zookeeper_ca_file)
