@@ -99,9 +99,13 @@ def _print_https(clickhouse) -> None:
 
 
 def _operations(args: argparse.Namespace) -> int:
+    from server_ext.sharding import url_problem
     from txsink import operations
     from txsink.options import ZOOKEEPER_CA_FILE_VARIABLE, credentials_from, require_file
 
+    url = getattr(args, "url", None)
+    if url and url_problem(url):  # before any request: a query string may hold a password
+        raise ValueError(f"--url: {url_problem(url)}")
     credentials = credentials_from(os.environ)
     ca_file = os.environ.get(ZOOKEEPER_CA_FILE_VARIABLE) or None
     require_file(ZOOKEEPER_CA_FILE_VARIABLE, ca_file)

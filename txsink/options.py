@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields, replace
 from coordinator.auth import DigestAuth
 from server_ext.client import header_problem
 from server_ext.compression import ENCODINGS
-from server_ext.sharding import ShardingError, parse_shard_urls
+from server_ext.sharding import ShardingError, parse_shard_urls, shown_url, url_problem
 from txsink import insert_settings
 
 STRATEGIES = ("auto", "move", "attach_replicated", "attach_marked")
@@ -202,9 +202,12 @@ def parse_options(
         raise OptionError(f"missing required option(s): {', '.join(missing)}")
     url = str(values["url"])
     if not url.startswith(("http://", "https://")):
-        raise OptionError(f"option url must start with http:// or https://, got {url!r}")
+        raise OptionError(f"option url must start with http:// or https://, got "
+                          f"{shown_url(url)}")
     if "@" in url.split("//", 1)[1].split("/", 1)[0]:
         raise OptionError("option url must not carry credentials; use user and password")
+    if url_problem(url):  # before any request: a query string may hold a password
+        raise OptionError(f"option url: {url_problem(url)}")
     strategy = str(values.get("strategy", "auto"))
     if strategy not in STRATEGIES:
         raise OptionError(f"option strategy={strategy!r} is not one of {', '.join(STRATEGIES)}")
