@@ -148,11 +148,22 @@ def _operations(args: argparse.Namespace) -> int:
         print(operations.render(args.command, result))
     if args.command == "verify" and any(s["anomalies"] for s in result["sinks"]):
         return 1
+    if args.command == "verify" and unjudged(result):
+        return 4
     if args.command == "status" and any(s["in_doubt"] for s in result["sinks"]):
         return 3
     if args.command in ("recover", "resolve") and any(s["failed"] for s in result["sinks"]):
         return 3
     return 0
+
+
+def unjudged(result: dict) -> bool:
+    """Whether verify left a target partition unjudged for a reason a later run may not
+    have (a server it could not read, an xid publishing, replicas catching up)."""
+    from txsink.verify_target import RETRYABLE_CAUSES
+
+    return any(n.get("cause") in RETRYABLE_CAUSES for s in result["sinks"]
+               for n in (s.get("target") or {}).get("not_judged", []))
 
 
 def _demo(args: argparse.Namespace) -> int:
