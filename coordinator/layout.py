@@ -61,10 +61,24 @@ def epoch_name(epoch: int) -> str:
     return f"{epoch:0{EPOCH_DIGITS}d}"
 
 
-def check_root(root: str) -> str:
-    if not root.startswith("/") or (len(root) > 1 and root.endswith("/")):
-        raise ValueError(f"root must be an absolute znode path without trailing '/': {root!r}")
-    return root.rstrip("/") if root != "/" else ""
+def check_root(root: str, label: str = "root") -> str:
+    """``root`` if it can hold sinks: an absolute znode path of printable characters,
+    without empty, ``.`` or ``..`` parts (ZooKeeper refuses those with a bare
+    ``BadArgumentsError``), not ``/`` (every sink's tree beside ZooKeeper's own) and not
+    under ``/zookeeper`` (ZooKeeper's reserved tree). ValueError names ``label`` and the
+    rule broken."""
+    named = f"{label}={root!r}" if root.isprintable() else f"{label}={ascii(root)}"
+    if not root.startswith("/") or root == "/" or root.endswith("/"):
+        raise ValueError(f"{named} must be an absolute znode path other than '/', without "
+                         "trailing '/'")
+    if not root.isprintable():
+        raise ValueError(f"{named} must consist of printable characters")
+    parts = root.split("/")[1:]
+    if any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"{named} must not have empty, '.' or '..' parts")
+    if parts[0] == "zookeeper":
+        raise ValueError(f"{named} must not be under /zookeeper, ZooKeeper's reserved tree")
+    return root
 
 
 class SinkLayout:
