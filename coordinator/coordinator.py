@@ -121,6 +121,14 @@ class Coordinator:
             return False
         return True
 
+    def check_tree(self) -> None:
+        """Check the sink's existing tree before it is used: complete a half-made one,
+        refuse a damaged one (:class:`SinkTreeDamaged`) and, for a client with
+        credentials, one with a node whose ACL is not theirs (:class:`AccessDenied`).
+        Nothing to do for a sink not created yet: its creation makes the whole tree at
+        once, with this client's ACL."""
+        self.store.run(self.layout.check, self.client)
+
     def fence(self) -> int:
         """Bump the sink's generation: this writer now owns the sink (Kafka's
         ``initTransactions``). Returns the new generation."""

@@ -20,7 +20,8 @@ import time
 
 from kazoo.exceptions import BadVersionError
 
-from coordinator.multi import Multi
+from coordinator.errors import SinkTreeDamaged
+from coordinator.multi import Multi, tries
 from coordinator.records import encode
 from coordinator.store import SinkStore
 
@@ -45,10 +46,15 @@ class EpochCounter:
         return self.store.run(self._allocate)
 
     def _allocate(self) -> int:
-        while True:
+        ensured = False
+        for _ in tries(f"to allocate an epoch from {self.path}: other jobs took each one"):
             found = self.store.read_json(self.path)
             if found is None:
+                if ensured:
+                    raise SinkTreeDamaged(f"{self.path} vanished again after the sink's "
+                                          "tree was created: is someone deleting it?")
                 self.store.layout.ensure(self.store.client)
+                ensured = True
                 continue
             data, version = found
             epoch = int(data.get("next", 0))
@@ -58,6 +64,7 @@ class EpochCounter:
             except BadVersionError:
                 continue  # another job allocated concurrently; take the next one
             return epoch
+        raise AssertionError("unreachable: tries() raises when spent")
 
 
 class LastCommitted:

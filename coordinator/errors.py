@@ -58,6 +58,21 @@ class XidAborted(XidDecided):
     """The xid (its current attempt) was aborted; nothing of it will ever be published."""
 
 
+class SinkTreeDamaged(CoordinatorError):
+    """A node of the sink's record tree is missing or is not what txsink writes there,
+    and it cannot be proven to be the sink's own half-made creation: nothing is repaired
+    (guessing a generation or a committed epoch would break fencing or exactly-once)."""
+
+
+class MalformedRecord(SinkTreeDamaged, ValueError):
+    """A znode of the sink's tree does not hold a txsink record (JSON object)."""
+
+
+class GaveUp(CoordinatorError):
+    """A compare-and-set loop lost every one of its tries to other writers; the message
+    says which node it waited for. Nothing was changed by the failed call."""
+
+
 class InvalidTransition(CoordinatorError):
     """The requested change is not allowed from the record's current state."""
 

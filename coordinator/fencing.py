@@ -15,8 +15,8 @@ import time
 
 from kazoo.exceptions import BadVersionError, NoNodeError
 
-from coordinator.errors import Fenced, SinkTakenOver
-from coordinator.multi import Multi, MultiFailed
+from coordinator.errors import Fenced, SinkTakenOver, SinkTreeDamaged
+from coordinator.multi import Multi, MultiFailed, tries
 from coordinator.records import decode, encode
 from coordinator.store import SinkStore
 
@@ -85,13 +85,18 @@ class Generation:
     def _change_owner(self, owner: str | None) -> int:
         """Bump the generation for a new owner (None: an anonymous writer, always
         bumps)."""
-        while True:
+        ensured = False
+        for _ in tries(f"to bump {self.path}: other writers changed it each time"):
             try:
                 raw, stat = self.store.client.get(self.path)
             except NoNodeError:
+                if ensured:  # ensure() made or completed the tree, yet it is gone again
+                    raise SinkTreeDamaged(f"{self.path} vanished again after the sink's "
+                                          "tree was created: is someone deleting it?") from None
                 self.store.layout.ensure(self.store.client)
+                ensured = True
                 continue
-            current = decode(raw)
+            current = decode(raw, self.path)
             if owner is not None and current.get("owner") == owner:
                 return stat.version  # another task of this run claimed it first
             past = [p for p in (*current.get("past_owners", []), current.get("owner")) if p]
@@ -108,6 +113,7 @@ class Generation:
             except BadVersionError:
                 continue  # another writer fenced at the same moment; look again
             return generation
+        raise AssertionError("unreachable: tries() raises when spent")
 
 
 def _taken_by(record: dict) -> str:

@@ -24,14 +24,19 @@ the same tree.
 
 from __future__ import annotations
 
+import logging
 from urllib.parse import quote, unquote
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError
+from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.security import OPEN_ACL_UNSAFE
 
+from coordinator.auth import require_acl, sink_acl
+from coordinator.errors import SinkTreeDamaged
 from coordinator.multi import Multi, MultiFailed
-from coordinator.records import encode
+from coordinator.records import decode, encode
+
+log = logging.getLogger(__name__)
 
 EPOCH_DIGITS = 20
 
@@ -56,10 +61,24 @@ def epoch_name(epoch: int) -> str:
     return f"{epoch:0{EPOCH_DIGITS}d}"
 
 
-def check_root(root: str) -> str:
-    if not root.startswith("/") or (len(root) > 1 and root.endswith("/")):
-        raise ValueError(f"root must be an absolute znode path without trailing '/': {root!r}")
-    return root.rstrip("/") if root != "/" else ""
+def check_root(root: str, label: str = "root") -> str:
+    """``root`` if it can hold sinks: an absolute znode path of printable characters,
+    without empty, ``.`` or ``..`` parts (ZooKeeper refuses those with a bare
+    ``BadArgumentsError``), not ``/`` (every sink's tree beside ZooKeeper's own) and not
+    under ``/zookeeper`` (ZooKeeper's reserved tree). ValueError names ``label`` and the
+    rule broken."""
+    named = f"{label}={root!r}" if root.isprintable() else f"{label}={ascii(root)}"
+    if not root.startswith("/") or root == "/" or root.endswith("/"):
+        raise ValueError(f"{named} must be an absolute znode path other than '/', without "
+                         "trailing '/'")
+    if not root.isprintable():
+        raise ValueError(f"{named} must consist of printable characters")
+    parts = root.split("/")[1:]
+    if any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"{named} must not have empty, '.' or '..' parts")
+    if parts[0] == "zookeeper":
+        raise ValueError(f"{named} must not be under /zookeeper, ZooKeeper's reserved tree")
+    return root
 
 
 class SinkLayout:
@@ -107,23 +126,90 @@ class SinkLayout:
     def ledger_entry(self, epoch: int, branch_id: str, key: str) -> str:
         return f"{self.ledger(epoch, branch_id)}/{escape(key)}"
 
+    def initial(self) -> dict[str, bytes]:
+        """Every node a new sink has, parent first, with its first content."""
+        return {
+            self.sink: encode({"sink_id": self.sink_id}, "sink"),
+            self.generation: encode({"generation": 0}, "generation"),
+            self.last_committed: encode({"epoch": None}, "last_committed"),
+            self.next_epoch: encode({"next": 0}, "next_epoch"),
+            self.pruned: encode({"committed": [], "aborted": []}, "pruned"),
+            self.open: b"",
+            self.xids: b"",
+        }
+
     def ensure(self, client: KazooClient) -> None:
-        """Create the sink's nodes in one multi-op, so no process sees half a sink.
+        """Create the sink's nodes in one multi-op, so no process sees half a sink; an
+        existing tree is checked instead (:meth:`check`), so a half-made or foreign tree
+        is completed or refused rather than retried forever.
 
         The shared ancestors are created open whatever the client's default ACL: other
         sinks, with other credentials, must be able to add theirs (coordinator/auth.py).
         """
         client.ensure_path(self.sinks, acl=OPEN_ACL_UNSAFE)
         multi = Multi(client)
-        multi.create(self.sink, encode({"sink_id": self.sink_id}, "sink"), label="sink")
-        multi.create(self.generation, encode({"generation": 0}, "generation"))
-        multi.create(self.last_committed, encode({"epoch": None}, "last_committed"))
-        multi.create(self.next_epoch, encode({"next": 0}, "next_epoch"))
-        multi.create(self.pruned, encode({"committed": [], "aborted": []}, "pruned"))
-        multi.create(self.open)
-        multi.create(self.xids)
+        for path, data in self.initial().items():
+            multi.create(path, data, label="sink" if path == self.sink else "create")
         try:
             multi.commit()
+            return  # created here, with this client's ACL: nothing to check
         except MultiFailed as failed:
             if not (failed.label == "sink" and isinstance(failed.error, NodeExistsError)):
                 raise
+        self.check(client)
+
+    def check(self, client: KazooClient, _again: bool = True) -> None:
+        """Check the shape (and, for a client with credentials, the ACL of every node) of
+        an existing sink tree.
+
+        A tree is repaired only when it is provably this sink's own half-made creation:
+        the sink node holds this sink's record and no xid was ever begun under it, so every
+        missing child's first content is known. Anything else raises
+        :class:`SinkTreeDamaged` naming the path (re-creating ``generation`` or
+        ``last_committed`` of a sink with history would reopen fencing or forget commits).
+        Returns quietly when the sink does not exist (yet).
+        """
+        try:
+            data, stat = client.get(self.sink)
+            children = set(client.get_children(self.sink))
+        except NoNodeError:
+            return
+        if decode(data, self.sink).get("sink_id") != self.sink_id:
+            raise SinkTreeDamaged(
+                f"{self.sink} exists but does not hold sink {self.sink_id!r}'s record (found "
+                f"{data[:60]!r}): txsink did not create it. Delete it if nothing uses it "
+                f"(zkCli: deleteall {self.sink}), or write under another sink_id or zk_root")
+        expected = sink_acl(client)
+        if expected is not None:  # credentials protect only what is created with them
+            require_acl(client, self.sink, expected)
+        initial = self.initial()
+        missing = [p for p in initial if p != self.sink and p.rsplit("/", 1)[1] not in children]
+        if not missing:
+            return
+        begun = [p for p in (self.open, self.xids) if p not in missing and _has_children(
+            client, p)]
+        if begun:
+            raise SinkTreeDamaged(
+                f"sink {self.sink_id!r}'s tree lacks {', '.join(missing)} although xids were "
+                f"begun under {', '.join(begun)}: its state cannot be rebuilt safely. "
+                "Restore the tree from a backup, or remove it (txsink status shows what it "
+                "held) and let the next writer start the sink afresh")
+        multi = Multi(client).check(self.sink, stat.version, label="sink")
+        for path in missing:
+            multi.create(path, initial[path])
+        try:
+            multi.commit()
+        except MultiFailed as failed:  # another writer completed or changed it meanwhile
+            if not (_again and failed.conflict):
+                raise
+            self.check(client, _again=False)
+            return
+        log.warning("sink %s: completed its half-made tree (created %s)", self.sink_id,
+                    ", ".join(missing))
+
+
+def _has_children(client: KazooClient, path: str) -> bool:
+    try:
+        return bool(client.get_children(path))
+    except NoNodeError:
+        return False

@@ -12,6 +12,8 @@ subset ClickHouse Keeper implements too.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
     BadVersionError,
@@ -22,10 +24,13 @@ from kazoo.exceptions import (
     RuntimeInconsistency,
 )
 
+from coordinator.errors import GaveUp
+
 _COLLATERAL = (RolledBackError, RuntimeInconsistency)  # "another op of the multi failed"
 
 CHUNK_BYTES = 700_000  # keep each multi-op well under ZooKeeper's 1 MB packet limit
 CONFLICT_RETRIES = 20  # re-reads after lost compare-and-sets before backing off
+CAS_TRIES = 200  # a compare-and-set loop of one node gives up after this many lost tries
 
 
 class MultiFailed(Exception):
@@ -104,3 +109,11 @@ class Multi:
         self._labels.append(label)
         self.size += len(path) + len(data) + 32
         return self
+
+
+def tries(what: str, count: int = CAS_TRIES) -> Iterator[int]:
+    """Attempt numbers of a compare-and-set loop; once ``count`` are spent,
+    :class:`~coordinator.errors.GaveUp` saying what the loop waited for (``what``), so
+    no loop of the coordinator can spin forever."""
+    yield from range(count)
+    raise GaveUp(f"gave up after {count} tries {what}")

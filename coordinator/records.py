@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from coordinator.errors import InvalidTransition, RecordTooLarge
+from coordinator.errors import InvalidTransition, MalformedRecord, RecordTooLarge
 from coordinator.states import (
     BranchState,
     XidState,
@@ -47,8 +47,19 @@ def encode(payload: dict[str, Any], what: str) -> bytes:
     return data
 
 
-def decode(data: bytes) -> dict[str, Any]:
-    return json.loads(data.decode()) if data else {}
+def decode(data: bytes, path: str = "a znode") -> dict[str, Any]:
+    """The record ``data`` holds ({} for an empty node); :class:`MalformedRecord` naming
+    ``path`` for anything but a JSON object, instead of a bare JSON error deep inside."""
+    if not data:
+        return {}
+    try:
+        found = json.loads(data.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        found = None
+    if not isinstance(found, dict):
+        raise MalformedRecord(f"{path} does not hold a txsink record (found "
+                              f"{data[:40]!r}); it was not written by txsink")
+    return found
 
 
 @dataclass(frozen=True)

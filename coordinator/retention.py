@@ -25,7 +25,7 @@ from typing import Any
 
 from kazoo.exceptions import BadVersionError, NoNodeError
 
-from coordinator.multi import CHUNK_BYTES, Multi, MultiFailed
+from coordinator.multi import CHUNK_BYTES, Multi, MultiFailed, tries
 from coordinator.records import XidRecord, encode
 from coordinator.states import XidState
 from coordinator.store import SinkStore
@@ -101,7 +101,7 @@ class Retention:
         return age
 
     def _remember(self, records: list[XidRecord]) -> None:
-        while True:
+        for _ in tries(f"to record pruned xids in {self.path}: other pruners wrote first"):
             found = self.store.read_json(self.path)
             data: dict[str, Any] = found[0] if found else {}
             version = found[1] if found else -1

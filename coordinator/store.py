@@ -57,7 +57,7 @@ class SinkStore:
             data, stat = self.client.get(path)
         except NoNodeError:
             return None
-        return decode(data), stat.version
+        return decode(data, path), stat.version
 
     def read_xid(self, epoch: int) -> XidRecord | None:
         try:

@@ -53,7 +53,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from coordinator.epochs import LAST_COMMITTED, LastCommitted
 from coordinator.errors import CheckpointReplaced, ResetRefused, SinkStateLost
 from coordinator.fencing import FENCE, Generation
-from coordinator.multi import Multi, MultiFailed
+from coordinator.multi import Multi, MultiFailed, tries
 from coordinator.records import StreamRecord, XidRecord, decode, encode
 from coordinator.retention import add_to_ranges
 from coordinator.states import XidState
@@ -126,13 +126,13 @@ class StreamOwnership:
             record = None
         try:
             raw, _ = last.get()
-            epoch = decode(raw).get("epoch")
+            epoch = decode(raw, layout.last_committed).get("epoch")
         except NoNodeError:
             epoch = None
         return record, int(epoch) if epoch is not None else None
 
     def _check(self, query_id: str, epoch: int) -> StreamRecord:
-        while True:
+        for _ in tries(f"to hand {self.path} to query {query_id}: it changed each time"):
             record, last = self._read_both()
             owner = record.query_id if record is not None else None
             if owner is not None and owner != query_id and last is not None:
@@ -144,6 +144,7 @@ class StreamOwnership:
             adopted = self._adopt(record, query_id, epoch, last)
             if adopted is not None:
                 return adopted  # else someone wrote the record meanwhile: decide again
+        raise AssertionError("unreachable: tries() raises when spent")
 
     def _adopt(self, record: StreamRecord | None, query_id: str, epoch: int,
                last: int | None) -> StreamRecord | None:

@@ -245,6 +245,27 @@ def test_a_user_variable_set_after_the_session_started_reaches_the_write_once_re
     assert names(r"(?i)read-?only", message)
 
 
+@on_18_16_only
+@pytest.mark.timeout(120)
+def test_a_sink_node_left_without_children_is_refused_naming_its_path(spark, target):
+    """A sink node with no record and no children (made by hand, or by anyone: the
+    shared ancestors are open) is refused, instead of hanging the writer."""
+    from kazoo.client import KazooClient
+
+    node = f"{target.options['zk_root']}/sinks/{target.options['sink_id']}"
+    zk = KazooClient(hosts=target.zookeeper)
+    zk.start(timeout=15)
+    try:
+        zk.create(node, b"", makepath=True)
+        message = rejected(target, frame(spark, GOOD_ROW))
+        assert zk.get_children(node) == []
+    finally:
+        zk.delete(target.options["zk_root"], recursive=True)
+        zk.stop()
+        zk.close()
+    assert names(rf"{re.escape(node)} exists but does not hold", message), message[-500:]
+
+
 MALFORMED_OPTIONS = {
     "unknown_option": ({"tabel": "x"}, r"unknown option\(s\): tabel"),
     "url_without_scheme": ({"url": "127.0.0.1:8123"}, r"url must start with http"),
@@ -253,6 +274,16 @@ MALFORMED_OPTIONS = {
     "timeout_not_a_number": ({"timeout": "soon"}, r"timeout='soon' is not a float"),
     "negative_retries": ({"retries": "-1"}, r"retries='-1' must be at least 0"),
     "zero_insert_block_rows": ({"insert_block_rows": "0"}, r"insert_block_rows='0'"),
+    "timeout_nan": ({"timeout": "nan"}, r"timeout='nan' must be a finite number"),
+    "timeout_infinite": ({"timeout": "inf"}, r"timeout='inf' must be a finite number"),
+    "retries_beyond_range": ({"retries": "99999999"}, r"retries='99999999' must be at most"),
+    "root_zk_root": ({"zk_root": "/"}, r"zk_root='/' must be an absolute .* other than '/'"),
+    "zk_root_under_zookeeper": ({"zk_root": "/zookeeper/x"},
+                                r"zk_root='/zookeeper/x' must not be under /zookeeper"),
+    "zk_root_with_a_control_character": ({"zk_root": "/tx\x01sink"},
+                                         r"zk_root='/tx\\x01sink' must consist of printable"),
+    "url_with_password_in_query": ({"url": "http://127.0.0.1:8123/?password=hunter2"},
+                                   r"option url: 'http://127.0.0.1:8123/\?\*\*\*' must not"),
     "unknown_strategy": ({"strategy": "teleport"}, r"strategy='teleport' is not one of"),
     "relative_zk_root": ({"zk_root": "txsink"}, r"zk_root='txsink' must be an absolute"),
     "recover_on_start_not_boolean": ({"recover_on_start": "maybe"},

@@ -93,6 +93,28 @@ def test_commands_that_reach_clickhouse_name_the_credential_variables():
         assert "TXSINK_CLICKHOUSE_PASSWORD" in done.stdout, command
 
 
+BAD_FLAGS = {
+    "grace_nan": (["gc", "--grace", "nan"], "argument --grace: 'nan' must be a finite"),
+    "grace_inf": (["gc", "--grace", "inf"], "argument --grace: 'inf' must be a finite"),
+    "negative_prune_age": (["gc", "--prune-older-than", "-1"], "at least 0"),
+    "committing_older_than_nan": (["verify", "--committing-older-than", "nan"],
+                                  "must be a finite"),
+    "negative_epoch": (["recover", "--sink", "s", "--epoch", "-3"], "'-3' must be at least 0"),
+    "zk_root_slash": (["status", "--zk-root", "/"], "other than '/'"),
+    "zk_root_reserved": (["status", "--zk-root", "/zookeeper/x"], "reserved tree"),
+    "zk_root_control_character": (["status", "--zk-root", "/tx\x07sink"], "printable"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_FLAGS, ids=list(BAD_FLAGS))
+def test_a_flag_out_of_range_is_refused_by_name_before_any_connection(case):
+    args, expected = BAD_FLAGS[case]
+    done = txsink(*args, "--zookeeper", f"127.0.0.1:{free_port()}")  # nothing listens
+    assert done.returncode == 2
+    assert expected in done.stderr
+    assert "no answer from ZooKeeper" not in done.stderr
+
+
 def committed_sink(zk, sink_id: str, open_epoch: bool = False) -> None:
     coord = Coordinator(zk, sink_id)
     generation = coord.fence()

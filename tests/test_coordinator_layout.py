@@ -6,8 +6,15 @@ import inspect
 
 import pytest
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
 
-from coordinator import Coordinator, Ledger, UnknownBranch
+from coordinator import (
+    Coordinator,
+    Ledger,
+    MalformedRecord,
+    SinkTreeDamaged,
+    UnknownBranch,
+)
 from coordinator.layout import SinkLayout, escape, unescape
 from server_ext.ledger import Ledger as LedgerProtocol
 from tests.test_coordinator_support import new_coordinator
@@ -103,3 +110,47 @@ def test_ledger_of_an_unregistered_branch_is_refused(zk: KazooClient) -> None:
     coord.begin(0, generation)
     with pytest.raises(UnknownBranch), coord.publish_lease(0):
         coord.ledger(0, "p0-a0-nobody00").put("all", {"ok": 1})
+
+
+# -- the shape of an existing tree: completed when provably half-made, else refused ----
+
+SINK_NODE = "/txsink/sinks/orders"
+
+
+@pytest.mark.timeout(60)
+def test_a_sink_node_without_record_or_children_is_refused_naming_its_path(
+        zk: KazooClient) -> None:
+    zk.create(SINK_NODE, b"", makepath=True)
+    with pytest.raises(SinkTreeDamaged, match=f"{SINK_NODE} exists but does not hold"):
+        Coordinator(zk, "orders").fence()
+    assert zk.get_children(SINK_NODE) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_half_made_sink_tree_is_completed_and_then_used(zk: KazooClient) -> None:
+    layout = SinkLayout("/txsink", "orders")
+    zk.create(layout.sink, layout.initial()[layout.sink], makepath=True)
+    coord = Coordinator(zk, "orders")
+    assert coord.fence() == 1
+    assert coord.allocate_epoch() == 0
+    assert sorted(zk.get_children(layout.sink)) == sorted(
+        p.rsplit("/", 1)[1] for p in layout.initial() if p != layout.sink)
+
+
+def test_a_tree_missing_a_record_after_xids_began_is_refused_naming_the_record(
+        zk: KazooClient) -> None:
+    coord, generation = new_coordinator(zk, "orders")
+    coord.begin(0, generation)
+    zk.delete(f"{SINK_NODE}/last_committed")
+    with pytest.raises(SinkTreeDamaged, match=f"lacks {SINK_NODE}/last_committed"):
+        Coordinator(zk, "orders").check_tree()
+    with pytest.raises(NoNodeError):
+        zk.get(f"{SINK_NODE}/last_committed")  # not guessed back
+
+
+@pytest.mark.timeout(60)
+def test_a_record_that_is_not_json_is_refused_naming_its_path(zk: KazooClient) -> None:
+    Coordinator(zk, "orders").fence()
+    zk.set(f"{SINK_NODE}/generation", b"\x00garbage")
+    with pytest.raises(MalformedRecord, match=f"{SINK_NODE}/generation does not hold"):
+        Coordinator(zk, "orders").fence()

@@ -23,6 +23,7 @@ from server_ext.client import ClickHouseClient
 from server_ext.target_rows import table_rows
 from tests.conftest import run_sql
 from txsink import cli
+from txsink.harness.services import SECRET_USER
 from txsink.operations import Operations, render
 from txsink.publisher import BranchPublisher
 
@@ -175,6 +176,19 @@ def test_extra_rows_in_a_shared_target_are_not_judged(
     target = result["sinks"][0]["target"]
     assert (code, target["anomalies"], len(target["not_judged"])) == (0, [], 1)
     assert "other writers" in target["not_judged"][0]["reason"]
+
+
+def test_a_target_verify_cannot_read_fails_the_command_as_not_judged(
+        writer: Writer, clickhouse_url: str, zk_address: str,
+        capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    writer.commit({"2026-01": range(0, 100)})
+    monkeypatch.setenv("TXSINK_CLICKHOUSE_USER", SECRET_USER)
+    monkeypatch.setenv("TXSINK_CLICKHOUSE_PASSWORD", "not-the-password")
+    code, result = run_cli(zk_address, clickhouse_url, capsys)
+    (unjudged,) = result["sinks"][0]["target"]["not_judged"]
+    assert (code, unjudged["cause"]) == (4, "unreadable")
+    assert "cannot read the target" in unjudged["reason"]
+    assert "not-the-password" not in json.dumps(result)
 
 
 def test_a_dropped_partition_is_a_loss_that_fails_the_command(

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NoNodeError
+from kazoo.security import OPEN_ACL_UNSAFE
 
 import txsink
-from coordinator import DigestAuth
+from coordinator import AccessDenied, Coordinator, DigestAuth
 from tests.sinkutil import assert_exactly_once, create_events, events_df, staging_tables
 from txsink import cli
 from txsink.options import OptionError, parse_options
@@ -112,6 +113,58 @@ def test_operator_commands_over_every_sink_leave_out_protected_ones_and_say_so(
     assert "open: generation" in out and "left out 1 sink(s)" in out and "guarded" in out
     assert cli.main(["gc", *zookeeper, "--url", clickhouse_url, "--grace", "0"]) == 0
     assert "left out 1 sink(s)" in capsys.readouterr().out
+
+
+def test_a_sink_tree_pre_created_open_is_refused_naming_the_node_and_its_acl(
+        spark, clickhouse_url, ch_db, options, zk):
+    """Anyone may pre-create a sink's tree under the open ancestors; a writer with
+    credentials must not trust it (its records could be rewritten by anyone)."""
+    table = create_events(clickhouse_url, ch_db)
+    Coordinator(zk, "guarded").fence()  # an unauthenticated client makes the tree
+    before = staging_tables(clickhouse_url, options)
+    with pytest.raises(Exception, match=r"/txsink/sinks/guarded carries the ACL "
+                                        r"\[world:anyone:cdrwa\]") as err:
+        save(events_df(spark, 0, 100), table, {**options, "zookeeper_auth": CREDENTIALS})
+    assert "s3cret" not in str(err.value)
+    assert staging_tables(clickhouse_url, options) == before
+    assert Coordinator(zk, "guarded").generation() == 1  # not fenced by the refused writer
+
+
+def test_one_node_of_a_protected_tree_with_another_acl_is_refused_naming_it(
+        zk_hosts, zk_chroot, authed):
+    auth = DigestAuth.parse(CREDENTIALS)
+    owner = KazooClient(hosts=zk_hosts + zk_chroot, auth_data=auth.auth_data,
+                        default_acl=auth.acl)
+    owner.start(timeout=15)
+    try:
+        Coordinator(owner, "guarded").fence()
+        owner.set_acls("/txsink/sinks/guarded/next_epoch", OPEN_ACL_UNSAFE)
+        with pytest.raises(AccessDenied, match="/txsink/sinks/guarded/next_epoch carries"):
+            Coordinator(owner, "guarded").check_tree()
+    finally:
+        owner.stop()
+        owner.close()
+
+
+def test_a_root_created_for_one_tenant_takes_its_sinks_and_refuses_other_writers(
+        spark, clickhouse_url, ch_db, options, zk, authed):
+    """The recipe of docs/operations.md: an administrator creates ``<root>`` and
+    ``<root>/sinks`` with the tenant's digest ACL; nobody else can add a sink there."""
+    tenant = DigestAuth.parse(CREDENTIALS)
+    zk.create("/tenant-etl/sinks", makepath=True)
+    zk.set_acls("/tenant-etl/sinks", tenant.acl)
+    zk.set_acls("/tenant-etl", tenant.acl)
+    try:
+        table = create_events(clickhouse_url, ch_db)
+        mine = {**options, "zk_root": "/tenant-etl", "zookeeper_auth": CREDENTIALS}
+        save(events_df(spark, 0, 100), table, mine)
+        with pytest.raises(Exception, match="refuses access"):
+            save(events_df(spark, 100, 100), table, {**mine, "zookeeper_auth": "other:pw"})
+        assert_exactly_once(clickhouse_url, table, range(100))
+        with pytest.raises(NoAuthError):
+            zk.create("/tenant-etl/sinks/squatter")
+    finally:
+        authed.delete("/tenant-etl", recursive=True)  # only the tenant may
 
 
 def test_malformed_credentials_are_refused_without_showing_them():

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import warnings
@@ -99,9 +100,13 @@ def _print_https(clickhouse) -> None:
 
 
 def _operations(args: argparse.Namespace) -> int:
+    from server_ext.sharding import url_problem
     from txsink import operations
     from txsink.options import ZOOKEEPER_CA_FILE_VARIABLE, credentials_from, require_file
 
+    url = getattr(args, "url", None)
+    if url and url_problem(url):  # before any request: a query string may hold a password
+        raise ValueError(f"--url: {url_problem(url)}")
     credentials = credentials_from(os.environ)
     ca_file = os.environ.get(ZOOKEEPER_CA_FILE_VARIABLE) or None
     require_file(ZOOKEEPER_CA_FILE_VARIABLE, ca_file)
@@ -144,11 +149,22 @@ def _operations(args: argparse.Namespace) -> int:
         print(operations.render(args.command, result))
     if args.command == "verify" and any(s["anomalies"] for s in result["sinks"]):
         return 1
+    if args.command == "verify" and unjudged(result):
+        return 4
     if args.command == "status" and any(s["in_doubt"] for s in result["sinks"]):
         return 3
     if args.command in ("recover", "resolve") and any(s["failed"] for s in result["sinks"]):
         return 3
     return 0
+
+
+def unjudged(result: dict) -> bool:
+    """Whether verify left a target partition unjudged for a reason a later run may not
+    have (a server it could not read, an xid publishing, replicas catching up)."""
+    from txsink.verify_target import RETRYABLE_CAUSES
+
+    return any(n.get("cause") in RETRYABLE_CAUSES for s in result["sinks"]
+               for n in (s.get("target") or {}).get("not_judged", []))
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -160,6 +176,44 @@ def _demo(args: argparse.Namespace) -> int:
         return 2
 
     return demo.main(args)
+
+
+def _seconds(text: str) -> float:
+    """argparse type of a duration: a finite number of seconds, at least 0 (``nan``
+    would compare false with every age, ``inf`` never comes)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds, "
+                                         "at least 0")
+    return value
+
+
+def _count(text: str, minimum: int = 0) -> int:
+    """argparse type of an epoch, a count or a port: an integer of at least ``minimum``."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least {minimum}")
+    return value
+
+
+def _positive(text: str) -> int:
+    return _count(text, 1)
+
+
+def _zk_root(text: str) -> str:
+    """argparse type of ``--zk-root``: the sinks' rule (``coordinator.layout.check_root``)."""
+    from coordinator.layout import check_root
+
+    try:
+        return check_root(text, "root")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 CREDENTIALS = ("ClickHouse credentials: TXSINK_CLICKHOUSE_USER and TXSINK_CLICKHOUSE_PASSWORD "
@@ -179,10 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
     svc = sub.add_parser("services", help="install/start/stop the local servers")
     svc.add_argument("action", choices=["up", "down", "status"],
                      help="start (installing what is missing), stop, or list the servers")
-    svc.add_argument("--shards", type=int, default=None,
+    svc.add_argument("--shards", type=_count, default=None,
                      help="also run a cluster of this many shards (default $TXSINK_SHARDS "
                           "or 0: no cluster); down stops any cluster server anyway")
-    svc.add_argument("--replicas", type=int, default=None,
+    svc.add_argument("--replicas", type=_count, default=None,
                      help="replicas per cluster shard (default $TXSINK_REPLICAS or 0)")
     modern = svc.add_mutually_exclusive_group()
     modern.add_argument("--modern", action="store_true",
@@ -190,10 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "18.16 server; status: always list it. down stops it anyway")
     modern.add_argument("--modern-only", action="store_true",
                         help="up/down: only the modern ClickHouse (no ZooKeeper, no 18.16)")
-    svc.add_argument("--modern-http-port", type=int, default=None,
+    svc.add_argument("--modern-http-port", type=_positive, default=None,
                      help="HTTP port of the modern server (default $TXSINK_MODERN_HTTP_PORT "
                           "or 8124)")
-    svc.add_argument("--modern-tcp-port", type=int, default=None,
+    svc.add_argument("--modern-tcp-port", type=_positive, default=None,
                      help="native port of the modern server (default $TXSINK_MODERN_TCP_PORT "
                           "or 9001)")
     svc.set_defaults(func=_services)
@@ -202,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text,
                            epilog=f"{CREDENTIALS} {ZOOKEEPER_TLS}" if url else ZOOKEEPER_TLS)
         p.add_argument("--zookeeper", default="127.0.0.1:2181", help="host:port[/chroot]")
-        p.add_argument("--zk-root", default="/txsink",
+        p.add_argument("--zk-root", default="/txsink", type=_zk_root,
                        help="root of the sinks' records in ZooKeeper (the sinks' zk_root)")
         p.add_argument("--json", action="store_true", help="machine-readable output")
         if url:
@@ -214,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--sink", help="only this sink id")
     recover = ops_parser("recover", "finish or roll back unfinished xids", url=True)
     recover.add_argument("--sink", help="only this sink id")
-    recover.add_argument("--epoch", type=int, default=None,
+    recover.add_argument("--epoch", type=_count, default=None,
                          help="only this xid of --sink")
     recover.add_argument("--strategy", choices=["move", "attach_replicated", "attach_marked"],
                          default=None,
@@ -224,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     resolve = ops_parser("resolve", "decide an in-doubt partition, or give partitions up",
                          url=True)
     resolve.add_argument("--sink", required=True, help="the sink id of the in-doubt xid")
-    resolve.add_argument("--epoch", type=int, required=True, help="the xid's epoch")
+    resolve.add_argument("--epoch", type=_count, required=True, help="the xid's epoch")
     resolve.add_argument("--branch", required=True,
                          help="the winner branch (txsink status lists the winners)")
     resolve.add_argument("--partition", required=True, action="append",
@@ -241,11 +295,11 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--shards", default=None,
                     help="sweep every server of a sharded target: 'u1,u2;u3,u4' (as the "
                          "shards option)")
-    gc.add_argument("--grace", type=float, default=3600.0,
+    gc.add_argument("--grace", type=_seconds, default=3600.0,
                     help="seconds a staging table of an unknown xid is kept (default 3600)")
-    gc.add_argument("--prune-older-than", type=float, default=None,
+    gc.add_argument("--prune-older-than", type=_seconds, default=None,
                     help="also remove finished xids older than this many seconds")
-    gc.add_argument("--forget-one-off-sinks-after", type=float, default=None,
+    gc.add_argument("--forget-one-off-sinks-after", type=_seconds, default=None,
                     metavar="SECONDS",
                     help="remove the whole record of a one-off sink (a batch job without "
                          "sink_id) with nothing open and idle this long (default 7 days; "
@@ -253,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify = ops_parser("verify", "audit the history; compare targets with committed rows",
                         url=True)
     verify.add_argument("--sink", help="only this sink id")
-    verify.add_argument("--committing-older-than", type=float, default=300.0,
+    verify.add_argument("--committing-older-than", type=_seconds, default=300.0,
                         help="report a Committing xid older than this many seconds as "
                              "stuck (default 300)")
     verify.add_argument("--no-target", action="store_true",
@@ -274,15 +328,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the checkpoint was deleted or replaced: forget every epoch "
                             "the sink committed, so a new query takes the sink over with "
                             "its micro-batches counted from 0")
-    reset.add_argument("--committed-through", type=int, default=None, metavar="N",
+    reset.add_argument("--committed-through", type=_count, default=None, metavar="N",
                        help="the sink's state was lost: micro-batches 0..N are in the "
                             "target (look first), so a replay of N writes nothing and the "
                             "query goes on at N+1")
 
     demo = sub.add_parser("demo", help="exactly-once demo under injected faults")
-    demo.add_argument("--epochs", type=int, default=12,
+    demo.add_argument("--epochs", type=_positive, default=12,
                       help="micro-batches per sink (default 12)")
-    demo.add_argument("--rows-per-epoch", type=int, default=20_000,
+    demo.add_argument("--rows-per-epoch", type=_positive, default=20_000,
                       help="rows per micro-batch (default 20,000)")
     demo.add_argument("--seed", type=int, default=None,
                       help="fixes which fault strikes which epoch (default: random, printed)")

@@ -88,7 +88,9 @@ def coordinator(options: SinkOptions, sink_id: str) -> Coordinator:
     """The sink's coordinator; its commit and abort steps pass the named crash points.
 
     A sink whose records this session may not read (their ACL names other credentials)
-    is refused here with :class:`AccessDenied`, before anything is claimed or staged.
+    is refused here with :class:`AccessDenied`, before anything is claimed or staged; so
+    is an existing tree that is damaged or, with ``zookeeper_auth``, not protected by
+    this writer's credentials (``Coordinator.check_tree``), once per process and sink.
     """
     client = zookeeper(options.zookeeper, auth=options.zookeeper_auth,
                        ca_file=options.zookeeper_ca_file)
@@ -100,6 +102,7 @@ def coordinator(options: SinkOptions, sink_id: str) -> Coordinator:
                 f"ZooKeeper refuses access to sink {sink_id}'s records ({coord.layout.sink}):"
                 " their ACL names other credentials than this writer's zookeeper_auth "
                 "(or TXSINK_ZOOKEEPER_AUTH)")
+        coord.check_tree()
         _allowed.add(key)
     return coord
 

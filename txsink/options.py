@@ -10,6 +10,7 @@ names them. Credentials come from the options or from the environment
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import uuid
@@ -17,9 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 
 from coordinator.auth import DigestAuth
+from coordinator.layout import check_root
 from server_ext.client import header_problem
 from server_ext.compression import ENCODINGS
-from server_ext.sharding import ShardingError, parse_shard_urls
+from server_ext.sharding import ShardingError, parse_shard_urls, shown_url, url_problem
 from txsink import insert_settings
 
 STRATEGIES = ("auto", "move", "attach_replicated", "attach_marked")
@@ -169,13 +171,20 @@ def credentials_from(env: Mapping[str, str]) -> dict[str, str]:
     return {name: env[var] for name, var in CREDENTIAL_VARIABLES.items() if env.get(var)}
 
 
-def _number(name: str, raw: str, kind: type, minimum: float) -> int | float:
+def _number(name: str, raw: str, kind: type, minimum: float,
+            maximum: float = 2**63 - 1) -> int | float:
+    """``raw`` as ``kind``, finite and within [minimum, maximum] (nan compares false with
+    everything, so it is refused by name here, not deep inside a request)."""
     try:
         value = kind(raw)
     except ValueError:
         raise OptionError(f"option {name}={raw!r} is not a {kind.__name__}") from None
+    if not math.isfinite(value):
+        raise OptionError(f"option {name}={raw!r} must be a finite number")
     if value < minimum:
         raise OptionError(f"option {name}={raw!r} must be at least {minimum}")
+    if value > maximum:
+        raise OptionError(f"option {name}={raw!r} must be at most {maximum}")
     return value
 
 
@@ -206,9 +215,12 @@ def parse_options(
         raise OptionError(f"missing required option(s): {', '.join(missing)}")
     url = str(values["url"])
     if not url.startswith(("http://", "https://")):
-        raise OptionError(f"option url must start with http:// or https://, got {url!r}")
+        raise OptionError(f"option url must start with http:// or https://, got "
+                          f"{shown_url(url)}")
     if "@" in url.split("//", 1)[1].split("/", 1)[0]:
         raise OptionError("option url must not carry credentials; use user and password")
+    if url_problem(url):  # before any request: a query string may hold a password
+        raise OptionError(f"option url: {url_problem(url)}")
     strategy = str(values.get("strategy", "auto"))
     if strategy not in STRATEGIES:
         raise OptionError(f"option strategy={strategy!r} is not one of {', '.join(STRATEGIES)}")
@@ -225,12 +237,13 @@ def parse_options(
         except ValueError as exc:
             raise OptionError(f"option zookeeper_auth (or {CREDENTIAL_VARIABLES['zookeeper_auth']})"
                               f" cannot be used: {exc}") from None
-    for name, kind, minimum in (
-        ("insert_block_rows", int, 1), ("timeout", float, 0.1), ("retries", int, 0),
-        ("tx_epoch", int, 0), ("tx_generation", int, 0), ("txn_version", int, 0),
+    for name, kind, minimum, maximum in (
+        ("insert_block_rows", int, 1, 2**31 - 1), ("timeout", float, 0.1, 86_400),
+        ("retries", int, 0, 1_000), ("tx_epoch", int, 0, 2**63 - 1),
+        ("tx_generation", int, 0, 2**31 - 1), ("txn_version", int, 0, 2**63 - 1),
     ):
         if name in values:
-            values[name] = _number(name, str(values[name]), kind, minimum)
+            values[name] = _number(name, str(values[name]), kind, minimum, maximum)
     if "recover_on_start" in values:
         flag = str(values["recover_on_start"]).lower()
         if flag not in ("true", "false"):
@@ -261,8 +274,9 @@ def parse_options(
     if "txn_version" in values and not values.get("sink_id"):
         raise OptionError("option txn_version needs sink_id: the pair (sink_id, txn_version) "
                           "names the job's data across reruns")
-    root = str(values.get("zk_root", "/txsink"))
-    if not root.startswith("/") or root.endswith("/") and root != "/":
-        raise OptionError(f"option zk_root={root!r} must be an absolute ZooKeeper path")
+    try:
+        check_root(str(values.get("zk_root", "/txsink")), "option zk_root")
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
     values.setdefault("table", "")
     return SinkOptions(**values)  # type: ignore[arg-type]

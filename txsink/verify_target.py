@@ -287,18 +287,19 @@ def _judge(g: _Group, facts: dict[str, _SinkFacts], writers: Writers) -> dict[st
     where = f"{g.name} partition {g.partition_id} on {', '.join(g.servers)}"
     if not readable:
         errors = "; ".join(t[1] for t in g.tables if not isinstance(t, TableRows))
-        return _not_judged(g, where, f"cannot read the target ({errors})")
+        return _not_judged(g, where, f"cannot read the target ({errors})", cause="unreadable")
     inexact = next((t.exact for t in readable if t.exists and t.exact), None)
     if inexact:
         return _not_judged(g, where, inexact)
     if g.in_flight:
         xids = sorted({c.xid for c in g.in_flight})
         return _not_judged(g, where, f"xid {', '.join(xids)} is being published or was decided "
-                           "during the check; run verify again")
+                           "during the check; run verify again", cause="in_flight")
     counts = {t.server: t.partitions.get(g.partition_id, 0) for t in readable}
     if len(set(counts.values())) > 1 or any(t.pending_inserts for t in readable):
         seen = ", ".join(f"{server}: {n}" for server, n in sorted(counts.items()))
-        return _not_judged(g, where, f"replicas disagree or are catching up ({seen})")
+        return _not_judged(g, where, f"replicas disagree or are catching up ({seen})",
+                           cause="replicas")
     held = next(iter(counts.values()))
     missing_table = not any(t.exists for t in readable)
     ordered = sorted(g.committed, key=lambda c: (c.decided_at, c.sink_id, c.epoch))
@@ -379,8 +380,17 @@ def _finding(kind: str, g: _Group, where: str, held: int, expected: int,
             **_xids(relevant), "detail": detail}
 
 
+#: Why a partition was not judged when a later run may judge it: the server could not
+#: be read (down, wrong credentials), an xid was publishing, replicas were catching up.
+#: ``txsink verify`` fails (exit 4) on these: it did not check what it was asked to.
+RETRYABLE_CAUSES = frozenset({"unreadable", "in_flight", "replicas"})
+
+
 def _not_judged(g: _Group, where: str, reason: str, held: int | None = None,
-                expected: int | None = None) -> dict[str, Any]:
+                expected: int | None = None, cause: str = "by_design") -> dict[str, Any]:
+    """A partition verify says it cannot judge; ``cause`` is one of
+    :data:`RETRYABLE_CAUSES`, or ``by_design`` (pruned history, an engine that merges
+    rows away, a table shared with other writers: reported, never judgeable)."""
     return {"kind": "not_judged", "table": g.name, "partition_id": g.partition_id,
             "partition": g.value, "servers": g.servers, "rows": held, "expected": expected,
-            "reason": reason, "detail": f"{where}: {reason}"}
+            "reason": reason, "cause": cause, "detail": f"{where}: {reason}"}

@@ -42,7 +42,7 @@ server's; ``weight`` 0 (a shard excluded from inserts) is not supported.
 
 Modules, one job each:
 - ``layout``      ``Shard``, ``ShardLayout``, ``layout_from_urls``: what a sharded target is;
-- ``urls``        ``parse_shard_urls`` and the replica URL checks (no credentials in URLs);
+- ``urls``        ``parse_shard_urls`` and the URL checks (no credentials in URLs, none shown);
 - ``engine_args`` the tokenizer for engine arguments, names and literals in SQL text;
 - ``discovery``   ``layout_from_distributed``: the layout read from a Distributed table;
 - ``routing``     ``ShardRouter``: each row's shard, as the server chooses it;
@@ -57,7 +57,7 @@ from server_ext.sharding.errors import ShardingError
 from server_ext.sharding.key_values import unsigned_key_values
 from server_ext.sharding.layout import Shard, ShardLayout, layout_from_urls
 from server_ext.sharding.routing import ShardRouter
-from server_ext.sharding.urls import parse_shard_urls
+from server_ext.sharding.urls import parse_shard_urls, shown_url, url_problem
 
 __all__ = [
     "Shard",
@@ -68,5 +68,7 @@ __all__ = [
     "layout_from_distributed",
     "layout_from_urls",
     "parse_shard_urls",
+    "shown_url",
     "unsigned_key_values",
+    "url_problem",
 ]

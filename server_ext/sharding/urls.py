@@ -2,7 +2,8 @@
 
 A replica URL is ``http(s)://host[:port]`` without credentials, query or fragment (the
 user and password are options of their own), and each is given once. Error messages show
-a URL with any ``user:password@`` replaced.
+a URL without its userinfo, query string and fragment (any of them may hold a password,
+e.g. ``?user=…&password=…``, which ClickHouse reads from the query string).
 """
 
 from __future__ import annotations
@@ -36,32 +37,44 @@ def parse_shard_urls(text: str) -> list[list[str]]:
 
 def check_url(url: str, where: str = "") -> str:
     """``url`` if it is http(s)://host[:port] with no credentials, query or fragment."""
-    prefix = f"{where}: " if where else ""
+    problem = url_problem(url)
+    if problem:
+        raise ShardingError(f"{where}: {problem}" if where else problem)
+    return url
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot name a server (None if it can), safe to show: the URL appears
+    without userinfo, query or fragment. For every option that names a server, checked
+    before any request is sent with it."""
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError:
-        raise ShardingError(f"{prefix}{shown_url(url)} is not a URL") from None
+        return f"{shown_url(url)} is not a URL"
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ShardingError(f"{prefix}{shown_url(url)} is not an http:// or https:// URL "
-                            "with a host")
+        return f"{shown_url(url)} is not an http:// or https:// URL with a host"
     if parts.username is not None or parts.password is not None:
-        raise ShardingError(f"{prefix}{shown_url(url)} carries credentials; give them as "
-                            "the user and password options")
+        return (f"{shown_url(url)} carries credentials; give them as the user and password "
+                "options")
     if parts.query or parts.fragment:
-        raise ShardingError(f"{prefix}{shown_url(url)} must not have a query or fragment")
-    return url
+        return (f"{shown_url(url)} must not have a query or fragment (it is not shown: it "
+                "may hold credentials; give them as the user and password options)")
+    return None
 
 
 def shown_url(url: str) -> str:
-    """``url`` with any ``user:password@`` replaced, safe for an error message."""
+    """``url`` without userinfo, query string and fragment, safe for an error message."""
     scheme, sep, rest = url.partition("://")
     if not sep:
-        return repr(url) if "@" not in url else "'<redacted>'"
+        return "'<redacted>'" if any(c in url for c in "@?#") else repr(url)
+    rest, cut, _ = rest.partition("?")
+    rest, hashed, _ = rest.partition("#")
     netloc, slash, path = rest.partition("/")
     if "@" in netloc:
         netloc = "***@" + netloc.rsplit("@", 1)[1]
-    return repr(f"{scheme}://{netloc}{slash}{path}")
+    hidden = "?***" if cut else "#***" if hashed else ""
+    return repr(f"{scheme}://{netloc}{slash}{path}{hidden}")
 
 
 def reject_duplicates(shard_urls: list[list[str]]) -> None:
