@@ -4,6 +4,7 @@ stage refused by name before anything is staged or any xid opened."""
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 
@@ -14,6 +15,7 @@ import txsink
 from server_ext.sql import tokenize
 from tests.conftest import run_sql
 from tests.sinkutil import assert_exactly_once, create_events, events_df, staging_tables
+from txsink import cli
 from txsink.options import parse_options
 from txsink.plan import check_target
 
@@ -198,6 +200,34 @@ def test_materialized_views_ignore_names_the_views_left_without_the_rows_in_the_
         checked = check_target(chosen, events_df(spark, 0, 1).schema)
     assert checked.views == ()
     assert "by_day_mv" in caplog.text
+
+
+def test_verify_judges_the_tables_the_views_fill_and_finds_a_duplicate_there(
+        spark, server_url, server_db, options, zk_hosts, zk_chroot, capsys):
+    table = create_events(server_url, server_db)
+    even_copy_view(server_url, server_db)
+    save(events_df(spark, 0, ROWS), options, table)
+
+    def verify() -> tuple[int, dict]:
+        code = cli.main(["verify", "--zookeeper", zk_hosts + zk_chroot, "--url", server_url,
+                         "--sink", "views", "--exclusive-target", "--json"])
+        return code, json.loads(capsys.readouterr().out)["sinks"][0]["target"]
+
+    code, target = verify()
+    assert (code, target["anomalies"], target["not_judged"]) == (0, [], [])
+    assert target["partitions_ok"] == 2 * len(partitions(server_url, table))
+    run_sql(server_url, f"INSERT INTO `{server_db}`.`copy` SELECT * FROM `{server_db}`.`copy` "
+                        "WHERE id < 10")
+    code, target = verify()
+    (finding,) = target["anomalies"]
+    assert (code, finding["kind"], finding["table"]) == (
+        1, "duplicate_rows", f"{server_db}.copy")
+
+
+def partitions(url: str, table: str) -> list[str]:
+    db, name = table.split(".")
+    return run_sql(url, "SELECT DISTINCT partition_id FROM system.parts WHERE "
+                        f"database = '{db}' AND table = '{name}' AND active").split()
 
 
 # -- refusals, before anything is staged or any xid opened --------------------------------
