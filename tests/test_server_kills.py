@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from coordinator import XidState
+from coordinator import PublishFailed, XidState
+from server_ext.ledger import ledger_key
 from tests.conftest import run_sql
 from tests.test_overlapping_actors import (  # noqa: F401 - hold_at is a fixture
     ROWS_PER_TASK,
@@ -32,6 +33,8 @@ from txsink.harness.chaos.faults import kill_server, private_services, restart_s
 from txsink.harness.chaos.pipeline import create_fed_view
 from txsink.harness.modern_server import chdb_version
 from txsink.harness.services import Services, port_open
+from txsink.operations import Operations
+from txsink.publisher import publish_manifest
 
 PORT_BASE = 28600
 # (server, strategy, engine of the target)
@@ -132,3 +135,69 @@ def test_clickhouse_killed_at_step_ends_exactly_once_and_never_stuck(
              if s in (XidState.INITIALIZED, XidState.COMMITTING, XidState.ABORTING)}
     assert not stuck, states
 
+
+
+# -- attach_marked: a restart inside its window, resolved by the operator ------------------
+
+
+@pytest.fixture(scope="module")
+def classic(tmp_path_factory) -> Iterator[Services]:
+    services = private_services(tmp_path_factory.mktemp("kills-marked"), free_base(600))
+    try:
+        services.up()
+        yield services
+    finally:
+        services.down()
+
+
+class CrashHere(RuntimeError):
+    """The job's process dies at the held step."""
+
+
+def test_a_restart_inside_the_attach_marked_window_is_resolved_with_txsink_resolve_without_loss(
+        classic, zk_hosts, hold_at) -> None:  # noqa: F811 - the imported fixture
+    url = classic.clickhouse.url
+    db = f"t_{uuid.uuid4().hex[:10]}"
+    run_sql(url, f"CREATE DATABASE `{db}`")
+    run_sql(url, f"CREATE TABLE `{db}`.`events` (id UInt64, day Date, name String, "
+                 "value Float64) ENGINE = MergeTree() PARTITION BY toYYYYMM(day) ORDER BY id")
+    create_fed_view(url, f"{db}.events")
+    sink = Sink(url, zk_hosts, f"{db}.events")
+
+    def restart_then_die() -> None:
+        # the restart forgets the publish's STOP MERGES: the server merges the attached
+        # parts (OPTIMIZE stands for its background merges), so a repeat cannot tell
+        kill_server(classic, "clickhouse")
+        restart_server(classic, "clickhouse")
+        wait_ready(classic)
+        for table in ("events", "events_fed"):
+            run_sql(url, f"OPTIMIZE TABLE `{db}`.`{table}` FINAL")
+        raise CrashHere("the driver died after its ATTACH")
+
+    hold_at("publish.after_attach", restart_then_die)
+    with pytest.raises(PublishFailed):
+        sink.run_job(0)
+    sink.recover()
+    client = started_client(sink.zk_hosts)
+    try:
+        coord = sink.coordinator(client)
+        (xid,) = coord.xids([XidState.COMMITTING])  # in doubt: recovery did not guess
+        doubts = []
+        for branch in coord.branches(xid.epoch, xid.winners):
+            manifest = publish_manifest(coord, branch)
+            entry = coord.ledger(xid.epoch, branch.branch_id).get(
+                ledger_key(manifest.staging_table)) if manifest else None
+            if entry and entry.get("attaching"):
+                doubts.append((branch.branch_id, entry["attaching"]))
+    finally:
+        client.stop()
+        client.close()
+    assert doubts, "nothing in doubt: the repeat decided on its own"
+    ops = Operations(sink.zk_hosts, zk_root=sink.options["zk_root"], url=url)
+    try:  # the operator looked: the rows of the held ATTACH are in the target
+        for branch_id, partitions in doubts:
+            ops.resolve(sink.options["sink_id"], xid.epoch, branch_id, partitions,
+                        attached=True)
+    finally:
+        ops.close()
+    sink.assert_exactly_once(range(TASKS * ROWS_PER_TASK))
