@@ -653,3 +653,46 @@ def test_unreachable_shard_fails_up_front_naming_it_and_changes_nothing(
         assert staging_of(server.url, sink_id) == []
     with coordinator_of(zk_sink, sink_id) as coord:
         assert coord.xids() == []  # failed before the sink was even opened
+
+
+# -- materialized views on the shards ------------------------------------------------------
+
+
+def test_each_shards_view_gets_exactly_the_rows_published_on_that_shard(
+    spark, cluster: Cluster, cluster_db: str, zk_sink: str, sink_id: str
+) -> None:
+    """Every server's local table feeds a view into a plain MergeTree copy (no
+    replication): each shard's rows reach the copy on the replica that published them."""
+    table = replicated_local_tables(cluster, cluster_db)
+    for server in cluster.servers:
+        run_sql(server.url, f"CREATE TABLE `{cluster_db}`.`copy` (id UInt64, day Date) "
+                            "ENGINE = MergeTree() PARTITION BY toYYYYMM(day) ORDER BY id")
+        run_sql(server.url, f"CREATE MATERIALIZED VIEW `{cluster_db}`.`copy_mv` TO "
+                            f"`{cluster_db}`.`copy` AS SELECT id, day "
+                            f"FROM `{cluster_db}`.`{LOCAL}`")
+    options = distributed_options(cluster, cluster_db, zk_sink, sink_id)
+    save(events_df(spark, 0, 3000), options)
+    assert_sharded_exactly_once(cluster.shard_urls(), table, range(3000), key="id")
+    for index, replicas in enumerate(cluster.shard_urls()):
+        copies: dict[int, int] = {}
+        for url in replicas:
+            for key, count in id_counts(url, f"`{cluster_db}`.`copy`").items():
+                copies[key] = copies.get(key, 0) + count
+        assert copies == {i: 1 for i in range(3000) if i % 2 == index}
+    assert staging_left(cluster, sink_id) == {}
+
+
+def test_a_view_reading_the_distributed_table_is_refused_before_anything_is_staged(
+    spark, cluster: Cluster, cluster_db: str, zk_sink: str, sink_id: str
+) -> None:
+    replicated_local_tables(cluster, cluster_db)
+    options = distributed_options(cluster, cluster_db, zk_sink, sink_id)
+    assert cluster.main is not None
+    run_sql(cluster.main.url, f"CREATE TABLE `{cluster_db}`.`copy` (id UInt64, day Date) "
+                              "ENGINE = MergeTree() PARTITION BY toYYYYMM(day) ORDER BY id")
+    run_sql(cluster.main.url, f"CREATE MATERIALIZED VIEW `{cluster_db}`.`all_mv` TO "
+                              f"`{cluster_db}`.`copy` AS SELECT id, day "
+                              f"FROM `{cluster_db}`.`{DISTRIBUTED}`")
+    with pytest.raises(Exception, match="all_mv reads the Distributed table"):
+        save(events_df(spark, 0, 100), options)
+    assert staging_left(cluster, sink_id) == {}

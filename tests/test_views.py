@@ -286,3 +286,38 @@ def test_tokens_keep_quoted_identifiers_and_strings_apart():
         ("word", "SELECT"), ("quoted", "a`b"), ("punct", "."), ("quoted", "c"),
         ("punct", ","), ("string", "'x.y'"), ("word", "FROM"), ("word", "db"),
         ("punct", "."), ("word", "t")]
+
+
+def test_a_transaction_publishes_a_targets_views_with_its_other_tables(
+        spark, server_url, server_db, options):
+    table = create_events(server_url, server_db)
+    rollup = summing_view(server_url, server_db)
+    other = create_events(server_url, server_db, name="other")
+    with txsink.transaction(spark, url=server_url, zookeeper=options["zookeeper"],
+                            sink_id="views-tx") as tx:
+        tx.write(events_df(spark, 0, ROWS), table)
+        tx.write(events_df(spark, ROWS, 100), other)
+    assert_exactly_once(server_url, table, range(ROWS))
+    assert_exactly_once(server_url, other, range(ROWS, ROWS + 100))
+    assert per_day(server_url, rollup) == expected_per_day(server_url, server_db)
+    assert staging_tables(server_url, options) == []
+
+
+def per_day(url: str, table: str) -> list[tuple[str, ...]]:
+    return rows(url, f"SELECT day, sum(n), round(sum(total), 3) FROM {table} "
+                     "GROUP BY day ORDER BY day")
+
+
+def expected_per_day(url: str, db: str) -> list[tuple[str, ...]]:
+    """The rollup of ``db.events``'s visible rows, computed from the rows."""
+    return rows(url, f"SELECT day, count(), round(sum(value), 3) FROM `{db}`.`events` "
+                     "GROUP BY day ORDER BY day")
+
+
+def test_an_overwrite_of_a_null_table_is_refused_before_anything_is_staged(
+        spark, server_url, server_db, options, zk_hosts, zk_chroot):
+    run_sql(server_url, f"CREATE TABLE `{server_db}`.`ingest` (id UInt64, day Date, "
+                        "name String, value Float64) ENGINE = Null")
+    assert_refused_untouched(spark, server_url, {**options, "materialized_views": "ignore"},
+                             f"{server_db}.ingest", "Null table keeps none", zk_hosts,
+                             zk_chroot, mode="overwrite")

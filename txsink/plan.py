@@ -252,7 +252,9 @@ def check_publish(options: SinkOptions, checked: CheckedTarget, overwrite: bool 
     shards = checked.shard_tables or ((checked.table, options.url),)
     several = len(shards) > 1
     for index, (table, server) in enumerate(shards):
-        problem = engine_problem(table) or tree_problem(checked.views, overwrite)
+        problem = (engine_problem(table) or tree_problem(checked.views, overwrite)
+                   or ("mode('overwrite') replaces partitions, and a Null table keeps none"
+                       if overwrite and table.engine == "Null" else None))
         if problem:
             raise server_ext.UnsupportedTarget(
                 f"cannot write into {table.qualified}{_on_shard(index, server, several)}: "
