@@ -38,6 +38,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from functools import cached_property
 
 import pyarrow as pa
 
@@ -161,9 +162,11 @@ class _ShardBranch:
                                                      root=plan.options.root_identity)
         self.client = connections.clickhouse(plan.options, server)
         self.writer: server_ext.BranchWriter | None = None
+        self.strategy = plan.strategy
+        self.view = ""  # filled by the rows, not by a staging view
         self.views = [_ViewBranch(plan, epoch, branch_id, node) for node in plan.views]
 
-    @property
+    @cached_property
     def table(self) -> server_ext.TargetTable:
         return self.plan.table or server_ext.describe_table(self.client, self.plan.target)
 
@@ -281,20 +284,18 @@ class _Attempt:
         views = [(branch, share, manifest) for branch in self.branches.values()
                  for share, manifest in branch.seal_views()]
         crashpoints.hit(crashpoints.BRANCH_AFTER_SEAL)
-        staged = [(branch, branch.branch_id, branch.staging, "", branch.table, manifest, rows,
-                   self.plan.strategy) for branch, manifest, rows, _ in sealed]
-        staged += [(branch, share.branch_id, share.staging, share.view, share.table, manifest,
-                    manifest.rows, share.strategy) for branch, share, manifest in views]
-        contributed = [self.contribute(branch, manifest, table)
-                       for branch, _, _, _, table, manifest, _, _ in staged]
+        # every staged table: the branch's own, then its views' shares
+        staged = [(branch, branch, manifest, rows) for branch, manifest, rows, _ in sealed]
+        staged += [(branch, share, manifest, manifest.rows) for branch, share, manifest in views]
+        contributed = [self.contribute(branch, manifest, part.table)
+                       for branch, part, manifest, _ in staged]
         crashpoints.hit(crashpoints.BRANCH_AFTER_CONTRIBUTE)
-        for (branch, branch_id, staging, view, _, manifest, rows, strategy), precombined in zip(
-                staged, contributed, strict=True):
-            self.coord.prepare_branch(self.epoch, branch_id, payload.to_record(
-                payload.StagedBranch(manifest=manifest, strategy=strategy,
-                                     staging=staging, server=branch.server, rows=rows,
+        for (branch, part, manifest, rows), precombined in zip(staged, contributed, strict=True):
+            self.coord.prepare_branch(self.epoch, part.branch_id, payload.to_record(
+                payload.StagedBranch(manifest=manifest, strategy=part.strategy,
+                                     staging=part.staging, server=branch.server, rows=rows,
                                      overwrite=self.plan.overwrite, contributed=precombined,
-                                     view=view)))
+                                     view=part.view)))
         crashpoints.hit(crashpoints.BRANCH_AFTER_PREPARE)
         return (sum(s[2] for s in sealed), sum(s[3] for s in sealed),
                 sum(len(s[1].partitions) for s in sealed))
