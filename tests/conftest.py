@@ -32,6 +32,19 @@ settings.register_profile("txsink", derandomize=True)
 settings.load_profile("txsink")
 
 
+#: Fixtures that reach a real server or start Spark: a test using any of them, directly or
+#: through another fixture, is marked ``servers``; the rest is the fast tier
+#: (``pytest -m "not servers"``: pure logic, no server, well under a minute).
+SERVER_FIXTURES = frozenset({"services", "spark", "clickhouse_url", "zk_hosts", "cluster",
+                             "modern_clickhouse", "server", "server_url"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.servers)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on (at the moment of asking)."""
     with socket.socket() as sock:

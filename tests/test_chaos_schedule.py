@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from txsink.harness.chaos.actors import KILLED, classify_failure, recover_reason
 from txsink.harness.chaos.faults import private_services
 from txsink.harness.chaos.schedule import (
@@ -70,6 +72,7 @@ def test_a_failed_recover_run_is_counted_with_its_reason():
         "failed action: PublishFailed"
 
 
+@pytest.mark.servers  # starts servers of its own
 def test_every_fault_kind_once_with_recover_loop_second_driver_and_zombie_task_over_commits(
         tmp_path):
     """Each fault kind once (seeded order); the second driver overlaps the first for ~23 s

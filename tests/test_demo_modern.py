@@ -23,7 +23,8 @@ from txsink.harness.demo import PORT_BASE
 from txsink.harness.modern_server import ModernClickHouse, chdb_version
 from txsink.harness.services import ClickHouse, Services, port_open
 
-pytestmark = pytest.mark.skipif(chdb_version() is None, reason="needs the chdb package")
+pytestmark = [pytest.mark.servers,  # starts servers of its own
+              pytest.mark.skipif(chdb_version() is None, reason="needs the chdb package")]
 
 
 def free_base() -> int:
