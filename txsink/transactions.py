@@ -59,7 +59,9 @@ class Transaction:
         if self.covered_by_txn is not None:
             return
         self.epoch = self.coord.allocate_epoch()
-        self.coord.begin(self.epoch, self.generation)
+        # watched by this process's session: a caller killed before the decision leaves
+        # an xid that txsink recover / gc roll back (coordinator/liveness.py)
+        self.coord.begin(self.epoch, self.generation, hold="transaction")
 
     def write(self, df: DataFrame, table: str, mode: str = "append") -> None:
         """Stage ``df`` for ``table``; visible only when the whole transaction commits."""
@@ -83,6 +85,7 @@ class Transaction:
                               rollback=publisher.rollback, txn_version=self._parsed.txn_version)
         finally:
             publisher.drain()
+            self.coord.release(self.epoch)
         log.info("txsink sink=%s epoch=%d committed tables=%s",
                  self.sink_id, self.epoch, ",".join(self.tables))
 
@@ -90,7 +93,10 @@ class Transaction:
         if self.covered_by_txn is not None:
             return
         publisher = driver.publisher_for(self._parsed, self.coord)
-        self.coord.abort(self.epoch, self.generation, rollback=publisher.rollback)
+        try:
+            self.coord.abort(self.epoch, self.generation, rollback=publisher.rollback)
+        finally:
+            self.coord.release(self.epoch)
         log.warning("txsink sink=%s epoch=%d aborted", self.sink_id, self.epoch)
 
 
