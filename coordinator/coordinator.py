@@ -51,14 +51,19 @@ from coordinator import steps
 from coordinator.callbacks import BranchCallback, CallbackPolicy
 from coordinator.completion import Completion
 from coordinator.epochs import EpochCounter, LastCommitted, TxnVersion
-from coordinator.errors import PublishInProgress, PublishLeaseLost, SinkTakenOver
+from coordinator.errors import (
+    PublishInProgress,
+    PublishLeaseLost,
+    RecoveryIncomplete,
+    SinkTakenOver,
+)
 from coordinator.fencing import Generation
 from coordinator.layout import SinkLayout
 from coordinator.ledger import Ledger
 from coordinator.liveness import Liveness, Verdict, holder_identity, judge
 from coordinator.publish_lease import PublishLease, actor_identity
 from coordinator.records import BranchRecord, StreamRecord, XidRecord
-from coordinator.recovery import Recovery, RecoveryReport
+from coordinator.recovery import ROLLED_FORWARD, Recovery, RecoveryReport
 from coordinator.retention import Retention
 from coordinator.states import XidState
 from coordinator.store import SinkStore, default_retry, list_sinks
@@ -327,10 +332,23 @@ class Coordinator:
         recovery = Recovery(self.store, self._completion, self._abort_if_older,
                             lambda epoch: self.publish_lease(epoch, generation,
                                                              wait_for_holders), judged)
-        return recovery.run(generation, publish, rollback,
-                            generation if older_than_generation is None
-                            else older_than_generation,
-                            raise_on_failure)
+        try:
+            report = recovery.run(generation, publish, rollback,
+                                  generation if older_than_generation is None
+                                  else older_than_generation, raise_on_failure)
+        except RecoveryIncomplete as exc:
+            self._mark_recovered(exc.report)
+            raise
+        self._mark_recovered(report)
+        return report
+
+    def _mark_recovered(self, report: RecoveryReport) -> None:
+        """Record on every xid recovery published that recovery finished it (operators'
+        ``status`` shows it; an xid its writer finished records its own metrics)."""
+        for action in report.actions:
+            if action.action == ROLLED_FORWARD:
+                self.record_metrics(action.epoch, {"finished_by": "recovery",
+                                                   "recovered_at": round(time.time(), 3)})
 
     # -- reads -----------------------------------------------------------------------
 

@@ -226,9 +226,7 @@ class Operations:
                     for x in open_xids
                 ],
                 "in_doubt": [x.epoch for x in open_xids if x.state == XidState.COMMITTING],
-                "recent": [{"epoch": x.epoch, **(x.metrics if "rows" in x.metrics
-                                                 else _recovered_metrics(coord, x))}
-                           for x in committed],
+                "recent": [{"epoch": x.epoch, **_commit_metrics(coord, x)} for x in committed],
                 "operator_decisions": _decisions(open_xids, every_committed),
             })
         return {"sinks": sinks, **self._protected_note()}
@@ -805,6 +803,8 @@ def render(command: str, result: dict[str, Any]) -> str:
                 lines.append(f"  epoch {x['epoch']}: {x['state']} for {x['age_s']}s{flag}")
             for m in sink["recent"]:
                 timing = ("finished by recovery" if m.get("finished_by") == "recovery" else
+                          "no timings recorded (finished by an unknown actor)"
+                          if m.get("finished_by") == "unknown" else
                           f"commit {m.get('commit_ms', '?')} ms, "
                           f"latency {m.get('latency_ms', '?')} ms")
                 lines.append(f"  epoch {m['epoch']}: {m.get('rows', '?')} rows, "
@@ -843,11 +843,26 @@ def _liveness(coord: Coordinator, verdict: Verdict | None) -> dict[str, Any]:
     return found
 
 
-def _recovered_metrics(coord: Coordinator, record: XidRecord) -> dict[str, Any]:
-    """What the winners' records say of an xid that recovery finished (its driver died
-    before recording the epoch's metrics): rows and task branches, no timings."""
+def _commit_metrics(coord: Coordinator, record: XidRecord) -> dict[str, Any]:
+    """A committed xid's figures as ``status`` shows them, and who finished it.
+
+    The writer records its metrics (``finished_by: writer``) right after its commit;
+    recovery marks the xids it published (``finished_by: recovery``). Where neither is
+    recorded (a writer killed between its ``Committed`` write and its metrics, or a
+    record older than these marks) nothing is claimed: ``finished_by`` is ``unknown``.
+    Rows and branches come from the winners' records when the writer did not record
+    them.
+    """
+    if "rows" in record.metrics and record.metrics.get("finished_by") != "recovery":
+        return {"finished_by": "writer", **record.metrics}
+    return {"finished_by": "unknown", **_winners_metrics(coord, record)}
+
+
+def _winners_metrics(coord: Coordinator, record: XidRecord) -> dict[str, Any]:
+    """What the winners' records say of an xid whose writer recorded no metrics:
+    rows and task branches, no timings."""
     payloads = [from_record(b.manifest) for b in coord.branches(record.epoch, record.winners)]
-    return {**record.metrics, "finished_by": "recovery",
+    return {**record.metrics,
             "rows": sum(p.rows for p in payloads if p is not None),
             "branches": sum(len(p.sources) if isinstance(p, CombinedBranch) and p.sources
                             else 1 for p in payloads if p is not None)}
