@@ -1,9 +1,11 @@
 """Operator commands behind ``txsink status | recover | gc | verify``.
 
 Each returns plain data (for ``--json``) and :func:`render` turns it into the text an
-operator reads. None of them fences a sink: ``recover`` finishes ``Committing`` xids and
-rolls back undecided xids of generations older than the sink's current one, so it is
-safe while a writer runs; the writer's own in-flight xid is left alone.
+operator reads. None of them fences a sink: ``recover`` (and ``gc``, first) finishes
+``Committing`` xids and rolls back undecided xids that are abandoned
+(``coordinator/liveness.py``: of an older generation, or whose writer's liveness holders
+are all gone), so it is safe while a writer runs; a live writer's in-flight xid is left
+alone.
 
 A ``Committing`` xid is decided: it is never aborted, only published. When its publish
 can never succeed, the operator has two recorded ways out (``recover`` prints which one
