@@ -51,13 +51,19 @@ from coordinator import steps
 from coordinator.callbacks import BranchCallback, CallbackPolicy
 from coordinator.completion import Completion
 from coordinator.epochs import EpochCounter, LastCommitted, TxnVersion
-from coordinator.errors import PublishInProgress, PublishLeaseLost, SinkTakenOver
+from coordinator.errors import (
+    PublishInProgress,
+    PublishLeaseLost,
+    RecoveryIncomplete,
+    SinkTakenOver,
+)
 from coordinator.fencing import Generation
 from coordinator.layout import SinkLayout
 from coordinator.ledger import Ledger
+from coordinator.liveness import Liveness, Verdict, holder_identity, judge
 from coordinator.publish_lease import PublishLease, actor_identity
 from coordinator.records import BranchRecord, StreamRecord, XidRecord
-from coordinator.recovery import Recovery, RecoveryReport
+from coordinator.recovery import ROLLED_FORWARD, Recovery, RecoveryReport
 from coordinator.retention import Retention
 from coordinator.states import XidState
 from coordinator.store import SinkStore, default_retry, list_sinks
@@ -101,6 +107,7 @@ class Coordinator:
         self.lease_wait = lease_wait
         self.role = role
         self._leases: dict[int, PublishLease] = {}  # held while finishing an xid
+        self._holders: dict[int, str] = {}  # liveness holders this instance created
 
     # -- sink ------------------------------------------------------------------------
 
@@ -188,7 +195,7 @@ class Coordinator:
 
     # -- xid -------------------------------------------------------------------------
 
-    def begin(self, epoch: int, generation: int) -> XidState:
+    def begin(self, epoch: int, generation: int, hold: str | None = None) -> XidState:
         """Create the xid (``Unknown → Initialized``) or report its state; idempotent.
 
         ``Initialized`` of an older generation is adopted by this one (so recovery by
@@ -196,8 +203,44 @@ class Coordinator:
         ``generation`` is newer than the generation that owned the aborted attempt,
         else :class:`XidAborted`. A stale ``generation`` that would write raises
         :class:`Fenced`.
+
+        ``hold`` (a role, e.g. ``"batch driver"``): a new xid is created *watched*, with a
+        liveness holder of this session in the same multi-op; until the decision, an xid
+        all of whose holders are gone is abandoned (``coordinator/liveness.py``). The
+        caller keeps its session until it decides, or hands over with :meth:`hold`, and
+        ends its holding with :meth:`release`. An adopted xid is not watched.
         """
-        return self._steps.begin(epoch, generation)
+        holder = holder_identity(hold) if hold else None
+        state = self._steps.begin(epoch, generation, holder)
+        if holder is not None:
+            self._holders[epoch] = holder[0]
+        return state
+
+    def hold(self, epoch: int, role: str) -> bool:
+        """Join the liveness holders of an ``Initialized`` xid that someone still holds
+        (a keeper taking over from the process that began it); False when the xid was
+        decided or every holder is gone."""
+        name, data = holder_identity(role)
+        if not Liveness(self.store).hold(epoch, name, data):
+            return False
+        self._holders[epoch] = name
+        return True
+
+    def release(self, epoch: int) -> None:
+        """Drop this instance's liveness holder of ``epoch`` (idempotent)."""
+        name = self._holders.pop(epoch, None)
+        if name is not None:
+            Liveness(self.store).release(epoch, name)
+
+    def verdicts(self, unwatched_after: float | None = None) -> list[Verdict]:
+        """The verdict on every ``Initialized`` xid: abandoned (and why) or left (and
+        why); see ``coordinator/liveness.py``."""
+        generation = self.generation()
+        records = self.xids(states=(XidState.INITIALIZED,))
+        holders = Liveness(self.store).holders()  # after the records: see _judge
+        now = time.time()
+        return [judge(r, generation, holders.get(r.epoch, []), now, unwatched_after)
+                for r in records]
 
     def register_branch(self, epoch: int, branch_id: str, generation: int,
                         owner: dict[str, Any]) -> None:
@@ -262,10 +305,18 @@ class Coordinator:
 
     def recover(self, publish: BranchCallback, rollback: BranchCallback,
                 older_than_generation: int | None = None,
-                raise_on_failure: bool = True, wait_for_holders: float = 0.0) -> RecoveryReport:
+                raise_on_failure: bool = True, wait_for_holders: float = 0.0,
+                abandoned: bool = False, unwatched_after: float | None = None
+                ) -> RecoveryReport:
         """Finish what crashed writers left: roll every ``Committing`` xid forward, finish
         every ``Aborting`` one, roll back every ``Initialized`` xid of a generation older
         than ``older_than_generation`` (default: this writer's generation).
+
+        With ``abandoned``, also every ``Initialized`` xid that :meth:`verdicts` finds
+        abandoned (its writer's liveness holders all gone; with ``unwatched_after``, an
+        unwatched xid not updated for that many seconds), each only while it is still the
+        record that was judged. Operators' commands ask for it; a writer at start-up does
+        not need to (it fenced, so every other xid is older anyway).
 
         A decided xid whose publish lease another live actor still holds after
         ``wait_for_holders`` seconds is left to it and reported ``in_progress``: a writer
@@ -277,13 +328,27 @@ class Coordinator:
         """
         generation = (self._own_generation if self._own_generation is not None
                       else self.generation())
+        judged = self._judge(unwatched_after) if abandoned else None
         recovery = Recovery(self.store, self._completion, self._abort_if_older,
                             lambda epoch: self.publish_lease(epoch, generation,
-                                                             wait_for_holders))
-        return recovery.run(generation, publish, rollback,
-                            generation if older_than_generation is None
-                            else older_than_generation,
-                            raise_on_failure)
+                                                             wait_for_holders), judged)
+        try:
+            report = recovery.run(generation, publish, rollback,
+                                  generation if older_than_generation is None
+                                  else older_than_generation, raise_on_failure)
+        except RecoveryIncomplete as exc:
+            self._mark_recovered(exc.report)
+            raise
+        self._mark_recovered(report)
+        return report
+
+    def _mark_recovered(self, report: RecoveryReport) -> None:
+        """Record on every xid recovery published that recovery finished it (operators'
+        ``status`` shows it; an xid its writer finished records its own metrics)."""
+        for action in report.actions:
+            if action.action == ROLLED_FORWARD:
+                self.record_metrics(action.epoch, {"finished_by": "recovery",
+                                                   "recovered_at": round(time.time(), 3)})
 
     # -- reads -----------------------------------------------------------------------
 
@@ -423,10 +488,29 @@ class Coordinator:
         if self.on_step is not None:
             self.on_step(name)
 
-    def _abort_if_older(self, epoch: int, generation: int, older_than: int,
-                        rollback: BranchCallback) -> XidRecord | None:
-        """Recovery's abort: only while the xid still belongs to an older generation."""
-        record, decided_now = self._steps.decide_abort(epoch, generation, older_than)
+    def _judge(self, unwatched_after: float | None) -> Callable[[XidRecord], Verdict]:
+        """A judge for records read *before* its first call: the holders are read then,
+        once. Order matters: a holder is created with its xid, so an xid read earlier
+        whose holders are gone by then was not held by anyone at that read (an xid
+        begun after the holders' read could look abandoned, hence never the reverse)."""
+        holders: dict[int, list[str]] | None = None
+        sink_generation = self.generation()
+
+        def verdict(record: XidRecord) -> Verdict:
+            nonlocal holders
+            if holders is None:
+                holders = Liveness(self.store).holders()
+            return judge(record, sink_generation, holders.get(record.epoch, []),
+                         time.time(), unwatched_after)
+        return verdict
+
+    def _abort_if_older(self, epoch: int, generation: int, older_than: int | None,
+                        rollback: BranchCallback, judged_version: int | None = None
+                        ) -> XidRecord | None:
+        """Recovery's abort: only while the xid still belongs to an older generation, or
+        (``judged_version``) is still the record judged abandoned."""
+        record, decided_now = self._steps.decide_abort(epoch, generation, older_than,
+                                                       judged_version)
         if record.state is XidState.INITIALIZED:
             return None
         if decided_now:

@@ -10,6 +10,7 @@ One sink's tree (``root`` defaults to ``/txsink``; a kazoo chroot may sit above 
       stream          {"query_id": "...", ...}  streaming query owning the epochs (stream.py)
       txn_version     {"version": 7, "at": ...}  highest committed txn_version (epochs.py)
       open/<epoch>    (empty) index of unfinished xids: all that recovery reads
+      live/<epoch>.<holder>  (ephemeral) an open xid's writer is alive (liveness.py)
       xids/<epoch>    xid record (state, generation, attempt, winners, metrics, history)
         publisher/<lock node>        publish lease (ephemeral; coordinator/publish_lease.py)
         branches/<branch>            branch record (state, attempt, owner, manifest)
@@ -17,8 +18,10 @@ One sink's tree (``root`` defaults to ``/txsink``; a kazoo chroot may sit above 
 
 Names are escaped (:func:`escape`) so any sink id, branch id or ledger key is one valid
 znode name; epochs are zero-padded to 20 digits so that child order is epoch order.
-Records are plain persistent znodes; the one ephemeral node is the publish lease, which
-must die with its holder's session. No containers or TTL nodes: ClickHouse Keeper serves
+Records are plain persistent znodes; the ephemeral nodes are the publish lease and the
+writers' liveness holders, which must die with their holder's session. ``live`` is
+created on first use (trees made before it existed lack it), so it is not part of
+:meth:`SinkLayout.initial`. No containers or TTL nodes: ClickHouse Keeper serves
 the same tree.
 """
 
@@ -104,12 +107,16 @@ class SinkLayout:
         self.xids = f"{self.sink}/xids"
         self.stream = f"{self.sink}/stream"  # absent until a streaming query writes
         self.txn_version = f"{self.sink}/txn_version"  # absent until a versioned commit
+        self.live = f"{self.sink}/live"  # absent until a writer holds an xid (liveness.py)
 
     def xid(self, epoch: int) -> str:
         return f"{self.xids}/{epoch_name(epoch)}"
 
     def open_marker(self, epoch: int) -> str:
         return f"{self.open}/{epoch_name(epoch)}"
+
+    def live_holder(self, epoch: int, holder: str) -> str:
+        return f"{self.live}/{epoch_name(epoch)}.{escape(holder)}"
 
     def publisher(self, epoch: int) -> str:
         return f"{self.xid(epoch)}/publisher"

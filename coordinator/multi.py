@@ -75,8 +75,9 @@ class Multi:
         self._tx.check(path, version)
         return self._add(label, path, b"")
 
-    def create(self, path: str, data: bytes = b"", label: str = "create") -> Multi:
-        self._tx.create(path, data)
+    def create(self, path: str, data: bytes = b"", label: str = "create",
+               ephemeral: bool = False) -> Multi:
+        self._tx.create(path, data, ephemeral=ephemeral)
         return self._add(label, path, data)
 
     def set_data(self, path: str, data: bytes, version: int, label: str) -> Multi:

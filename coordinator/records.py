@@ -70,7 +70,10 @@ class XidRecord:
     ``winners`` is the decision written with ``Committing``; ``selected`` accumulates
     branches chosen by :meth:`Coordinator.select` before the decision; ``history`` lists
     every state entered, with time, generation and attempt; ``txn_version`` is the batch
-    job's idempotency version, written with the decision (None: not given).
+    job's idempotency version, written with the decision (None: not given);
+    ``liveness`` is ``"session"`` when the writer that began the attempt holds a live
+    node for it until the decision (``coordinator/liveness.py``), None when nobody does
+    (a streaming xid, an adopted one, or one recorded before liveness existed).
     """
 
     sink_id: str
@@ -86,6 +89,7 @@ class XidRecord:
     metrics: dict[str, Any] = field(default_factory=dict)
     history: tuple[dict[str, Any], ...] = ()
     txn_version: int | None = None
+    liveness: str | None = None
     version: int = field(default=-1, compare=False)
 
     @property
@@ -130,6 +134,7 @@ class XidRecord:
             "selected": list(self.selected), "metrics": self.metrics,
             "history": list(self.history),
             **({"txn_version": self.txn_version} if self.txn_version is not None else {}),
+            **({"liveness": self.liveness} if self.liveness is not None else {}),
         }, f"xid {self.xid}")
 
     @classmethod
@@ -142,7 +147,7 @@ class XidRecord:
             decided_at=raw.get("decided_at"), winners=tuple(raw.get("winners", ())),
             selected=tuple(raw.get("selected", ())), metrics=dict(raw.get("metrics", {})),
             history=tuple(raw.get("history", ())), txn_version=raw.get("txn_version"),
-            version=version,
+            liveness=raw.get("liveness"), version=version,
         )
 
 

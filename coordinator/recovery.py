@@ -5,7 +5,10 @@ one of every two-phase commit: a decided xid is finished in the direction it was
 decided — ``Committing`` is published (never rolled back), ``Aborting`` is rolled back —
 and an undecided one is aborted if its owner is gone, i.e. it belongs to a generation
 older than the recovering writer's. Undecided xids of the current generation are live
-work and are left alone.
+work and are left alone, unless the caller asks for abandoned xids too (``txsink
+recover`` and ``txsink gc`` do): then an xid whose writer's liveness holders are all gone
+(``coordinator/liveness.py``) is rolled back as well, guarded by the version it was
+judged at.
 
 Recovery never takes a decided xid from a live actor: it finishes an xid only while it
 holds the xid's publish lease, and reports an xid whose lease another live actor holds as
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 from coordinator.callbacks import BranchCallback
 from coordinator.completion import Completion
 from coordinator.errors import CoordinatorError, Fenced, PublishInProgress, RecoveryIncomplete
+from coordinator.liveness import Verdict
 from coordinator.publish_lease import PublishLease
 from coordinator.records import XidRecord
 from coordinator.states import XidState
@@ -41,7 +45,9 @@ FAILED = "failed"
 
 _ORDER = {XidState.COMMITTING: 0, XidState.ABORTING: 1, XidState.INITIALIZED: 2}
 
-AbortIfOlder = Callable[[int, int, int, BranchCallback], "XidRecord | None"]
+AbortIfOlder = Callable[[int, int, "int | None", BranchCallback, "int | None"],
+                       "XidRecord | None"]
+Judge = Callable[[XidRecord], Verdict]
 LeaseFor = Callable[[int], AbstractContextManager[PublishLease]]
 
 
@@ -91,11 +97,13 @@ class Recovery:
     """
 
     def __init__(self, store: SinkStore, completion: Completion,
-                 abort_if_older: AbortIfOlder, lease_for: LeaseFor) -> None:
+                 abort_if_older: AbortIfOlder, lease_for: LeaseFor,
+                 judge: Judge | None = None) -> None:
         self.store = store
         self.completion = completion
         self.abort_if_older = abort_if_older
         self.lease_for = lease_for
+        self.judge = judge  # None: the current generation's xids are all left alone
 
     def run(self, generation: int, publish: BranchCallback, rollback: BranchCallback,
             older_than: int, raise_on_failure: bool) -> RecoveryReport:
@@ -117,9 +125,17 @@ class Recovery:
             if record.state in (XidState.COMMITTING, XidState.ABORTING):
                 return self._finish(record, generation, publish, rollback)
             if record.state is XidState.INITIALIZED and record.generation < older_than:
-                done = self.abort_if_older(record.epoch, generation, older_than, rollback)
+                done = self.abort_if_older(record.epoch, generation, older_than, rollback, None)
                 return None if done is None else self._action(
                     record, ROLLED_BACK, f"undecided, generation {record.generation}")
+            if record.state is XidState.INITIALIZED and self.judge is not None:
+                verdict = self.judge(record)
+                if not verdict.abandoned:
+                    return None
+                done = self.abort_if_older(record.epoch, generation, None, rollback,
+                                           record.version)
+                return None if done is None else self._action(
+                    record, ROLLED_BACK, f"{verdict.detail()}, {verdict.age_s:.0f} s old")
         except Fenced:
             raise  # a newer writer took over: it recovers, not us
         except PublishInProgress as exc:

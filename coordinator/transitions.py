@@ -36,6 +36,7 @@ from coordinator.errors import (
     XidDecided,
 )
 from coordinator.fencing import Generation, settle
+from coordinator.liveness import WATCHED, Liveness
 from coordinator.multi import CONFLICT_RETRIES, Multi, MultiFailed
 from coordinator.records import BranchRecord, XidRecord, decode, encode
 from coordinator.retention import Retention
@@ -67,9 +68,14 @@ class Transitions:
 
     # -- public steps ------------------------------------------------------------------
 
-    def begin(self, epoch: int, generation: int) -> XidState:
-        return self._run(epoch, generation,
-                         lambda _: self._begin_once(self._read(epoch, False), epoch, generation))
+    def begin(self, epoch: int, generation: int,
+              holder: tuple[str, bytes] | None = None) -> XidState:
+        """``holder`` (name, data): a new xid is created watched, with this session's
+        liveness holder in the same multi-op (``coordinator/liveness.py``)."""
+        if holder is not None:
+            Liveness(self.store).ensure()
+        return self._run(epoch, generation, lambda _: self._begin_once(
+            self._read(epoch, False), epoch, generation, holder))
 
     def register(self, epoch: int, branch_id: str, generation: int,
                  owner: dict[str, Any]) -> None:
@@ -94,12 +100,14 @@ class Transitions:
         return self._run(epoch, generation, lambda cached: self._commit_once(
             epoch, generation, winners, txn_version, cached))
 
-    def decide_abort(self, epoch: int, generation: int, older_than: int | None = None
-                     ) -> tuple[XidRecord, bool]:
+    def decide_abort(self, epoch: int, generation: int, older_than: int | None = None,
+                     judged_version: int | None = None) -> tuple[XidRecord, bool]:
         """Write ``Aborting``. With ``older_than`` (recovery), only while the xid still
-        belongs to an older generation; otherwise it is returned untouched."""
-        return self._run(epoch, generation,
-                         lambda cached: self._abort_once(epoch, generation, older_than, cached))
+        belongs to an older generation; with ``judged_version`` (an abandoned xid), only
+        while the xid is still the record judged abandoned. Otherwise it is returned
+        untouched."""
+        return self._run(epoch, generation, lambda cached: self._abort_once(
+            epoch, generation, older_than, judged_version, cached))
 
     def record_metrics(self, epoch: int, metrics: dict[str, Any]) -> None:
         normalized = json.loads(json.dumps(metrics))
@@ -107,19 +115,21 @@ class Transitions:
 
     # -- one try of each step (raise MultiFailed to be re-run from a fresh read) --------
 
-    def _begin_once(self, record: XidRecord | None, epoch: int, generation: int) -> XidState:
+    def _begin_once(self, record: XidRecord | None, epoch: int, generation: int,
+                    holder: tuple[str, bytes] | None) -> XidState:
         if record is None:
             if Retention(self.store).was_pruned_committed(epoch):
                 # committed long ago, record pruned: a replay must not write it again
                 return XidState.COMMITTED
-            return self._create(epoch, generation)
+            return self._create(epoch, generation, holder)
         if record.state is XidState.INITIALIZED:
             if record.generation > generation:
                 raise Fenced(f"xid {record.xid} belongs to generation {record.generation}; "
                              f"generation {generation} is stale")
             if record.generation < generation:  # adopt: recovery by us must leave it alone
-                self._write(record, generation, record.moved_to(
-                    XidState.INITIALIZED, generation, event="adopted", generation=generation))
+                self._write(record, generation, record.moved_to(  # its old holders: not ours
+                    XidState.INITIALIZED, generation, event="adopted", generation=generation,
+                    liveness=None))
             return XidState.INITIALIZED
         if record.state is XidState.ABORTED:
             if generation <= record.generation:
@@ -127,8 +137,8 @@ class Transitions:
                                  "only a newer generation may start a new attempt")
             self._write(record, generation, record.moved_to(
                 XidState.INITIALIZED, generation, event="new_attempt", generation=generation,
-                attempt=record.attempt + 1, winners=(), selected=(), decided_at=None),
-                reopen=True)
+                attempt=record.attempt + 1, winners=(), selected=(), decided_at=None,
+                liveness=None), reopen=True)
             return XidState.INITIALIZED
         return record.state  # Committing, Committed, Aborting: the caller writes nothing
 
@@ -210,8 +220,8 @@ class Transitions:
         return self._write(record, generation, decided), True, known
 
     def _abort_once(self, epoch: int, generation: int, older_than: int | None,
-                    cached: bool) -> tuple[XidRecord, bool]:
-        record = self._require(epoch, cached)
+                    judged_version: int | None, cached: bool) -> tuple[XidRecord, bool]:
+        record = self._require(epoch, cached and judged_version is None)
         if record.state in (XidState.COMMITTING, XidState.COMMITTED):
             raise XidDecided(f"xid {record.xid} is {record.state.value}: it will be "
                              "published, it cannot be aborted")
@@ -219,6 +229,8 @@ class Transitions:
             return record, False
         if older_than is not None and record.generation >= older_than:
             return record, False  # adopted by a current writer meanwhile: leave it
+        if judged_version is not None and record.version != judged_version:
+            return record, False  # changed since it was judged abandoned: judge again
         return self._write(record, generation, record.moved_to(
             XidState.ABORTING, generation, decided_at=time.time())), True
 
@@ -267,14 +279,19 @@ class Transitions:
     def _fenced(self, generation: int) -> Multi:
         return self.sink_generation.guard(Multi(self.store.client), generation)
 
-    def _create(self, epoch: int, generation: int) -> XidState:
+    def _create(self, epoch: int, generation: int,
+                holder: tuple[str, bytes] | None) -> XidState:
         now = time.time()
         record = XidRecord(self.store.sink_id, epoch, XidState.UNKNOWN, generation,
-                           created=now, updated=now).moved_to(XidState.INITIALIZED, generation)
+                           created=now, updated=now,
+                           liveness=WATCHED if holder else None,
+                           ).moved_to(XidState.INITIALIZED, generation)
         multi = self._fenced(generation)
         multi.create(self.layout.xid(epoch), record.to_bytes(), label="xid")
         multi.create(self.layout.branches(epoch), label="branches")
         multi.create(self.layout.open_marker(epoch), label="open")
+        if holder is not None:  # watched from its first instant: no window to misjudge
+            Liveness(self.store).add_to(multi, epoch, *holder)
         multi.commit()
         self._remember(replace(record, version=0))
         return XidState.INITIALIZED

@@ -75,6 +75,20 @@ def test_status_shows_rows_and_branches_of_an_epoch_finished_by_recovery(zk, zk_
     assert "epoch 0: 42 rows, 2 branches, finished by recovery" in done.stdout
 
 
+def test_status_claims_no_recovery_for_a_commit_without_recorded_metrics(zk, zk_hosts,
+                                                                       zk_chroot):
+    """A writer that committed but recorded no metrics (killed right after its
+    ``Committed`` write) was not finished by recovery: status says it does not know."""
+    coord = Coordinator(zk, "nightly")
+    generation = coord.fence()
+    coord.begin(0, generation)
+    coord.commit(0, generation, [], publish=lambda b: None, rollback=lambda b: None)
+    done = txsink("status", "--zookeeper", zk_hosts + zk_chroot, "--sink", "nightly")
+    assert done.returncode == 0, done.stderr
+    assert "finished by recovery" not in done.stdout
+    assert "no timings recorded" in done.stdout
+
+
 def test_every_option_of_every_command_has_help_text():
     from txsink.cli import build_parser
 

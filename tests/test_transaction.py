@@ -76,3 +76,25 @@ def test_two_tables_of_different_columns_commit_together(
         tx.write(events_df(spark, 1000, 400).select("id", "day"), f"{server_db}.narrow")
     assert_exactly_once(server_url, facts, range(400))
     assert_exactly_once(server_url, f"{server_db}.narrow", range(1000, 1400))
+
+
+def test_status_shows_a_transaction_commit_finished_by_its_writer_with_timings(
+        spark, server_url, zk_hosts, zk_chroot, tables):
+    """Recovery is claimed only where recovery finished an xid: the transaction's own
+    commit records its timings like a batch job's."""
+    from txsink.operations import Operations, render
+
+    facts, daily = tables
+    with txsink.transaction(spark, url=server_url, zookeeper=zk_hosts + zk_chroot,
+                            sink_id="nightly") as tx:
+        tx.write(events_df(spark, 0, 50), facts)
+        tx.write(events_df(spark, 100, 30), daily)
+    ops = Operations(zk_hosts + zk_chroot)
+    try:
+        status = ops.status("nightly")
+    finally:
+        ops.close()
+    [recent] = status["sinks"][0]["recent"]
+    assert recent["finished_by"] == "writer" and recent["rows"] == 80
+    assert recent["commit_ms"] >= 0 and recent["latency_ms"] >= recent["commit_ms"]
+    assert "finished by recovery" not in render("status", status)

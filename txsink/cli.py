@@ -4,12 +4,12 @@
         [--shards N --replicas M]       ... plus an N×M ClickHouse cluster (txsink_cluster)
         [--modern | --modern-only]      ... plus (or only) a modern ClickHouse 26.x (chdb)
     txsink status  --zookeeper H        sinks, last committed epoch, open xids, metrics
-    txsink recover --zookeeper H --url U   roll committing xids forward, undecided back
+    txsink recover --zookeeper H --url U   roll committing xids forward, abandoned back
         [--sink S --epoch E] [--strategy T]  ... one xid; publish with T where the
                                         recorded strategy cannot run on the server
     txsink resolve ... --attached yes|no   an operator's decision on an in-doubt partition
     txsink resolve ... --give-up           give up partitions that can never be published
-    txsink gc      --zookeeper H --url U   drop staging tables of finished xids
+    txsink gc      --zookeeper H --url U   roll back abandoned xids; drop leftover staging
     txsink verify  --zookeeper H --url U   audit every sink's history, and its targets'
                                         rows against what its committed xids put there
     txsink reset   --sink S --forget-epochs | --committed-through N
@@ -117,9 +117,10 @@ def _operations(args: argparse.Namespace) -> int:
     )
     try:
         if args.command == "status":
-            result = ops.status(args.sink)
+            result = ops.status(args.sink, unwatched_after=args.abandoned_after)
         elif args.command == "recover":
-            result = ops.recover(args.sink, args.epoch, args.strategy)
+            result = ops.recover(args.sink, args.epoch, args.strategy,
+                                 unwatched_after=args.abandoned_after)
         elif args.command == "resolve" and args.give_up:
             result = ops.give_up(args.sink, args.epoch, args.branch, args.partition,
                                  reason=args.reason or "")
@@ -133,7 +134,8 @@ def _operations(args: argparse.Namespace) -> int:
                        if args.shards else None)
             forget = args.forget_one_off_sinks_after
             result = ops.gc(args.grace, args.prune_older_than, servers,
-                            operations.ONE_OFF_RETENTION if forget is None else forget or None)
+                            operations.ONE_OFF_RETENTION if forget is None else forget or None,
+                            unwatched_after=args.abandoned_after)
         elif args.command == "reset":
             result = ops.reset(args.sink, args.forget_epochs, args.committed_through)
         else:
@@ -154,6 +156,8 @@ def _operations(args: argparse.Namespace) -> int:
     if args.command == "status" and any(s["in_doubt"] for s in result["sinks"]):
         return 3
     if args.command in ("recover", "resolve") and any(s["failed"] for s in result["sinks"]):
+        return 3
+    if args.command == "gc" and result["abandoned"]["failed"]:
         return 3
     return 0
 
@@ -266,6 +270,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = ops_parser("status", "sinks, committed epochs, in-doubt xids, metrics", url=False)
     status.add_argument("--sink", help="only this sink id")
+    abandoned_after = (
+        "also count as abandoned an undecided xid that no writer watches (a streaming "
+        "micro-batch, or one begun before writers recorded their liveness) once it has not "
+        "changed for this many seconds; without it such xids are left")
+    status.add_argument("--abandoned-after", type=_seconds, default=None, metavar="SECONDS",
+                        help=abandoned_after)
     recover = ops_parser("recover", "finish or roll back unfinished xids", url=True)
     recover.add_argument("--sink", help="only this sink id")
     recover.add_argument("--epoch", type=_count, default=None,
@@ -275,6 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="publish the winners of --sink's Committing xids (or --epoch's) "
                               "whose recorded strategy the server cannot run with this one "
                               "(recorded; see docs/operations.md)")
+    recover.add_argument("--abandoned-after", type=_seconds, default=None, metavar="SECONDS",
+                         help=abandoned_after + " (rolled back)")
     resolve = ops_parser("resolve", "decide an in-doubt partition, or give partitions up",
                          url=True)
     resolve.add_argument("--sink", required=True, help="the sink id of the in-doubt xid")
@@ -304,6 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="remove the whole record of a one-off sink (a batch job without "
                          "sink_id) with nothing open and idle this long (default 7 days; "
                          "0: never)")
+    gc.add_argument("--abandoned-after", type=_seconds, default=None, metavar="SECONDS",
+                    help=abandoned_after + " (rolled back)")
     verify = ops_parser("verify", "audit the history; compare targets with committed rows",
                         url=True)
     verify.add_argument("--sink", help="only this sink id")

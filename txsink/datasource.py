@@ -23,7 +23,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from coordinator import Fenced
-from txsink import driver
+from txsink import driver, keeper
 from txsink.branch import streaming_epoch, write_branch
 from txsink.messages import SkippedMessage
 from txsink.operations import explain_blocked
@@ -79,13 +79,14 @@ class ClickHouseTxDataSource(DataSource):
                                  covered_by_txn=covered, views=checked.views,
                                  view_strategies=checked.view_strategies)
             epoch = coord.allocate_epoch()
-            try:
-                coord.begin(epoch, generation)
+            try:  # watched: a job killed before its decision is rolled back by gc
+                coord.begin(epoch, generation, hold="batch driver")
             except Fenced as exc:  # another job of the sink started right after us
                 taken = coord.taken_over(generation, exc)
                 if taken is None:
                     raise
                 raise taken from exc
+            keeper.hand_over(options, coord, epoch)  # outlives this planner worker
         return WritePlan(options, sink_id, generation, checked.strategy, overwrite,
                          checked.columns, epoch, checked.layout, checked.table,
                          views=checked.views, view_strategies=checked.view_strategies)

@@ -177,6 +177,7 @@ def epoch_metrics(messages: Sequence[BranchMessage], commit_started: float,
         "cleanup_ms": round((now - committed_at) * 1000, 1),
         "latency_ms": round((committed_at - first_write) * 1000, 1),
         "committed_at": now,
+        "finished_by": "writer",
     }
 
 

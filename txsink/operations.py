@@ -1,9 +1,11 @@
 """Operator commands behind ``txsink status | recover | gc | verify``.
 
 Each returns plain data (for ``--json``) and :func:`render` turns it into the text an
-operator reads. None of them fences a sink: ``recover`` finishes ``Committing`` xids and
-rolls back undecided xids of generations older than the sink's current one, so it is
-safe while a writer runs; the writer's own in-flight xid is left alone.
+operator reads. None of them fences a sink: ``recover`` (and ``gc``, first) finishes
+``Committing`` xids and rolls back undecided xids that are abandoned
+(``coordinator/liveness.py``: of an older generation, or whose writer's liveness holders
+are all gone), so it is safe while a writer runs; a live writer's in-flight xid is left
+alone.
 
 A ``Committing`` xid is decided: it is never aborted, only published. When its publish
 can never succeed, the operator has two recorded ways out (``recover`` prints which one
@@ -41,6 +43,7 @@ from coordinator import (
     audit,
     tls_hint,
 )
+from coordinator.liveness import Verdict
 from coordinator.recovery import FAILED, IN_PROGRESS, ROLLED_BACK, ROLLED_FORWARD, RecoveryAction
 from server_ext.capabilities import strategy_problem
 from server_ext.client import ClickHouseClient
@@ -204,12 +207,14 @@ class Operations:
     def _coordinator(self, sink_id: str) -> Coordinator:
         return Coordinator(self.zk, sink_id, root=self.root, role="txsink operator")
 
-    def status(self, sink: str | None = None, recent: int = 5) -> dict[str, Any]:
+    def status(self, sink: str | None = None, recent: int = 5,
+               unwatched_after: float | None = None) -> dict[str, Any]:
         now = time.time()
         sinks = []
         for sink_id in self._sinks(sink, must_exist=True):
             coord = self._coordinator(sink_id)
             open_xids = coord.xids(states=OPEN_STATES)
+            verdicts = {v.record.epoch: v for v in coord.verdicts(unwatched_after)}
             every_committed = coord.xids(states=(XidState.COMMITTED,))
             committed = every_committed[-recent:]
             sinks.append({
@@ -218,20 +223,23 @@ class Operations:
                 "last_committed": coord.last_committed(),
                 "open": [
                     {"epoch": x.epoch, "state": x.state.value,
-                     "age_s": round(now - x.created, 1), "winners": list(x.winners)}
+                     "age_s": round(now - x.created, 1), "winners": list(x.winners),
+                     **_liveness(coord, verdicts.get(x.epoch))}
                     for x in open_xids
                 ],
                 "in_doubt": [x.epoch for x in open_xids if x.state == XidState.COMMITTING],
-                "recent": [{"epoch": x.epoch, **(x.metrics if "rows" in x.metrics
-                                                 else _recovered_metrics(coord, x))}
-                           for x in committed],
+                "recent": [{"epoch": x.epoch, **_commit_metrics(coord, x)} for x in committed],
                 "operator_decisions": _decisions(open_xids, every_committed),
             })
         return {"sinks": sinks, **self._protected_note()}
 
     def recover(self, sink: str | None = None, epoch: int | None = None,
-                strategy: str | None = None) -> dict[str, Any]:
-        """Finish unfinished xids; with ``epoch`` only that xid of ``sink``; with
+                strategy: str | None = None,
+                unwatched_after: float | None = None) -> dict[str, Any]:
+        """Finish unfinished xids and roll back abandoned ones (``coordinator/liveness.py``:
+        the writer's session gone, its generation superseded, or, with
+        ``unwatched_after``, an unwatched xid not updated for that many seconds); a live
+        writer's xid is left. With ``epoch`` only that xid of ``sink``; with
         ``strategy`` publish its winners whose recorded strategy the server cannot run
         with ``strategy`` instead.
 
@@ -281,7 +289,8 @@ class Operations:
                 publisher = BranchPublisher(self.client_for, coord)
                 actions = list(coord.recover(publish=publisher.publish,
                                              rollback=publisher.rollback,
-                                             raise_on_failure=False).actions)
+                                             raise_on_failure=False, abandoned=True,
+                                             unwatched_after=unwatched_after).actions)
                 publisher.drain()
             else:
                 actions = self._finish_decided(coord, epoch, strategy)
@@ -583,8 +592,15 @@ class Operations:
 
     def gc(self, grace_seconds: float, prune_older_than: float | None,
            servers: list[str] | None = None,
-           forget_one_off_after: float | None = ONE_OFF_RETENTION) -> dict[str, Any]:
-        """Sweep ``servers`` (every server of a sharded target; default ``--url``).
+           forget_one_off_after: float | None = ONE_OFF_RETENTION,
+           unwatched_after: float | None = None) -> dict[str, Any]:
+        """Roll back abandoned xids, then sweep ``servers`` (every server of a sharded
+        target; default ``--url``).
+
+        First every sink's abandoned xids are rolled back as ``recover`` does (their
+        branches' staging and staging views dropped through ``BranchPublisher.rollback``,
+        the xid ``Aborted``); ``abandoned`` lists them, and every undecided xid left
+        with why. Then the sweep drops what no xid accounts for any more.
 
         Drops only this root's staging (see ``server_ext.sweeper``); every table of the
         staging database that belongs to another root, has no root tag or is not a
@@ -592,6 +608,7 @@ class Operations:
         one-off sinks (batch jobs without ``sink_id``) idle for ``forget_one_off_after``
         seconds, after their staging was swept.
         """
+        abandoned = self._roll_back_abandoned(unwatched_after)
         dropped: list[str] = []
         foreign: list[dict[str, Any]] = []
         for url in servers or [None]:
@@ -612,8 +629,43 @@ class Operations:
                 if age is not None:
                     forgotten[sink_id] = round(age)
         return {"root": self.root_identity, "root_tag": root_tag(self.root_identity),
+                "abandoned": abandoned,
                 "dropped_staging": dropped, "foreign_staging": foreign, "pruned": pruned,
                 "forgotten_sinks": forgotten, **self._protected_note()}
+
+    def _roll_back_abandoned(self, unwatched_after: float | None) -> dict[str, Any]:
+        """gc's first step: per sink, the xids rolled back as abandoned (with their
+        staging), those that could not be, and every undecided xid left, with why."""
+        rolled: list[dict[str, Any]] = []
+        failed: list[dict[str, Any]] = []
+        left: list[dict[str, Any]] = []
+        for sink_id in self._sinks(None):
+            coord = self._coordinator(sink_id)
+            verdicts = {v.record.epoch: v for v in coord.verdicts(unwatched_after)}
+            staging = {e: _staging_of(coord, e) for e, v in verdicts.items() if v.abandoned}
+            publisher = BranchPublisher(self.client_for, coord)
+            try:
+                report = coord.recover(publish=publisher.publish, rollback=publisher.rollback,
+                                       raise_on_failure=False, abandoned=True,
+                                       unwatched_after=unwatched_after)
+            finally:
+                publisher.drain()
+            done = {a.epoch: a for a in report.actions
+                    if a.from_state is XidState.INITIALIZED}
+            for epoch, verdict in sorted(verdicts.items()):
+                entry = {"sink_id": sink_id, "epoch": epoch, "reason": verdict.reason,
+                         "detail": verdict.detail(), "age_s": verdict.age_s}
+                action = done.get(epoch)
+                if action is not None and action.action == ROLLED_BACK:
+                    rolled.append({**entry, "staging": staging.get(epoch, [])})
+                elif action is not None:
+                    failed.append({**entry, "detail": str(action)})
+                elif verdict.abandoned:
+                    left.append({**entry, "detail": "changed since it was judged "
+                                 "abandoned (adopted or decided meanwhile)"})
+                else:
+                    left.append(entry)
+        return {"rolled_back": rolled, "failed": failed, "left": left}
 
     def verify(self, sink: str | None = None, committing_older_than: float = 300.0,
                target: bool = True, writers: Writers = "unknown") -> dict[str, Any]:
@@ -714,6 +766,14 @@ def render(command: str, result: dict[str, Any]) -> str:
                         f"ZooKeeper credentials (TXSINK_ZOOKEEPER_AUTH): {', '.join(protected)}"
                         ] if protected else []
     if command == "gc":
+        abandoned = result.get("abandoned", {})
+        for a in abandoned.get("rolled_back", []):
+            lines.append(f"rolled back abandoned xid {a['sink_id']}/{a['epoch']} ({a['detail']}, "
+                         f"{a['age_s']:.0f} s old); staging: {', '.join(a['staging']) or 'none'}")
+        for a in abandoned.get("failed", []):
+            lines.append(f"NOT rolled back: {a['detail']}")
+        for a in abandoned.get("left", []):
+            lines.append(f"left undecided xid {a['sink_id']}/{a['epoch']}: {a['detail']}")
         lines.append(f"root {result['root']} (staging tag r{result['root_tag']}): "
                      f"dropped {len(result['dropped_staging'])} staging table(s)")
         lines += [f"  {name}" for name in result["dropped_staging"]]
@@ -737,9 +797,16 @@ def render(command: str, result: dict[str, Any]) -> str:
                          f"last committed epoch {sink['last_committed']}")
             for x in sink["open"]:
                 flag = "  IN DOUBT: run txsink recover" if x["epoch"] in sink["in_doubt"] else ""
+                if x.get("abandoned"):
+                    flag = (f"  ABANDONED ({x['liveness_detail']}): txsink recover or gc rolls "
+                            f"it back; staging: {', '.join(x['staging']) or 'none recorded'}")
+                elif x.get("liveness"):
+                    flag = f"  ({x['liveness_detail']})"
                 lines.append(f"  epoch {x['epoch']}: {x['state']} for {x['age_s']}s{flag}")
             for m in sink["recent"]:
                 timing = ("finished by recovery" if m.get("finished_by") == "recovery" else
+                          "no timings recorded (finished by an unknown actor)"
+                          if m.get("finished_by") == "unknown" else
                           f"commit {m.get('commit_ms', '?')} ms, "
                           f"latency {m.get('latency_ms', '?')} ms")
                 lines.append(f"  epoch {m['epoch']}: {m.get('rows', '?')} rows, "
@@ -759,11 +826,45 @@ def render(command: str, result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _recovered_metrics(coord: Coordinator, record: XidRecord) -> dict[str, Any]:
-    """What the winners' records say of an xid that recovery finished (its driver died
-    before recording the epoch's metrics): rows and task branches, no timings."""
+def _staging_of(coord: Coordinator, epoch: int) -> list[str]:
+    """The staging tables (and staging views) the xid's branches recorded as theirs."""
+    names = []
+    for branch in coord.branches(epoch):
+        names += [branch.owner[k] for k in ("staging", "view") if branch.owner.get(k)]
+    return sorted(names)
+
+
+def _liveness(coord: Coordinator, verdict: Verdict | None) -> dict[str, Any]:
+    """``status``'s view of an undecided xid: abandoned or not, why, and its staging."""
+    if verdict is None:
+        return {}
+    found: dict[str, Any] = {"abandoned": verdict.abandoned, "liveness": verdict.reason,
+                             "liveness_detail": verdict.detail()}
+    if verdict.abandoned:
+        found["staging"] = _staging_of(coord, verdict.record.epoch)
+    return found
+
+
+def _commit_metrics(coord: Coordinator, record: XidRecord) -> dict[str, Any]:
+    """A committed xid's figures as ``status`` shows them, and who finished it.
+
+    The writer records its metrics (``finished_by: writer``) right after its commit;
+    recovery marks the xids it published (``finished_by: recovery``). Where neither is
+    recorded (a writer killed between its ``Committed`` write and its metrics, or a
+    record older than these marks) nothing is claimed: ``finished_by`` is ``unknown``.
+    Rows and branches come from the winners' records when the writer did not record
+    them.
+    """
+    if "rows" in record.metrics and record.metrics.get("finished_by") != "recovery":
+        return {"finished_by": "writer", **record.metrics}
+    return {"finished_by": "unknown", **_winners_metrics(coord, record)}
+
+
+def _winners_metrics(coord: Coordinator, record: XidRecord) -> dict[str, Any]:
+    """What the winners' records say of an xid whose writer recorded no metrics:
+    rows and task branches, no timings."""
     payloads = [from_record(b.manifest) for b in coord.branches(record.epoch, record.winners)]
-    return {**record.metrics, "finished_by": "recovery",
+    return {**record.metrics,
             "rows": sum(p.rows for p in payloads if p is not None),
             "branches": sum(len(p.sources) if isinstance(p, CombinedBranch) and p.sources
                             else 1 for p in payloads if p is not None)}

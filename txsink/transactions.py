@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from pyspark.sql import DataFrame, SparkSession
 
+from coordinator import XidRecord
 from txsink import driver
 from txsink.operations import explain_blocked
 from txsink.options import (
@@ -35,6 +37,7 @@ from txsink.options import (
     credentials_from,
     parse_options,
 )
+from txsink.payload import CombinedBranch, from_record
 from txsink.plan import check_server_options
 
 log = logging.getLogger(__name__)
@@ -59,7 +62,9 @@ class Transaction:
         if self.covered_by_txn is not None:
             return
         self.epoch = self.coord.allocate_epoch()
-        self.coord.begin(self.epoch, self.generation)
+        # watched by this process's session: a caller killed before the decision leaves
+        # an xid that txsink recover / gc roll back (coordinator/liveness.py)
+        self.coord.begin(self.epoch, self.generation, hold="transaction")
 
     def write(self, df: DataFrame, table: str, mode: str = "append") -> None:
         """Stage ``df`` for ``table``; visible only when the whole transaction commits."""
@@ -78,19 +83,49 @@ class Transaction:
             driver.log_covered(self.sink_id, self._parsed.txn_version, self.covered_by_txn)
             return
         publisher = driver.publisher_for(self._parsed, self.coord)
+        started = time.time()
         try:
-            self.coord.commit(self.epoch, self.generation, None, publish=publisher.publish,
-                              rollback=publisher.rollback, txn_version=self._parsed.txn_version)
+            final = self.coord.commit(self.epoch, self.generation, None,
+                                      publish=publisher.publish, rollback=publisher.rollback,
+                                      txn_version=self._parsed.txn_version)
         finally:
             publisher.drain()
-        log.info("txsink sink=%s epoch=%d committed tables=%s",
-                 self.sink_id, self.epoch, ",".join(self.tables))
+            self.coord.release(self.epoch)
+        metrics = self._metrics(final, started)
+        self.coord.record_metrics(self.epoch, metrics)
+        log.info("txsink sink=%s epoch=%d committed tables=%s rows=%d branches=%d "
+                 "commit_ms=%.0f cleanup_ms=%.0f latency_ms=%.0f", self.sink_id, self.epoch,
+                 ",".join(self.tables), metrics["rows"], metrics["branches"],
+                 metrics["commit_ms"], metrics["cleanup_ms"], metrics["latency_ms"])
+
+    def _metrics(self, final: XidRecord, started: float) -> dict:
+        """The epoch's figures, as a batch job records them (``driver.epoch_metrics``):
+        the writes' messages stayed in their own Spark jobs, so rows and branches come
+        from the winners' records, and latency runs from the xid's begin."""
+        now = time.time()
+        committed_at = min(max(final.updated, started), now)
+        winners = [from_record(b.manifest)
+                   for b in self.coord.branches(self.epoch, final.winners)]
+        return {
+            "rows": sum(p.rows for p in winners if p is not None),
+            "branches": sum(len(p.sources) if isinstance(p, CombinedBranch) and p.sources
+                            else 1 for p in winners if p is not None),
+            "tables": len(self.tables),
+            "commit_ms": round((committed_at - started) * 1000, 1),
+            "cleanup_ms": round((now - committed_at) * 1000, 1),
+            "latency_ms": round((committed_at - final.created) * 1000, 1),
+            "committed_at": now,
+            "finished_by": "writer",
+        }
 
     def abort(self) -> None:
         if self.covered_by_txn is not None:
             return
         publisher = driver.publisher_for(self._parsed, self.coord)
-        self.coord.abort(self.epoch, self.generation, rollback=publisher.rollback)
+        try:
+            self.coord.abort(self.epoch, self.generation, rollback=publisher.rollback)
+        finally:
+            self.coord.release(self.epoch)
         log.warning("txsink sink=%s epoch=%d aborted", self.sink_id, self.epoch)
 
 

@@ -1,0 +1,132 @@
+"""Writers killed between begin and decision are rolled back without a rerun; a live
+writer's open xid is never touched.
+
+Each killed writer is a driver of its own (``tests/jobs/abandoned_writer.py``) that a
+crash point kills whole (driver, JVM, Python workers) at a step between its xid's begin
+and its decision; nothing ever reruns it. Then the operator's ``txsink gc`` or
+``txsink recover`` runs once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import txsink
+from coordinator import Coordinator, XidState
+from tests.sinkutil import assert_exactly_once, create_events, events_df, id_counts, staging_tables
+from txsink import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def zookeeper(zk_hosts: str, zk_chroot: str) -> str:
+    return zk_hosts + zk_chroot
+
+
+def killed_writer(kind: str, url: str, zookeeper: str, table: str, point: str,
+                  once_dir: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "TXSINK_CRASH_AT": point,
+           "TXSINK_CRASH_MODE": "group", "TXSINK_CRASH_ONCE_DIR": str(once_dir)}
+    return subprocess.run(
+        [sys.executable, "-m", "tests.jobs.abandoned_writer", kind, url, zookeeper, table,
+         "400"], cwd=ROOT, capture_output=True, text=True, timeout=240, env=env,
+        start_new_session=True)
+
+
+def operator(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:
+    code = cli.main([*args, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def abandoned_status(capsys, zookeeper: str, timeout: float = 30.0) -> list[dict]:
+    """The open xids ``status`` marks abandoned, once there are any (the killed driver's
+    keeper notices the driver's death within a second)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        _, status = operator(capsys, "status", "--zookeeper", zookeeper)
+        found = [x for s in status["sinks"] for x in s["open"] if x.get("abandoned")]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
+
+
+def xid_states(zookeeper_client, sink_id: str) -> list[XidState]:
+    return [x.state for x in Coordinator(zookeeper_client, sink_id).xids()]
+
+
+def test_batch_job_killed_after_staging_its_rows_is_rolled_back_by_gc(
+        clickhouse_url, ch_db, zookeeper, zk, tmp_path, capsys):
+    """Driver host killed at ``branch.after_staging_write``: a batch job with a generated
+    sink id leaves an ``Initialized`` xid and its staging; one ``gc`` (with the default
+    grace, so the sweep drops nothing young) rolls it back: staging dropped, ``Aborted``."""
+    table = create_events(clickhouse_url, ch_db)
+    options = {"zookeeper": zookeeper}
+    killed = killed_writer("batch", clickhouse_url, zookeeper, table,
+                           "branch.after_staging_write", tmp_path)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert staging_tables(clickhouse_url, options), "the killed job staged nothing"
+    [xid] = abandoned_status(capsys, zookeeper)
+    assert xid["state"] == "Initialized" and xid["liveness"] == "writer_gone"
+    assert xid["staging"] and xid["age_s"] >= 0
+
+    code, result = operator(capsys, "gc", "--zookeeper", zookeeper, "--url", clickhouse_url)
+
+    assert code == 0
+    [rolled] = result["abandoned"]["rolled_back"]
+    assert rolled["reason"] == "writer_gone" and rolled["staging"] == xid["staging"]
+    assert staging_tables(clickhouse_url, options) == []
+    [sink_id] = Coordinator.sinks(zk)
+    assert xid_states(zk, sink_id) == [XidState.ABORTED]
+    assert id_counts(clickhouse_url, table) == {}
+
+
+def test_transaction_killed_before_its_commit_is_rolled_back_by_recover(
+        clickhouse_url, ch_db, zookeeper, zk, tmp_path, capsys):
+    """Driver killed at ``branch.after_prepare`` inside ``txsink.transaction()``: its
+    branches are prepared, the xid undecided; ``recover`` rolls it back."""
+    table = create_events(clickhouse_url, ch_db)
+    options = {"zookeeper": zookeeper}
+    killed = killed_writer("transaction", clickhouse_url, zookeeper, table,
+                           "branch.after_prepare", tmp_path)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert abandoned_status(capsys, zookeeper), "status shows no abandoned xid"
+
+    code, result = operator(capsys, "recover", "--zookeeper", zookeeper, "--url",
+                            clickhouse_url)
+
+    assert code == 0
+    [sink] = result["sinks"]
+    assert len(sink["actions"]) == 1 and "rolled_back" in sink["actions"][0]
+    assert staging_tables(clickhouse_url, options) == []
+    assert xid_states(zk, "tx-abandoned") == [XidState.ABORTED]
+    assert id_counts(clickhouse_url, table) == {}
+
+
+def test_live_writers_open_xid_is_left_by_gc_and_commits(
+        spark, clickhouse_url, ch_db, zookeeper, capsys):
+    """A transaction with a staged write, undecided while ``gc --grace 0`` runs: gc
+    leaves it and its staging (its writer's session lives), and it commits afterwards."""
+    table = create_events(clickhouse_url, ch_db)
+    options = {"zookeeper": zookeeper}
+    with txsink.transaction(spark, url=clickhouse_url, zookeeper=zookeeper,
+                            sink_id="live") as tx:
+        tx.write(events_df(spark, 0, 200), table)
+        staged = staging_tables(clickhouse_url, options)
+        assert staged
+
+        code, result = operator(capsys, "gc", "--zookeeper", zookeeper, "--url",
+                                clickhouse_url, "--grace", "0")
+
+        assert code == 0 and result["abandoned"]["rolled_back"] == []
+        [left] = result["abandoned"]["left"]
+        assert left["reason"] == "alive" and left["sink_id"] == "live"
+        assert set(staged) <= set(staging_tables(clickhouse_url, options))
+    assert_exactly_once(clickhouse_url, table, range(200))
