@@ -188,9 +188,14 @@ class ClickHouseClient:
     ) -> None:
         """INSERT ``body`` (already encoded in ``fmt``) into ``table`` (qualified, quoted).
 
-        ``encoding`` (``server_ext.compression.ENCODINGS``): send the body compressed, with
-        that ``Content-Encoding``; it is compressed once, before the first attempt, so it
-        is retried like bytes.
+        The statement, with its column list, opens the body (:func:`insert_statement`), so
+        a wide table's columns meet no URL limit; one longer than the server's default
+        ``max_query_size`` raises that setting for this INSERT.
+
+        ``encoding`` (``server_ext.compression.ENCODINGS``): send the body, statement
+        included, compressed with that ``Content-Encoding`` (both servers decompress it
+        before reading the statement); it is compressed once, before the first attempt,
+        so it is retried like bytes.
 
         A non-bytes body is streamed with chunked transfer encoding. An iterator (e.g. a
         generator) is retried only if the failure came before its first chunk was
@@ -202,16 +207,17 @@ class ClickHouseClient:
         caller must check.
         """
         params = self._params(settings, wait=False)
-        # No trailing newline: the server puts one between this text and the body, and
-        # skips only one before the data (a second would be read as data).
-        params["query"] = f"INSERT INTO {table}{column_list(columns)} FORMAT {fmt}"
+        query = insert_statement(table, columns, fmt)
+        if len(query) > DEFAULT_MAX_QUERY_SIZE:  # the server parses the text up to this
+            params["max_query_size"] = str(max(len(query) + 1,
+                                               int(params.get("max_query_size", 0))))
         attempt = _Attempt(purpose, may_repeat=retry, outcome_unknown_ok=retry and deduplicated)
         if encoding:
-            self._send(params, compress(body, encoding), attempt, encoding)
+            self._send(params, compress(_prefixed(query, body), encoding), attempt, encoding)
         elif isinstance(body, bytes | bytearray | memoryview):
-            self._send(params, bytes(body), attempt)
+            self._send(params, query + bytes(body), attempt)
         else:
-            self._send_stream(params, body, attempt)
+            self._send_stream(params, body, attempt, prefix=query)
 
     # -- request plumbing ----------------------------------------------------------------
 
@@ -243,14 +249,15 @@ class ClickHouseClient:
                                   lambda: self._post_once(params, data, attempt, encoding))
 
     def _send_stream(
-        self, params: dict[str, str], chunks: Iterable[bytes], attempt: _Attempt
+        self, params: dict[str, str], chunks: Iterable[bytes], attempt: _Attempt,
+        prefix: bytes = b"",
     ) -> None:
         replayable = not isinstance(chunks, Iterator)  # a list or a re-iterable object
 
         def once() -> requests.Response:
-            guard = _ReplayGuard(chunks)
+            guard = _ReplayGuard(chunks)  # watches the caller's chunks, not the prefix
             try:
-                return self._post_once(params, guard, attempt)
+                return self._post_once(params, _prefixed(prefix, guard), attempt)
             except ClickHouseError as exc:
                 if guard.started and not replayable:  # the consumed part cannot be resent
                     exc.retryable = False
@@ -283,7 +290,7 @@ class ClickHouseClient:
             ) from None
 
     def _post_once(
-        self, params: dict[str, str], data: bytes | _ReplayGuard, attempt: _Attempt,
+        self, params: dict[str, str], data: bytes | Iterator[bytes], attempt: _Attempt,
         encoding: str | None = None,
     ) -> requests.Response:
         query_id = f"txsink-{uuid.uuid4().hex}"
@@ -354,6 +361,36 @@ class ClickHouseClient:
         if self._password:
             text = text.replace(self._password, _REDACTED)
         return text
+
+
+# The server's default max_query_size (both servers): an INSERT whose text is longer
+# raises it for itself, as the text is parsed from the body only up to that many bytes.
+DEFAULT_MAX_QUERY_SIZE = 262_144
+
+
+def insert_statement(table: str, columns: list[str] | None, fmt: str) -> bytes:
+    """The text that opens an INSERT's body: ``INSERT INTO t (cols) FORMAT f`` and one
+    newline.
+
+    Why in the body and not in the URL's ``query`` parameter: a URL is limited (18.16
+    answers "Bad Request" to a request line over 16 KiB; 26.x takes a parameter of at most
+    ``http_max_field_value_size``, 128 KiB), and a wide table's column list exceeds that.
+    Without a ``query`` parameter the server reads the statement from the start of the
+    (decompressed) body, up to ``max_query_size`` bytes, and the data right after the one
+    newline that ends it: it skips only that newline, so binary data that starts with a
+    whitespace byte stays intact.
+    """
+    return f"INSERT INTO {table}{column_list(columns)} FORMAT {fmt}\n".encode()
+
+
+def _prefixed(prefix: bytes, body: bytes | Iterable[bytes]) -> Iterator[bytes]:
+    """``prefix`` followed by ``body``'s chunks, as one stream."""
+    if prefix:
+        yield prefix
+    if isinstance(body, bytes | bytearray | memoryview):
+        yield bytes(body)
+    else:
+        yield from body
 
 
 def header_problem(credential: str | None) -> str | None:

@@ -45,6 +45,47 @@ def test_insert_streams_an_iterator_body(client: ClickHouseClient, ch_db: str) -
     assert client.query_value(f"SELECT sum(x) FROM {table}", purpose="sum") == "6"
 
 
+def test_insert_columns_longer_than_a_url_allows_land(client: ClickHouseClient,
+                                                      ch_db: str) -> None:
+    # 18.16 answers "Bad Request" to a request line over 16 KiB; the statement is in the body
+    names = [f"c{i:03}_{'x' * 60}" for i in range(300)]  # a column list of ~20 KB
+    table = qualified_name(ch_db, "t")
+    columns = ", ".join(f"{quote_identifier(n)} UInt8" for n in names)
+    client.execute(f"CREATE TABLE {table} ({columns}) ENGINE = Memory", purpose="create table")
+    client.insert(table, ("\t".join("1" for _ in names) + "\n").encode(), fmt="TabSeparated",
+                  purpose="insert a wide row", columns=names)
+    assert client.query_value(f"SELECT {quote_identifier(names[-1])} FROM {table}",
+                              purpose="read") == "1"
+
+
+def test_insert_statement_longer_than_max_query_size_lands(client: ClickHouseClient,
+                                                            ch_db: str) -> None:
+    names = [f"c{i:04}_{'x' * 240}" for i in range(1100)]  # ~275 KB of columns > 256 KiB
+    table = qualified_name(ch_db, "t")
+    columns = ", ".join(f"{quote_identifier(n)} UInt8" for n in names)
+    client.execute(f"CREATE TABLE {table} ({columns}) ENGINE = Memory", purpose="create table",
+                   settings={"max_query_size": 10**6})
+    client.insert(table, ("\t".join("1" for _ in names) + "\n").encode(), fmt="TabSeparated",
+                  purpose="insert a wide row", columns=names)
+    assert client.query_value(f"SELECT count() FROM {table}", purpose="count") == "1"
+
+
+@pytest.mark.parametrize("encoding", [None, "gzip"])
+def test_insert_data_starting_with_a_line_break_byte_keeps_it(
+        client: ClickHouseClient, ch_db: str, encoding: str | None) -> None:
+    # A Native block of 10 columns starts with the byte 10 ('\n'): only the statement's own
+    # line break may be skipped
+    table = qualified_name(ch_db, "t")
+    names = [f"c{i}" for i in range(10)]
+    client.execute(f"CREATE TABLE {table} ({', '.join(f'{n} UInt8' for n in names)}) "
+                   "ENGINE = Memory", purpose="create table")
+    block = bytes([10, 1]) + b"".join(bytes([len(n)]) + n.encode() + b"\x05UInt8" + bytes([i])
+                                      for i, n in enumerate(names))
+    client.insert(table, block, fmt="Native", purpose="insert a block", columns=names,
+                  **({"encoding": encoding} if encoding else {}))
+    assert client.query_value(f"SELECT c9 FROM {table}", purpose="read") == "9"
+
+
 def test_every_request_gets_its_own_query_id(client: ClickHouseClient) -> None:
     ids = set()
     for _ in range(2):

@@ -30,6 +30,7 @@ from txsink.operations import explain_blocked
 from txsink.options import OptionError, parse_options
 from txsink.plan import (
     WritePlan,
+    check_insert_memory,
     check_publish,
     check_publishable,
     check_target,
@@ -61,6 +62,7 @@ class ClickHouseTxDataSource(DataSource):
         checked = replace(checked, strategy=check_publish(options, checked, overwrite),
                           view_strategies=view_strategies(options, checked))
         check_publishable(options, checked)
+        check_insert_memory(options, checked)
         sink_id = options.resolved_sink_id(streaming)
         if options.in_transaction():
             generation, epoch = options.tx_generation, options.tx_epoch

@@ -27,6 +27,7 @@ from server_ext.capabilities import (
     supported_strategies,
 )
 from server_ext.compression import encoding_problem
+from server_ext.insert_memory import memory_problem
 from server_ext.sharding import (
     Shard,
     ShardLayout,
@@ -306,6 +307,24 @@ def check_publishable(options: SinkOptions, checked: CheckedTarget) -> None:
                                                               checked.view_strategies,
                                                               strict=True))):
             problem = publish_problem(client, each, strategy)
+            if problem:
+                raise server_ext.UnsupportedTarget(
+                    f"cannot write into {each.qualified}{_on_shard(index, server, several)}: "
+                    f"{problem}. Nothing was staged")
+
+
+def check_insert_memory(options: SinkOptions, checked: CheckedTarget) -> None:
+    """Refuse, before any xid is opened or anything staged, a target (or view table) too
+    wide for one staging INSERT within its server's per-query memory limit
+    (``server_ext.insert_memory``: 18.16 holds ~2 MiB per column file, so its 4 GB limit
+    takes ~1,900 plain columns), on every shard. Found by the tasks, it would fail every
+    attempt after the xid was opened, with only the server's "Memory limit exceeded"."""
+    shards = checked.shard_tables or ((checked.table, options.url),)
+    several = len(shards) > 1
+    for index, (table, server) in enumerate(shards):
+        client = connections.clickhouse(options, server)
+        for each in (table, *(node.table for node in checked.views)):
+            problem = memory_problem(client, each)
             if problem:
                 raise server_ext.UnsupportedTarget(
                     f"cannot write into {each.qualified}{_on_shard(index, server, several)}: "
