@@ -12,8 +12,13 @@ reject it rejects one problem at a time, after staging already exists. So:
 - ``check_batch`` checks the values of one batch before any of it is sent, and raises
   ``InvalidValue`` naming the column, the first offending row and its value: a null into
   a non-Nullable column, an integer out of the column's range, a string longer than
-  FixedString(N), a Date/DateTime outside what the server can store, a decimal that does
-  not fit Decimal(P, S) exactly.
+  FixedString(N), a Date/DateTime/Date32/DateTime64 outside what the server can store, a
+  timestamp finer than DateTime64(p), a decimal that does not fit Decimal(P, S) exactly,
+  an Enum label or code not in the type, a UUID or IP address not in canonical text, a
+  Map or Tuple element that fails these checks (named ``col (value)`` / ``col.element``).
+  The server would convert some of these silently (a struct field of another name into a
+  Tuple becomes the element's default, a null Map value 0, -1 into UInt256 wraps) and the
+  others it refuses for the whole INSERT, without the row.
 - Date and DateTime are checked against the ranges of the server being written to
   (``ValueRanges``, measured by ``capabilities``), not against the storage width alone: a
   value the server stores but cannot read back unchanged (a Date after 2105-12-31 on
@@ -21,8 +26,9 @@ reject it rejects one problem at a time, after staging already exists. So:
 
 Conventions (stated once, relied on by the encoder): a missing Nullable column is filled
 with NULL by the server, so it needs no default; timestamps are instants (a timestamp
-without a time zone is taken as UTC) and lose their sub-second part in DateTime; a value
-that would need rounding to fit Decimal(P, S) is rejected, never rounded.
+without a time zone is taken as UTC) and lose their sub-second part in DateTime, while a
+timestamp with digits DateTime64(p) cannot hold is rejected; a value that would need
+rounding to fit Decimal(P, S) is rejected, never rounded. JSON text is left to the server.
 All checks are vectorised (pyarrow compute), never a Python loop over rows.
 """
 
