@@ -21,7 +21,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from server_ext.chtypes import DATE_MAX_DAYS, DATETIME_MAX_SECONDS, ValueRanges
+from server_ext.chtypes import (
+    DATE32_CALENDAR,
+    DATE_MAX_DAYS,
+    DATETIME64_CALENDAR,
+    DATETIME_MAX_SECONDS,
+    ValueRanges,
+)
 from server_ext.errors import ClickHouseError
 from server_ext.sql import qualified_name, quote_identifier, sql_string
 
@@ -377,7 +383,38 @@ def _probe_value_ranges(client: SqlClient, version_text: str) -> ValueRanges:
     wall = (None if west == 1 else west + _WEST_OFFSET,
             None if east == DATETIME_MAX_SECONDS else east + _EAST_OFFSET)
     timezone = client.query_value("SELECT timezone()", purpose="read server time zone")
-    return ValueRanges(f"ClickHouse {version_text}", (first_day, last_day), wall, timezone)
+    return ValueRanges(f"ClickHouse {version_text}", (first_day, last_day), wall, timezone,
+                       _calendar(client, "Date32", _DATE32_READS_BACK, _DATE32_CANDIDATES),
+                       _calendar(client, "DateTime64", _DATETIME64_READS_BACK,
+                                 _DATETIME64_CANDIDATES))
+
+
+# Date32 and DateTime64 calendars a server may have: 26.x reads back years 1 .. 9999;
+# releases from 21.9 on had 1900-01-01 .. 2299-12-31 (and 1925 .. 2283 before that).
+_DATE32_CANDIDATES = (DATE32_CALENDAR, (-25_567, 120_529), (-16_436, 114_635))
+_DATETIME64_CANDIDATES = (DATETIME64_CALENDAR, (-2_208_988_800, 10_413_791_999),
+                          (-1_420_070_400, 9_904_550_399))
+_DATE32_READS_BACK = "toInt32(toDate32(toString(toDate32(toInt32(n))))) = n"
+_DATETIME64_READS_BACK = ("toInt64(toDateTime64(toString(toDateTime64(n, 0, 'UTC')), 0, "
+                          "'UTC')) = n")
+
+
+def _calendar(client: SqlClient, family: str, reads_back: str,
+              candidates: tuple[tuple[int, int], ...]) -> tuple[int, int]:
+    """The widest candidate range whose two ends the server reads back unchanged.
+
+    A server without ``family`` gets the first candidate: no column of it can exist there.
+    """
+    if not _has_type_family(client, family):
+        return candidates[0]
+    for low, high in candidates:
+        rows = client.query_rows(
+            f"SELECT min({reads_back}) AS ok FROM (SELECT arrayJoin([{low}, {high}]) AS n)",
+            purpose="probe value ranges")
+        if rows and int(rows[0]["ok"]):
+            return low, high
+    raise ClickHouseError(f"the server reads back none of the known {family} ranges",
+                          name="UNSUPPORTED_SERVER", purpose="probe value ranges")
 
 
 def _run_start(client: SqlClient, reads_back: str, start: int, top: int) -> int:

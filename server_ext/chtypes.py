@@ -26,12 +26,26 @@ INTEGER_TYPES: dict[str, tuple[str, int, int]] = {
     "Int32": ("<i4", -(2**31), 2**31 - 1),
     "Int64": ("<i8", -(2**63), 2**63 - 1),
 }
+# Integers wider than numpy: the server converts into them from Arrow int64 or decimal
+# (ArrowStream); none of them exists on 18.16.
+WIDE_INTEGER_TYPES: dict[str, tuple[int, int]] = {
+    "UInt128": (0, 2**128 - 1),
+    "UInt256": (0, 2**256 - 1),
+    "Int128": (-(2**127), 2**127 - 1),
+    "Int256": (-(2**255), 2**255 - 1),
+}
 FLOAT_TYPES: dict[str, str] = {"Float32": "<f4", "Float64": "<f8"}
 WRAPPERS = ("Nullable", "Array", "LowCardinality")
+# Types whose arguments are types (``Tuple(a Int32, String)``, ``Map(K, V)``).
+COMPOSITES = ("Tuple", "Map", "Nested")
 # Date is stored as UInt16 days and DateTime as UInt32 seconds since 1970-01-01 on every
 # server version; which of those values a server reads back is narrower (``ValueRanges``).
 DATE_MAX_DAYS = 2**16 - 1
 DATETIME_MAX_SECONDS = 2**32 - 1
+# Date32 and DateTime64 as 26.x reads them back (measured: ``capabilities``), which is
+# also the range of Spark's dates and timestamps: 0001-01-01 .. 9999-12-31 (UTC).
+DATE32_CALENDAR = (-719_162, 2_932_896)
+DATETIME64_CALENDAR = (-62_135_596_800, 253_402_300_799)
 _DECIMAL_ALIASES = {"Decimal32": 9, "Decimal64": 18, "Decimal128": 38, "Decimal256": 76}
 
 
@@ -48,6 +62,11 @@ class ChType:
     params: tuple[int | str, ...] = ()
     inner: ChType | None = None
     text: str = field(default="", compare=False)
+    # Tuple/Nested elements and Map's (key, value); ``names`` of a named Tuple or Nested
+    elements: tuple[ChType, ...] = ()
+    names: tuple[str, ...] = ()
+    # Enum8/Enum16: (label, code) pairs
+    labels: tuple[tuple[str, int], ...] = ()
 
     def __str__(self) -> str:
         return self.text or self.base
@@ -66,6 +85,11 @@ class ChType:
         if t.is_nullable and t.inner is not None:
             t = t.inner.unwrap_low_cardinality()
         return t
+
+    @property
+    def tuple_names(self) -> tuple[str, ...]:
+        """Element names of a Tuple: its own, or "1", "2", ... as the server names them."""
+        return self.names or tuple(str(i + 1) for i in range(len(self.elements)))
 
     @property
     def precision(self) -> int:
@@ -100,17 +124,39 @@ class ValueRanges:
       range in instants therefore depends on its zone (``datetime_seconds``).
     - ``timezone``: the server's default zone, that of a ``DateTime`` without one.
     - ``server``: how messages name the server ("" when no server was asked).
+    - ``date32_days``: first and last Date32 (days since 1970-01-01, may be negative).
+    - ``datetime64_seconds``: first and last whole second of a DateTime64 in UTC (a
+      column in another zone gets 15 h less at each end: ``datetime64_bounds``). Both
+      default to the widest calendar of any server, 0001-01-01 .. 9999-12-31; 18.16
+      has neither type, so its values never apply there.
     """
 
     server: str = ""
     date_days: tuple[int, int] = (0, DATE_MAX_DAYS)
     datetime_wall: tuple[int | None, int | None] = (None, None)
     timezone: str = "UTC"
+    date32_days: tuple[int, int] = DATE32_CALENDAR
+    datetime64_seconds: tuple[int, int] = DATETIME64_CALENDAR
 
     def datetime_seconds(self, ch: ChType) -> tuple[int, int]:
         """First and last instant (seconds since the epoch) a DateTime column ``ch`` holds."""
         zone = str(ch.params[0]) if ch.params else self.timezone
         return _instant_bounds(self.datetime_wall, zone)
+
+
+    def datetime64_bounds(self, ch: ChType) -> tuple[int, int]:
+        """First and last instant (seconds) DateTime64(p[, tz]) column ``ch`` holds.
+
+        The calendar bounds wall-clock text; an instant near a bound shown in a zone
+        other than UTC could leave it, so such columns lose ``_MAX_OFFSET`` at each end.
+        DateTime64 stores Int64 ticks of 10^-p s, which bounds p = 9 (1677 .. 2262).
+        """
+        low, high = self.datetime64_seconds
+        zone = str(ch.params[1]) if len(ch.params) > 1 else self.timezone
+        if zone not in ("UTC", "Etc/UTC", "UTC0", "Zulu"):
+            low, high = low + _MAX_OFFSET, high - _MAX_OFFSET
+        ticks = 10 ** int(ch.params[0]) if ch.params else 1_000
+        return max(low, -(2**63) // ticks + 1), min(high, (2**63 - 1) // ticks - 1)
 
 
 STORAGE_RANGES = ValueRanges()
@@ -183,10 +229,37 @@ def _parse(text: str) -> tuple[ChType, str]:
         rest = _expect(rest, ")")
         return ChType(name, inner=inner, text=f"{name}({inner})"), rest
     args_text, rest = _balanced(rest)
+    text = f"{name}({args_text})"
+    if name in COMPOSITES:
+        named = [_element(arg) for arg in _split_args(args_text)]
+        names = tuple(n for n, _ in named)
+        return ChType(name, elements=tuple(t for _, t in named),
+                      names=names if all(names) else (), text=text), rest
+    if name in ("Enum8", "Enum16"):
+        labels = tuple(_enum_pair(arg) for arg in _split_args(args_text))
+        return ChType(name, labels=labels, text=text), rest
     params = tuple(_literal(arg) for arg in _split_args(args_text))
     if name in _DECIMAL_ALIASES:
         name, params = "Decimal", (_DECIMAL_ALIASES[name], params[0])
     return ChType(name, params=params, text=f"{match.group(0)}({args_text})"), rest
+
+
+def _element(arg: str) -> tuple[str, ChType]:
+    """``a Int32`` -> ("a", Int32); ``Int32`` -> ("", Int32); names may be back-quoted."""
+    quoted = re.match(r"`((?:[^`\\]|\\.)*)`\s+", arg)
+    if quoted:
+        return re.sub(r"\\(.)", r"\1", quoted.group(1)), parse_type(arg[quoted.end():])
+    parsed, rest = _parse(arg)
+    if rest.strip():  # the first word was a name, not a type
+        return parsed.base, parse_type(rest)
+    return "", parsed
+
+
+def _enum_pair(arg: str) -> tuple[str, int]:
+    match = re.fullmatch(r"'((?:[^'\\]|\\.)*)'\s*=\s*(-?\d+)", arg.strip())
+    if match is None:
+        raise ValueError(f"cannot parse Enum element {arg!r}")
+    return re.sub(r"\\(.)", r"\1", match.group(1)), int(match.group(2))
 
 
 def _expect(text: str, token: str) -> str:

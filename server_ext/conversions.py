@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 MILLIS_PER_DAY = 86_400_000
 SECONDS_PER_DAY = 86_400
 _PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+UNIT_DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}  # decimals of each Arrow timestamp unit
 
 
 def _int64(array: pa.Array) -> np.ndarray:
@@ -43,6 +44,11 @@ def to_seconds(array: pa.Array) -> np.ndarray:
     per_second = _PER_SECOND[array.type.unit]
     raw = _int64(array)
     return raw if per_second == 1 else raw // per_second
+
+
+def to_ticks(array: pa.Array) -> np.ndarray:
+    """The raw int64 values of a timestamp array, in its own unit (nulls as 0)."""
+    return _int64(array)
 
 
 def day_text(days: int) -> str:

@@ -12,8 +12,13 @@ reject it rejects one problem at a time, after staging already exists. So:
 - ``check_batch`` checks the values of one batch before any of it is sent, and raises
   ``InvalidValue`` naming the column, the first offending row and its value: a null into
   a non-Nullable column, an integer out of the column's range, a string longer than
-  FixedString(N), a Date/DateTime outside what the server can store, a decimal that does
-  not fit Decimal(P, S) exactly.
+  FixedString(N), a Date/DateTime/Date32/DateTime64 outside what the server can store, a
+  timestamp finer than DateTime64(p), a decimal that does not fit Decimal(P, S) exactly,
+  an Enum label or code not in the type, a UUID or IP address not in canonical text, a
+  Map or Tuple element that fails these checks (named ``col (value)`` / ``col.element``).
+  The server would convert some of these silently (a struct field of another name into a
+  Tuple becomes the element's default, a null Map value 0, -1 into UInt256 wraps) and the
+  others it refuses for the whole INSERT, without the row.
 - Date and DateTime are checked against the ranges of the server being written to
   (``ValueRanges``, measured by ``capabilities``), not against the storage width alone: a
   value the server stores but cannot read back unchanged (a Date after 2105-12-31 on
@@ -21,8 +26,9 @@ reject it rejects one problem at a time, after staging already exists. So:
 
 Conventions (stated once, relied on by the encoder): a missing Nullable column is filled
 with NULL by the server, so it needs no default; timestamps are instants (a timestamp
-without a time zone is taken as UTC) and lose their sub-second part in DateTime; a value
-that would need rounding to fit Decimal(P, S) is rejected, never rounded.
+without a time zone is taken as UTC) and lose their sub-second part in DateTime, while a
+timestamp with digits DateTime64(p) cannot hold is rejected; a value that would need
+rounding to fit Decimal(P, S) is rejected, never rounded. JSON text is left to the server.
 All checks are vectorised (pyarrow compute), never a Python loop over rows.
 """
 
@@ -41,11 +47,19 @@ from server_ext.chtypes import (
     FLOAT_TYPES,
     INTEGER_TYPES,
     STORAGE_RANGES,
+    WIDE_INTEGER_TYPES,
     ChType,
     ValueRanges,
     parse_type,
 )
-from server_ext.conversions import day_text, instant_text, to_days, to_seconds
+from server_ext.conversions import (
+    UNIT_DIGITS,
+    day_text,
+    instant_text,
+    to_days,
+    to_seconds,
+    to_ticks,
+)
 from server_ext.errors import ClickHouseError, InvalidValue, SchemaMismatch
 from server_ext.sql import qualified_name, split_table_name, sql_string, table_filter
 
@@ -222,34 +236,87 @@ def type_problem(arrow_type: pa.DataType, target: ChType) -> str | None:
             return None
         return f"a field of Arrow type null (always null) cannot go into non-Nullable {target}"
     if ch.base == "Array":
-        if not (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)
-                or pa.types.is_fixed_size_list(arrow_type)):
+        if not _is_list(arrow_type):
             return f"cannot convert {arrow_type} to {target}"
         inner = type_problem(arrow_type.value_type, ch.inner) if ch.inner else "bad Array"
         return f"element: {inner}" if inner else None
+    if ch.base == "Map":
+        if not pa.types.is_map(arrow_type):
+            return f"cannot convert {arrow_type} to {target}"
+        key = type_problem(arrow_type.key_type, ch.elements[0])
+        value = type_problem(arrow_type.item_type, ch.elements[1])
+        return f"key: {key}" if key else f"value: {value}" if value else None
+    if ch.base == "Tuple":
+        return _tuple_problem(arrow_type, ch)
     accepts = _ACCEPTS.get(_family(ch))
-    if accepts is None or (ch.base == "Decimal" and ch.precision > 38):
+    if accepts is None:
         return f"type {target} is not supported by the writer"
     if not any(test(arrow_type) for test in accepts):
         return f"cannot convert {arrow_type} to {target}"
     return None
 
 
+def struct_fields_for(arrow_type: pa.StructType, ch: ChType) -> list[int] | None:
+    """Which struct field (by index) carries each Tuple element, or None if none match.
+
+    A named Tuple takes the struct's fields by name, in any order (the server would fill
+    elements it finds no field for with defaults, silently); an unnamed one by position.
+    """
+    names = [arrow_type.field(i).name for i in range(arrow_type.num_fields)]
+    if len(names) != len(ch.elements):
+        return None
+    if not ch.names:
+        return list(range(len(names)))
+    if sorted(names) != sorted(ch.names):
+        return None
+    return [names.index(name) for name in ch.names]
+
+
+def _tuple_problem(arrow_type: pa.DataType, ch: ChType) -> str | None:
+    if not pa.types.is_struct(arrow_type):
+        return f"cannot convert {arrow_type} to {ch}"
+    order = struct_fields_for(arrow_type, ch)
+    if order is None:
+        return (f"the struct's fields ({', '.join(f.name for f in arrow_type)}) do not match "
+                f"the elements of {ch}" + (" by name" if ch.names else " in number"))
+    for position, index in enumerate(order):
+        element = type_problem(arrow_type.field(index).type, ch.elements[position])
+        if element:
+            return f"element {ch.tuple_names[position]}: {element}"
+    return None
+
+
 def _family(ch: ChType) -> str:
     if ch.base in INTEGER_TYPES:
         return "int"
+    if ch.base in WIDE_INTEGER_TYPES:
+        return "wide int"
     if ch.base in FLOAT_TYPES:
         return "float"
+    if ch.base in ("Enum8", "Enum16"):
+        return "Enum"
     return ch.base
 
 
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def _is_string(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
 def _is_text(t: pa.DataType) -> bool:
-    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+    return (_is_string(t) or pa.types.is_binary(t)
             or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t))
 
 
 def _is_whole(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_boolean(t)
+
+
+def _is_whole_decimal(t: pa.DataType) -> bool:
+    return pa.types.is_decimal(t) and t.scale == 0
 
 
 def _is_date(t: pa.DataType) -> bool:
@@ -258,12 +325,21 @@ def _is_date(t: pa.DataType) -> bool:
 
 _ACCEPTS = {
     "int": (_is_whole,),
+    "wide int": (pa.types.is_integer, _is_whole_decimal),
     "float": (_is_whole, pa.types.is_floating, pa.types.is_decimal),
     "Decimal": (_is_whole, pa.types.is_decimal),
     "String": (_is_text,),
     "FixedString": (_is_text,),
     "Date": (_is_date,),
+    "Date32": (_is_date,),
     "DateTime": (_is_date, pa.types.is_timestamp),
+    "DateTime64": (_is_date, pa.types.is_timestamp),
+    "Bool": (pa.types.is_boolean,),
+    "UUID": (_is_string,),
+    "Enum": (_is_string, pa.types.is_integer),
+    "IPv4": (_is_string,),
+    "IPv6": (_is_string,),
+    "JSON": (_is_string,),
 }
 
 
@@ -297,26 +373,184 @@ def _check_array(name: str, array: pa.Array, target: ChType, row_of: RowOf,
     if array.null_count and not nullable:
         _fail(name, array, pc.is_null(array), row_of, f"null value into non-Nullable {target}")
     ch = target.value_type()
-    if ch.base == "Array":
-        _check_list(name, array, ch, row_of, ranges)
-    elif ch.base in INTEGER_TYPES:
-        _check_integer_range(name, array, ch, row_of)
-    elif ch.base == "Decimal":
-        _check_decimal(name, array, ch, row_of)
-    elif ch.base == "FixedString":
-        _check_fixed_string(name, array, ch, row_of)
-    elif ch.base == "Date":
-        low, high = ranges.date_days
-        if not _extremes_fit(array, to_days, low, high):
-            _check_range(name, to_days(array), low, high, array, row_of,
-                         f"date outside the range of {ch}{_on(ranges)} "
-                         f"({day_text(low)} .. {day_text(high)})")
-    elif ch.base == "DateTime":
-        low, high = ranges.datetime_seconds(ch)
-        if not _extremes_fit(array, to_seconds, low, high):
-            _check_range(name, to_seconds(array), low, high, array, row_of,
-                         f"timestamp outside the range of {ch}{_on(ranges)} "
-                         f"({instant_text(low)} .. {instant_text(high)} UTC)")
+    check = _VALUE_CHECKS.get(_family(ch))
+    if check is not None:
+        check(name, array, ch, row_of, ranges)
+
+
+def _check_integer(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
+                   ranges: ValueRanges) -> None:
+    _check_integer_range(name, array, ch, row_of)
+
+
+def _check_date(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
+                ranges: ValueRanges) -> None:
+    low, high = ranges.date_days if ch.base == "Date" else ranges.date32_days
+    if not _extremes_fit(array, to_days, low, high):
+        _check_range(name, to_days(array), low, high, array, row_of,
+                     f"date outside the range of {ch}{_on(ranges)} "
+                     f"({day_text(low)} .. {day_text(high)})")
+
+
+def _check_datetime(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
+                    ranges: ValueRanges) -> None:
+    low, high = ranges.datetime_seconds(ch)
+    if not _extremes_fit(array, to_seconds, low, high):
+        _check_range(name, to_seconds(array), low, high, array, row_of,
+                     f"timestamp outside the range of {ch}{_on(ranges)} "
+                     f"({instant_text(low)} .. {instant_text(high)} UTC)")
+
+
+def _check_datetime64(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
+                      ranges: ValueRanges) -> None:
+    """In this server's range, and no digit below 10^-p: DateTime64 is never rounded."""
+    _check_datetime_range(name, array, ch, row_of, ranges)
+    if not pa.types.is_timestamp(array.type):
+        return
+    lost = UNIT_DIGITS[array.type.unit] - int(ch.params[0])
+    if lost <= 0 or array.null_count == len(array):
+        return
+    inexact = to_ticks(array) % (10**lost) != 0
+    if inexact.any():
+        index = int(np.argmax(inexact))
+        raise InvalidValue(name, row_of(index), _shown(array, index),
+                           f"timestamp has digits below the {ch.params[0]} decimals of {ch} "
+                           "(DateTime64 is never rounded: truncate it in Spark, e.g. "
+                           "date_trunc('millisecond', t))")
+
+
+def _check_datetime_range(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
+                          ranges: ValueRanges) -> None:
+    low, high = ranges.datetime64_bounds(ch)
+    if not _extremes_fit(array, to_seconds, low, high):
+        _check_range(name, to_seconds(array), low, high, array, row_of,
+                     f"timestamp outside the range of {ch}{_on(ranges)} "
+                     f"({instant_text(low)} .. {instant_text(high)} UTC)")
+
+
+def _check_list(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
+                ranges: ValueRanges) -> None:
+    if ch.inner is None or len(array) == 0:
+        return
+    values, element_row = list_values(array, row_of)
+    _check_array(name, values, ch.inner, element_row, ranges)
+
+
+def _check_map(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
+               ranges: ValueRanges) -> None:
+    if len(array) == 0:
+        return
+    offsets = array.offsets
+    start, stop = offsets[0].as_py(), offsets[-1].as_py()
+    _, element_row = list_values(array, row_of)
+    key_type, value_type = ch.elements
+    _check_array(f"{name} (key)", array.keys.slice(start, stop - start), key_type,
+                 element_row, ranges)
+    _check_array(f"{name} (value)", array.items.slice(start, stop - start), value_type,
+                 element_row, ranges)
+
+
+def _check_tuple(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
+                 ranges: ValueRanges) -> None:
+    order = struct_fields_for(array.type, ch) or []
+    children = array.flatten()  # sliced like the struct; a null struct row nulls them
+    for position, index in enumerate(order):
+        element_name = f"{name}.{ch.tuple_names[position]}"
+        _check_array(element_name, children[index], ch.elements[position], row_of, ranges)
+
+
+def list_values(array: pa.Array, row_of: RowOf) -> tuple[pa.Array, RowOf]:
+    """The elements of a list (or map) array's rows, and each element's row."""
+    offsets = _list_offsets(array)
+    base = offsets[0].as_py()
+    values = array.values.slice(base, offsets[-1].as_py() - base)
+    ends = pc.subtract(offsets, base).to_numpy()
+
+    def element_row(index: int) -> int:
+        return row_of(int(np.searchsorted(ends, index, side="right")) - 1)
+
+    return values, element_row
+
+
+# Canonical texts the server parses (checked here so a bad one is named with its row,
+# before anything is staged: the server would fail the whole INSERT without a row).
+_UUID_RE = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_IPV4 = rf"{_OCTET}(\.{_OCTET}){{3}}"
+_H = r"[0-9a-fA-F]{1,4}"
+_IPV6 = ("(" + "|".join([
+    rf"({_H}:){{7}}{_H}",
+    rf"({_H}:){{1,7}}:",
+    rf"({_H}:){{1,6}}:{_H}",
+    rf"({_H}:){{1,5}}(:{_H}){{1,2}}",
+    rf"({_H}:){{1,4}}(:{_H}){{1,3}}",
+    rf"({_H}:){{1,3}}(:{_H}){{1,4}}",
+    rf"({_H}:){{1,2}}(:{_H}){{1,5}}",
+    rf"{_H}:(:{_H}){{1,6}}",
+    rf":((:{_H}){{1,7}}|:)",
+    rf"({_H}:){{6}}{_IPV4}",
+    rf"({_H}:){{0,5}}:{_IPV4}",
+    rf"::({_H}:){{0,5}}{_IPV4}",
+    rf"{_IPV4}",  # the server reads a bare IPv4 address as ::ffff:a.b.c.d
+]) + ")")
+_TEXT_FORMS = {"UUID": ("a UUID", _UUID_RE), "IPv4": ("an IPv4 address", f"^{_IPV4}$"),
+               "IPv6": ("an IPv6 address", f"^{_IPV6}$")}
+
+
+def _check_text_form(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
+                     ranges: ValueRanges) -> None:
+    what, pattern = _TEXT_FORMS[ch.base]
+    bad = pc.invert(pc.match_substring_regex(array, pattern))
+    if pc.any(bad).as_py():
+        _fail(name, array, bad, row_of, f"not {what} in canonical text form for {ch}")
+
+
+def _check_enum(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
+                ranges: ValueRanges) -> None:
+    if pa.types.is_integer(array.type):
+        known = pa.array([code for _, code in ch.labels], pa.int64())
+        found = pc.is_in(array.cast(pa.int64(), safe=False), value_set=known)
+        what = "code"
+    else:
+        known = pa.array([label for label, _ in ch.labels], array.type)
+        found = pc.is_in(array, value_set=known)
+        what = "label"
+    bad = pc.and_(pc.is_valid(array), pc.invert(found))  # a null finds nothing: no fault
+    if pc.any(bad).as_py():
+        shown = ", ".join(label for label, _ in ch.labels)
+        _fail(name, array, bad, row_of, f"{what} is not one of {ch.base}'s ({shown[:200]})")
+
+
+def _check_wide_integer(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
+                        ranges: ValueRanges) -> None:
+    """Int64 and Decimal(38, 0) fit every signed wide integer; unsigned refuse negatives."""
+    if WIDE_INTEGER_TYPES[ch.base][0] < 0 or array.null_count == len(array):
+        return
+    if pa.types.is_unsigned_integer(array.type):
+        return
+    negative = pc.less(array, pa.scalar(0, pa.int64()).cast(array.type))
+    if pc.any(negative).as_py():
+        _fail(name, array, negative, row_of, f"negative value into {ch}")
+
+
+_VALUE_CHECKS: dict[str, Callable[[str, pa.Array, ChType, RowOf, ValueRanges], None]] = {
+    "Array": _check_list,
+    "Map": _check_map,
+    "Tuple": _check_tuple,
+    "int": _check_integer,
+    "wide int": _check_wide_integer,
+    "Decimal": lambda name, array, ch, row_of, _: _check_decimal(name, array, ch, row_of),
+    "FixedString": lambda name, array, ch, row_of, _: _check_fixed_string(name, array, ch,
+                                                                           row_of),
+    "Date": _check_date,
+    "Date32": _check_date,
+    "DateTime": _check_datetime,
+    "DateTime64": _check_datetime64,
+    "UUID": _check_text_form,
+    "IPv4": _check_text_form,
+    "IPv6": _check_text_form,
+    "Enum": _check_enum,
+}
 
 
 def _on(ranges: ValueRanges) -> str:
@@ -336,21 +570,6 @@ def _extremes_fit(array: pa.Array, convert: Callable[[pa.Array], np.ndarray], lo
     raw = np.array([extremes["min"].value, extremes["max"].value], width)
     low_high = convert(pa.Array.from_buffers(array.type, 2, [None, pa.py_buffer(raw)]))
     return bool(low_high[0] >= low and low_high[1] <= high)
-
-
-def _check_list(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
-                ranges: ValueRanges) -> None:
-    if ch.inner is None or len(array) == 0:
-        return
-    offsets = _list_offsets(array)
-    values = array.values.slice(offsets[0].as_py(), offsets[-1].as_py() - offsets[0].as_py())
-    base = offsets[0].as_py()
-    ends = pc.subtract(offsets, base).to_numpy()
-
-    def element_row(index: int) -> int:
-        return row_of(int(np.searchsorted(ends, index, side="right")) - 1)
-
-    _check_array(name, values, ch.inner, element_row, ranges)
 
 
 def _list_offsets(array: pa.Array) -> pa.Array:

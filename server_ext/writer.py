@@ -61,9 +61,10 @@ from server_ext.encoder import (
     Piece,
     arrow_stream_chunks,
     encode_native_block,
+    native_problem,
     to_arrow_stream_batch,
 )
-from server_ext.errors import ClickHouseError
+from server_ext.errors import ClickHouseError, SchemaMismatch
 from server_ext.schema import Column, TargetTable, check_arrow_schema, check_batch
 
 log = logging.getLogger(__name__)
@@ -188,6 +189,11 @@ class BranchWriter:
         if self._checked_schema is not None and schema.equals(self._checked_schema):
             return self._columns or []
         columns = check_arrow_schema(self.target, schema)
+        if self.format == "Native":
+            problems = [f"column `{c.name}`: {problem}" for c in columns
+                        if (problem := native_problem(c.chtype))]
+            if problems:
+                raise SchemaMismatch(f"{self.target.database}.{self.target.name}", problems)
         if self._columns is None:
             self._columns = columns
         elif {c.name for c in columns} != {c.name for c in self._columns}:

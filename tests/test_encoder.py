@@ -64,6 +64,31 @@ def test_datetime_is_whole_seconds_rounded_down() -> None:
     assert native(micros, "DateTime") == b"\x01\x00\x00\x00\x02\x00\x00\x00"
 
 
+def test_uuid_is_the_layout_clickhouse_connect_writes() -> None:
+    """Checked against an independent implementation: clickhouse-connect's UUID column."""
+    import uuid
+
+    from clickhouse_connect.datatypes.registry import get_from_name
+    from clickhouse_connect.driver.insert import InsertContext
+
+    values = ["01234567-89ab-cdef-0123-456789ABCDEF", "00000000-0000-0000-0000-000000000001"]
+    theirs = bytearray()
+    column = get_from_name("UUID")
+    column.write_column([uuid.UUID(v) for v in values], theirs, InsertContext("t", ["c"], [column]))
+    assert native(pa.array(values), "UUID") == bytes(theirs)
+
+
+def test_enum_is_its_codes_looked_up_by_label() -> None:
+    assert native(pa.array(["b", "a", "b"]), "Enum8('a' = -1, 'b' = 2)") == b"\x02\xff\x02"
+    assert native(pa.array(["a"]), "Enum16('a' = 1000)") == (1000).to_bytes(2, "little")
+
+
+def test_tuple_is_each_element_column_in_turn_matched_by_name() -> None:
+    struct = pa.array([{"b": "x", "a": 1}, {"b": "", "a": 2}],
+                      pa.struct([("b", pa.string()), ("a", pa.uint8())]))
+    assert native(struct, "Tuple(a UInt8, b String)") == b"\x01\x02" + b"\x01x\x00"
+
+
 def test_low_cardinality_sends_a_dictionary_and_indexes() -> None:
     encoded = native(pa.array(["b", "a", "b"]), "LowCardinality(String)")
     flags = (1 << 9 | 1 << 10).to_bytes(8, "little")
