@@ -32,10 +32,10 @@ from txsink.harness.chaos import checker
 from txsink.harness.chaos.faults import CrashArming
 from txsink.harness.chaos.launcher import DriverProcess, PipelineSpec
 from txsink.harness.chaos.pipeline import (
+    check_with_view,
     committed_batches,
     create_events_table,
     create_fed_view,
-    fed_table,
     write_epoch_file,
 )
 
@@ -116,11 +116,9 @@ class CrashPointRun:
         """The target's counts; the view's table's where the target's are exactly once
         and those are not (every row must reach both exactly once)."""
         try:
-            result = checker.check(self.url, self.table, self.expected())
-            if self.views and result.exactly_once:
-                fed = checker.check(self.url, fed_table(self.table), self.expected())
-                return result if fed.exactly_once else fed
-            return result
+            if self.views:
+                return check_with_view(self.url, self.table, self.expected())
+            return checker.check(self.url, self.table, self.expected())
         except checker.CheckerError:
             return None
 

@@ -35,6 +35,7 @@ from pathlib import Path
 import requests
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
+from txsink.harness.chaos import checker
 from txsink.harness.chaos.faults import fired_markers, kill_session
 
 #: The events every chaos run writes: a unique id per row, three monthly partitions.
@@ -83,6 +84,18 @@ def create_fed_view(url: str, table: str) -> None:
         resp = requests.post(url, data=sql.encode(), timeout=30)
         if resp.status_code != 200:
             raise RuntimeError(f"cannot create {fed}: {resp.content.decode('utf-8')[:300]}")
+
+
+def check_with_view(url: str, table: str, expected: Iterable[int]) -> checker.CheckResult:
+    """The checker's counts of the target; of the view's table where the target's are
+    exactly once and the view's are not (every row must reach both exactly once)."""
+    expected = list(expected)
+    result = checker.check(url, table, expected)
+    if result.exactly_once:
+        fed = checker.check(url, fed_table(table), expected)
+        if not fed.exactly_once:
+            return fed
+    return result
 
 
 def event_lines(ids: Iterable[int]) -> Iterator[str]:

@@ -12,6 +12,8 @@ keeps adding one uniquely keyed input file per epoch. Faults are drawn from the 
 - ``worker_kill``      kill -9 of one PySpark Python worker
 - ``crash_point``      arm a random named crash point (fires the next time it is reached)
 - ``clickhouse_kill``  kill -9 of ClickHouse, restarted after a random downtime
+- ``clickhouse_kill_publish`` the same, the moment the sink's newest xid is
+                       ``Committing`` (decided, publishing)
 - ``zookeeper_kill``   kill -9 of ZooKeeper, restarted after a random downtime
 - ``proxy_cut``        close every connection to ClickHouse or ZooKeeper
 - ``proxy_delay``      add latency to every chunk for a few seconds
@@ -71,15 +73,17 @@ from txsink.harness.chaos.faults import (
 )
 from txsink.harness.chaos.launcher import DriverProcess, PipelineSpec
 from txsink.harness.chaos.pipeline import (
+    check_with_view,
     create_events_table,
+    create_fed_view,
     write_epoch_file,
 )
 from txsink.harness.chaos.proxy import TcpProxy
 from txsink.harness.services import Services
 
 FAULT_KINDS = (
-    "driver_kill", "worker_kill", "crash_point", "clickhouse_kill", "zookeeper_kill",
-    "proxy_cut", "proxy_delay", "proxy_blackhole", "task_failure",
+    "driver_kill", "worker_kill", "crash_point", "clickhouse_kill", "clickhouse_kill_publish",
+    "zookeeper_kill", "proxy_cut", "proxy_delay", "proxy_blackhole", "task_failure",
     "operator_recover", "second_driver", "zombie_task",
 )
 FAULT_LABELS = {
@@ -87,6 +91,7 @@ FAULT_LABELS = {
     "worker_kill": "python worker kill -9",
     "crash_point": "crash point armed",
     "clickhouse_kill": "clickhouse kill -9 + restart",
+    "clickhouse_kill_publish": "clickhouse kill -9 while publishing + restart",
     "zookeeper_kill": "zookeeper kill -9 + restart",
     "proxy_cut": "proxy cut",
     "proxy_delay": "proxy delay",
@@ -96,7 +101,8 @@ FAULT_LABELS = {
     "second_driver": "second driver (same query)",
     "zombie_task": "zombie task (stale generation)",
 }
-SERVER_FAULTS = ("clickhouse_kill", "zookeeper_kill")
+SERVER_FAULTS = ("clickhouse_kill", "clickhouse_kill_publish", "zookeeper_kill")
+PUBLISH_WAIT = 3.0  # seconds one try of clickhouse_kill_publish watches for a publish
 DEFAULT_OPTIONS = {"timeout": "10", "insert_block_rows": "2000"}
 #: Engines for the target; ``{table}`` is filled in (it names the replica path).
 MERGE_TREE = "MergeTree()"
@@ -270,6 +276,7 @@ class ChaosRun:
         self.zk_proxy = TcpProxy("127.0.0.1", self.services.zookeeper.port).start()
         create_events_table(self.services.clickhouse.url, self.table,
                             self.engine.format(table=self.table))
+        create_fed_view(self.services.clickhouse.url, self.table)
         self.arming = CrashArming(self.workdir / "crash-markers")
         self.arming.disarm_all()
         spec = PipelineSpec(
@@ -412,6 +419,8 @@ class ChaosRun:
         elif kind in SERVER_FAULTS:
             if self.server_down():
                 return False
+            if kind == "clickhouse_kill_publish" and not self._publishing(PUBLISH_WAIT):
+                return False
             server = kind.split("_")[0]
             kill_server(self.services, server)
             self._repairs.append((now + fault.duration, f"{server} restart",
@@ -441,6 +450,30 @@ class ChaosRun:
             raise ValueError(f"unknown fault kind {kind!r}")
         self.injected[kind] += 1
         return True
+
+    def _publishing(self, wait: float) -> bool:
+        """Whether the sink's newest xid is ``Committing`` within ``wait`` seconds, read
+        straight from ZooKeeper (not through its proxy) every few milliseconds: a
+        publish lasts tens of milliseconds."""
+        from kazoo.client import KazooClient
+
+        from coordinator import Coordinator, XidState
+
+        client = KazooClient(hosts=self.services.zookeeper.hosts, timeout=5)
+        try:
+            client.start(timeout=5)
+            coord = Coordinator(client, self.sink_id, role="chaos watcher")
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                if coord.xids([XidState.COMMITTING]):
+                    return True
+                time.sleep(0.005)
+            return False
+        except Exception:  # noqa: BLE001 - ZooKeeper down (another fault): not now
+            return False
+        finally:
+            client.stop()
+            client.close()
 
     def _start_actor(self, fault: Fault, now: float) -> bool:
         """Start an overlapping actor on the sink (see :mod:`txsink.harness.chaos.actors`)."""
@@ -536,7 +569,9 @@ class ChaosRun:
         url = self.services.clickhouse.url
         result = None
         try:
-            result = checker.check(url, self.table, self.expected_ids())
+            result = (check_with_view(url, self.table, self.expected_ids())
+                      if self.sink == "clickhouse_tx" else
+                      checker.check(url, self.table, self.expected_ids()))
         except checker.CheckerError as exc:
             self.log(f"  checker: {exc}")
         verifier = "not applicable (no transaction log)"
