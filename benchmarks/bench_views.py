@@ -11,11 +11,13 @@ server, with the rows of ``bench_sink.py`` (``sinkbench/workload.py``):
 1. **job**: a 1M-row batch job in 2 Spark partitions into a target that feeds one rollup
    view (a SummingMergeTree ``TO`` table: count and sum per day and key), with
    ``clickhouse_tx`` (``tx_view``) and ``clickhouse_plain`` (``plain_view``), and
-   ``clickhouse_tx`` into the same target without the view (``tx_noview``). Rounds are
-   interleaved and the variants' order turns each round (``sinkbench/rounds.turned``);
-   round 0 warms the workers up and is not counted. Ratios are of rows/s (above 1:
-   faster), paired per round: ``tx ÷ plain`` = plain s / tx s (both with the view; goal
-   >= 0.9) and ``tx with view ÷ tx without`` = tx_noview s / tx_view s.
+   both sinks into the same target without the view (``tx_noview``, ``plain_noview``).
+   Rounds are interleaved and the variants' order turns each round
+   (``sinkbench/rounds.turned``); round 0 warms the workers up and is not counted.
+   Ratios are of rows/s (above 1: faster), paired per round: ``tx ÷ plain`` = plain s /
+   tx s (both with the view; goal >= 0.9), ``tx with view ÷ tx without`` = tx_noview s /
+   tx_view s, and the same two for the target without views and for ``plain``, so that
+   what the view costs can be told from what ``tx`` costs anyway.
 2. **epoch**: a small epoch (10,000 rows, 2 partitions) with ``clickhouse_tx`` into targets
    feeding 0, 1, 2 and 4 such views; the sink's own per-epoch metrics (``commit_ms``,
    ``stage_ms``, ``seal_ms``: ``txsink.driver.epoch_metrics``, read back from the xid's
@@ -24,6 +26,7 @@ server, with the rows of ``bench_sink.py`` (``sinkbench/workload.py``):
    paired per round (the median of each round's slope).
 
 Every job's rows are checked in the target and in each view's table (``sum(n)``).
+``profile_views.py`` says, statement by statement, where the view's fixed cost goes.
 
 Usage::
 
@@ -41,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -59,7 +63,7 @@ from server_ext.sql import qualified_name
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_URL = "http://127.0.0.1:8123"
 MODERN_URL = "http://127.0.0.1:8124"
-JOB_VARIANTS = ("tx_view", "plain_view", "tx_noview")
+JOB_VARIANTS = ("tx_view", "plain_view", "tx_noview", "plain_noview")
 VIEW_COUNTS = (0, 1, 2, 4)
 METRICS = ("commit_ms", "stage_ms", "seal_ms", "cleanup_ms")
 KEYS = 1000  # rollup keys per day (id % KEYS)
@@ -169,16 +173,20 @@ def job_experiment(bench: ViewBench, rows: int, partitions: int, rounds: int) ->
                               max(s["load_end"] for s in samples[variant])]}
         if variant.startswith("tx"):
             row["metrics_median"] = _metric_medians(samples[variant])
+            row["metrics_runs"] = [s["metrics"] for s in samples[variant]]
         results.append(row)
     ratios = {
         "tx_vs_plain": _paired(seconds["plain_view"], seconds["tx_view"]),
         "tx_view_vs_tx_noview": _paired(seconds["tx_noview"], seconds["tx_view"]),
+        "tx_vs_plain_noview": _paired(seconds["plain_noview"], seconds["tx_noview"]),
+        "plain_view_vs_plain_noview": _paired(seconds["plain_noview"], seconds["plain_view"]),
         "tx_vs_plain_of_medians": round(statistics.median(seconds["plain_view"])
                                         / statistics.median(seconds["tx_view"]), 3),
         "tx_view_vs_tx_noview_of_medians": round(statistics.median(seconds["tx_noview"])
                                                  / statistics.median(seconds["tx_view"]), 3),
-        "tx_view_minus_noview_s": round(statistics.median(
-            v - n for v, n in zip(seconds["tx_view"], seconds["tx_noview"], strict=True)), 3),
+        "tx_view_minus_noview_s": _paired_difference(seconds["tx_view"], seconds["tx_noview"]),
+        "plain_view_minus_noview_s": _paired_difference(seconds["plain_view"],
+                                                        seconds["plain_noview"]),
     }
     return {"rows": rows, "partitions": partitions, "rounds": rounds, "results": results,
             "ratios": ratios, "goal_tx_vs_plain": GOAL_TX_VS_PLAIN,
@@ -226,6 +234,11 @@ def _metric_medians(samples: list[dict]) -> dict:
             for k in METRICS if all(s["metrics"].get(k) is not None for s in samples)}
 
 
+def _paired_difference(mine: list[float], base: list[float]) -> float:
+    """The median over rounds of mine s − base s."""
+    return round(statistics.median(m - b for m, b in zip(mine, base, strict=True)), 3)
+
+
 def _paired(base: list[float], mine: list[float]) -> dict:
     """base s / mine s per round (rows/s ratio of ``mine`` to ``base``): median, range."""
     ratios = [b / m for b, m in zip(base, mine, strict=True)]
@@ -251,6 +264,12 @@ def print_report(data: dict) -> None:
           f"{ratios['tx_view_vs_tx_noview']['median']} (rounds "
           f"{ratios['tx_view_vs_tx_noview']['rounds']}; tx with − without: "
           f"{ratios['tx_view_minus_noview_s']} s)")
+    print(f"without views: tx ÷ plain (rows/s, paired): "
+          f"{ratios['tx_vs_plain_noview']['median']} (rounds "
+          f"{ratios['tx_vs_plain_noview']['rounds']})")
+    print(f"plain with view ÷ plain without (rows/s, paired): "
+          f"{ratios['plain_view_vs_plain_noview']['median']} (plain with − without: "
+          f"{ratios['plain_view_minus_noview_s']} s)")
     print(f"goal tx ÷ plain >= {GOAL_TX_VS_PLAIN}: "
           f"{'MET' if job['goal_met'] else 'MISSED'}")
     epoch = data["epoch"]
@@ -300,8 +319,8 @@ def main() -> None:
     data = {"benchmark": "views", "started_at": time.strftime(
         "%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)), "duration_s": round(time.time() - started),
         "machine": machine(), "load_start": load_start, "load_end": load(), "url": url,
-        "server_version": version, "modern": args.modern, "command": "python "
-        "benchmarks/bench_views.py" + (" --modern" if args.modern else ""),
+        "server_version": version, "modern": args.modern,
+        "command": " ".join(["python", "benchmarks/bench_views.py", *sys.argv[1:]]),
         "job": job, "epoch": epoch}
     print_report(data)
     output.parent.mkdir(parents=True, exist_ok=True)
