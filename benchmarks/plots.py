@@ -2,10 +2,10 @@
 
 Reads ``sink.json`` (``bench_sink.py``) and, when present, ``writer.json``,
 ``publish.json`` and ``coordinator.json`` (the component benchmarks), ``shards.json``
-(``bench_shards.py``), ``partitions.json`` (``bench_partitions.py``) and ``task_paths.json``
-(``bench_task_paths.py``) from one results directory and writes one small PNG per figure
-next to them. Plots never measure anything: re-drawing a recorded run gives the same
-pictures.
+(``bench_shards.py``), ``partitions.json`` (``bench_partitions.py``), ``task_paths.json``
+(``bench_task_paths.py``) and ``views.json``/``views-modern.json`` (``bench_views.py``)
+from one results directory and writes one small PNG per figure next to them. Plots never
+measure anything: re-drawing a recorded run gives the same pictures.
 
     python benchmarks/plots.py [--results benchmarks/results]
 """
@@ -365,6 +365,50 @@ def task_paths(data: dict, out: Path) -> Path | None:
     return _save(fig, out / "task_paths.png")
 
 
+def views(data: dict, out: Path) -> Path | None:
+    """``bench_views.py``: the 1M-row job with and without a materialized view (each
+    round's seconds and the median), and the small epoch's metrics against the number of
+    view tables, with the fitted line of ``commit_ms``."""
+    job, epoch = data.get("job"), data.get("epoch")
+    if not job or not epoch:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(SIZE[0] * 1.6, SIZE[1]))
+    names = {"tx_view": "tx, 1 view", "plain_view": "plain, 1 view",
+             "tx_noview": "tx, no view", "plain_noview": "plain, no view"}
+    colors = {"tx_view": COLORS["tx"], "plain_view": COLORS["plain"], "tx_noview": "#98df8a",
+              "plain_noview": "#aec7e8"}
+    rows = job["results"]
+    labels = [names[r["variant"]] for r in rows]
+    left.bar(labels, [r["median_s"] for r in rows], width=0.5,
+             color=[colors[r["variant"]] for r in rows])
+    for label, r in zip(labels, rows, strict=True):
+        left.scatter([label] * len(r["runs_s"]), r["runs_s"], color="black", s=8, zorder=3)
+    ratio = job["ratios"]["tx_vs_plain"]["median"]
+    left.set_ylabel("job seconds (bar: median, dots: rounds)", fontsize=8)
+    left.set_title(f"{job['rows']:,} rows, {job['partitions']} tasks: tx ÷ plain {ratio} "
+                   f"with the view (goal {job['goal_tx_vs_plain']})", fontsize=9)
+    left.tick_params(axis="x", labelsize=7)
+    counts = [r["views"] for r in epoch["results"]]
+    for key, color in (("commit_ms", "#d62728"), ("stage_ms", "#1f77b4"),
+                       ("seal_ms", "#17becf")):
+        right.plot(counts, [r["metrics_median"].get(key) for r in epoch["results"]],
+                   marker="o", color=color, label=key)
+    fit = epoch["fit"]["commit_ms"]
+    right.plot(counts, [fit["at_0_views_ms"] + fit["per_view_ms"] * n for n in counts],
+               linestyle="--", color="#d62728", linewidth=0.8,
+               label=f"fit: +{fit['per_view_ms']} ms per view")
+    right.set_xticks(counts)
+    right.set_xlabel("view tables the target feeds", fontsize=8)
+    right.set_ylabel("ms (median)", fontsize=8)
+    right.set_ylim(bottom=0)
+    right.set_title(f"{epoch['rows']:,}-row epoch, {epoch['partitions']} tasks: "
+                    "the sink's metrics", fontsize=9)
+    right.legend(fontsize=7)
+    fig.suptitle(f"materialized views, ClickHouse {data.get('server_version', '')}",
+                 fontsize=9)
+    return _save(fig, out / ("views-modern.png" if data.get("modern") else "views.png"))
+
+
 def components(results: Path, out: Path) -> Path | None:
     """The three component benchmarks side by side, if their JSON is there."""
     loaded = {name: json.loads((results / f"{name}.json").read_text())
@@ -513,6 +557,9 @@ def draw_all(results: Path) -> list[Path]:
     task_paths_file = results / "task_paths.json"
     if task_paths_file.exists():
         written.append(task_paths(json.loads(task_paths_file.read_text()), results))
+    for name in ("views.json", "views-modern.json"):
+        if (results / name).exists():
+            written.append(views(json.loads((results / name).read_text()), results))
     partitions_file = results / "partitions.json"
     if partitions_file.exists():
         written.append(partitions(json.loads(partitions_file.read_text()), results))
