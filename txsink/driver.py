@@ -37,9 +37,9 @@ HOLDER_WAIT_SECONDS = 15.0
 
 
 def publisher_for(options: SinkOptions, coord: Coordinator,
-                  target: server_ext.TargetTable | None = None) -> BranchPublisher:
+                  tables: tuple[server_ext.TargetTable, ...] = ()) -> BranchPublisher:
     return BranchPublisher(lambda url: connections.clickhouse(options, url), coord,
-                           target=target)
+                           tables=tables)
 
 
 def open_sink(options: SinkOptions, sink_id: str) -> tuple[Coordinator, int]:
@@ -191,7 +191,7 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> Non
         return
     started = time.time()
     generation = generation_of(plan, coord, messages)
-    publisher = publisher_for(plan.options, coord, plan.table)
+    publisher = publisher_for(plan.options, coord, plan.tables)
     try:
         coord.begin(epoch, generation)  # a micro-batch with no task still gets its xid
         winners = [b for m in branch_messages for b in m.branch_ids]

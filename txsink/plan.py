@@ -64,6 +64,11 @@ class WritePlan:
         return self.shard_layout.local_table
 
     @property
+    def tables(self) -> tuple[server_ext.TargetTable, ...]:
+        """The target and its views' tables, as the driver described them."""
+        return (*((self.table,) if self.table else ()), *(n.table for n in self.views))
+
+    @property
     def shard_layout(self) -> ShardLayout:
         return self.layout or single_server(self.options)
 

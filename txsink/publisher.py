@@ -41,9 +41,9 @@ class BranchPublisher:
     branches named their server. A combined branch publishes its sources in one pass;
     they are rolled back (dropped) as non-winners once the xid is ``Committed``. A
     published winner's own staging is dropped in the background (``drain`` waits).
-    ``target``: the target as the plan described it, from which the branches' staging
-    tables were created; a combined table is created from it too (a publisher without it,
-    as in recovery, describes the target).
+    ``tables``: the target and its views' tables as the plan described them, from which
+    the branches' staging tables were created; a combined table is created from its
+    table's description (a publisher without it, as in recovery, describes the table).
 
     Usage::
 
@@ -55,11 +55,11 @@ class BranchPublisher:
 
     def __init__(self, client_for: Callable[[str | None], ClickHouseClient],
                  coord: Coordinator, limits: SizeLimits = DEFAULT_LIMITS,
-                 target: server_ext.TargetTable | None = None) -> None:
+                 tables: tuple[server_ext.TargetTable, ...] = ()) -> None:
         self.client_for = client_for
         self.coord = coord
         self.limits = limits
-        self.target = target
+        self.tables = {(t.database, t.name): t for t in tables}
         self._known: dict[tuple[int, str], BranchRecord] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._pending: list[tuple[BranchRecord, Future[None]]] = []
@@ -82,7 +82,8 @@ class BranchPublisher:
                                              on_step=crashpoints.hit)
             else:
                 publish_combined(client, sources, payload.staging, strategy, ledger,
-                                 precombined=payload.precombined, target=self.target,
+                                 precombined=payload.precombined,
+                                 target=self.tables.get(payload.target),
                                  on_step=crashpoints.hit, limits=self.limits)
         elif payload.manifest.partitions:
             server_ext.publish(client, payload.manifest, strategy, ledger,
