@@ -102,8 +102,11 @@ def start(options: SinkOptions, sink_id: str, epoch: int) -> bool:
     if line != "held":
         log.warning("txsink sink=%s epoch=%d: the keeper did not hold (%r); the planner's "
                     "session holds the xid", sink_id, epoch, line)
-        return False
-    return True
+        proc.kill()
+    # reap it when it ends (with its xid's decision or the driver), leaving no zombie
+    threading.Thread(target=proc.wait, name=f"txsink-keeper-reaper-{epoch}",
+                     daemon=True).start()
+    return line == "held"
 
 
 def hand_over(options: SinkOptions, coord: Coordinator, epoch: int) -> threading.Thread:
