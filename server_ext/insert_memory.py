@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from server_ext.capabilities import SCRATCH_DATABASE, SqlClient
-from server_ext.chtypes import ChType, parse_type
+from server_ext.chtypes import ChType
 from server_ext.errors import ClickHouseError
 from server_ext.schema import Column, TargetTable
 from server_ext.sql import qualified_name, quote_identifier, sql_string
@@ -75,9 +75,9 @@ def column_files(ch: ChType) -> int:
     if ch.base == "LowCardinality":
         return 2
     if ch.base == "Tuple":
-        return sum(column_files(_element(p)) for p in ch.params) or 1
-    if ch.base == "Map" and len(ch.params) == 2:
-        return 1 + sum(column_files(_element(p)) for p in ch.params)
+        return sum(column_files(e) for e in ch.elements) or 1
+    if ch.base == "Map" and len(ch.elements) == 2:
+        return 1 + sum(column_files(e) for e in ch.elements)
     return 1
 
 
@@ -178,17 +178,6 @@ def _merge_tree_settings(client: SqlClient) -> set[str]:
                              purpose="list MergeTree settings")
     return {row["name"] for row in rows}
 
-
-def _element(param: int | str) -> ChType:
-    """A Tuple's or Map's element type from its parameter (``Int64`` or ``name Int64``)."""
-    text = str(param)
-    try:
-        return parse_type(text)
-    except ValueError:
-        try:
-            return parse_type(text.split(None, 1)[-1])
-        except ValueError:
-            return ChType("String")  # unknown: counted as one file
 
 
 def _size(n: int) -> str:
