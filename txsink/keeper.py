@@ -11,7 +11,8 @@ the holder: ``txsink recover``/``gc`` see the writer gone.
 
 Contract: :func:`start` returns once the keeper holds (True) or failed (False, logged);
 the caller keeps its own holder until the keeper holds. :func:`hand_over` does that in a
-background thread, so the job does not wait for the keeper's start (~1 s). The keeper
+background thread, so the job does not wait for the keeper's start (~1 s), and only for a
+job still undecided after ``HAND_OVER_AFTER`` seconds: a short job needs no keeper. The keeper
 never writes a record: it only joins and leaves the holders.
 
 Usage (``python -m txsink.keeper`` reads its settings as one JSON line on stdin, so
@@ -32,13 +33,14 @@ import threading
 import time
 from pathlib import Path
 
-from coordinator import Coordinator
+from coordinator import Coordinator, XidState
 from txsink.options import SinkOptions
 
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.5  # how often the keeper looks at the driver and the xid
 START_SECONDS = 30.0  # how long the planner waits for the keeper to hold
+HAND_OVER_AFTER = 15.0  # seconds a job runs before its planner starts a keeper
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -109,9 +111,21 @@ def start(options: SinkOptions, sink_id: str, epoch: int) -> bool:
     return line == "held"
 
 
-def hand_over(options: SinkOptions, coord: Coordinator, epoch: int) -> threading.Thread:
-    """Start a keeper in the background; once it holds, release ``coord``'s holder."""
+def hand_over(options: SinkOptions, coord: Coordinator, epoch: int,
+              delay: float = HAND_OVER_AFTER) -> threading.Thread:
+    """In the background: after ``delay`` seconds, if the xid is still undecided, start a
+    keeper; once it holds, release ``coord``'s holder.
+
+    Why wait: most batch jobs decide within seconds, and a keeper is a Python process of
+    its own (~1 s of CPU to start, on the cores the job's tasks run on). The planner's own
+    holder lives until Spark stops the idle planner worker (about a minute), so a keeper
+    that starts within ``HAND_OVER_AFTER`` is in time.
+    """
     def run() -> None:
+        time.sleep(delay)
+        record = coord.xid(epoch)
+        if record is None or record.state is not XidState.INITIALIZED:
+            return  # decided (or gone) already: nothing to keep
         if start(options, coord.sink_id, epoch):
             coord.release(epoch)
 
