@@ -53,7 +53,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from server_ext.capabilities import SqlClient
+from server_ext.capabilities import SCRATCH_DATABASE, SqlClient
 from server_ext.errors import ClickHouseError
 from server_ext.schema import TargetTable
 from server_ext.sharding.engine_args import engine_arguments
@@ -365,8 +365,6 @@ def publish_problem(client: SqlClient, target: TargetTable, strategy: str) -> st
     key = (getattr(client, "url", ""), target.qualified, target.create_table_query)
     if key in _ACCEPTED:
         return None
-    from server_ext.capabilities import SCRATCH_DATABASE  # the probes' database
-
     client.execute(f"CREATE DATABASE IF NOT EXISTS {quote_identifier(SCRATCH_DATABASE)}",
                    purpose="create scratch database")
     suffix = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
