@@ -394,7 +394,9 @@ def _check_date(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
 
 def _check_datetime(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
                     ranges: ValueRanges) -> None:
-    low, high = ranges.datetime_seconds(ch)
+    """In this server's range of the DateTime or DateTime64 column ``ch``."""
+    low, high = (ranges.datetime64_bounds(ch) if ch.base == "DateTime64"
+                 else ranges.datetime_seconds(ch))
     if not _extremes_fit(array, to_seconds, low, high):
         _check_range(name, to_seconds(array), low, high, array, row_of,
                      f"timestamp outside the range of {ch}{_on(ranges)} "
@@ -404,7 +406,7 @@ def _check_datetime(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
 def _check_datetime64(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
                       ranges: ValueRanges) -> None:
     """In this server's range, and no digit below 10^-p: DateTime64 is never rounded."""
-    _check_datetime_range(name, array, ch, row_of, ranges)
+    _check_datetime(name, array, ch, row_of, ranges)
     if not pa.types.is_timestamp(array.type):
         return
     lost = UNIT_DIGITS[array.type.unit] - int(ch.params[0])
@@ -417,15 +419,6 @@ def _check_datetime64(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
                            f"timestamp has digits below the {ch.params[0]} decimals of {ch} "
                            "(DateTime64 is never rounded: truncate it in Spark, e.g. "
                            "date_trunc('millisecond', t))")
-
-
-def _check_datetime_range(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
-                          ranges: ValueRanges) -> None:
-    low, high = ranges.datetime64_bounds(ch)
-    if not _extremes_fit(array, to_seconds, low, high):
-        _check_range(name, to_seconds(array), low, high, array, row_of,
-                     f"timestamp outside the range of {ch}{_on(ranges)} "
-                     f"({instant_text(low)} .. {instant_text(high)} UTC)")
 
 
 def _check_list(name: str, array: pa.Array, ch: ChType, row_of: RowOf,

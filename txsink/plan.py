@@ -257,8 +257,9 @@ def check_publish(options: SinkOptions, checked: CheckedTarget, overwrite: bool 
     """
     shards = checked.shard_tables or ((checked.table, options.url),)
     several = len(shards) > 1
+    views = tree_problem(checked.views, overwrite)  # shard 1's tree, every shard's too
     for index, (table, server) in enumerate(shards):
-        problem = (engine_problem(table) or tree_problem(checked.views, overwrite)
+        problem = (engine_problem(table) or views
                    or ("mode('overwrite') replaces partitions, and a Null table keeps none"
                        if overwrite and table.engine == "Null" else None))
         if problem:
