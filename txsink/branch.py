@@ -38,6 +38,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from functools import cached_property
 
 import pyarrow as pa
@@ -50,6 +51,7 @@ from server_ext.sharding import Shard, ShardRouter
 from server_ext.staging import merges_at_insert
 from txsink import connections, crashpoints, payload
 from txsink.messages import BranchMessage, SkippedMessage
+from txsink.payload import BranchOwner
 from txsink.plan import WritePlan, send_columns
 
 log = logging.getLogger(__name__)
@@ -266,11 +268,13 @@ class _Attempt:
                               self.plan.options.replica_choice, self.plan.overwrite)
         branch = _ShardBranch(self.plan, self.epoch,
                               new_branch_id(self.partition, self.attempt, index), server)
-        owner = {**self.owner, "staging": branch.staging, "server": server, "shard": index}
-        self.coord.register_branch(self.epoch, branch.branch_id, self.generation, owner=owner)
+        owner = BranchOwner(branch.staging, server, shard=index, task=self.owner)
+        self.coord.register_branch(self.epoch, branch.branch_id, self.generation,
+                                   owner=owner.to_record())
         for share in branch.views:
-            self.coord.register_branch(self.epoch, share.branch_id, self.generation, owner={
-                **owner, "staging": share.staging, "view": share.view})
+            self.coord.register_branch(self.epoch, share.branch_id, self.generation,
+                                       owner=replace(owner, staging=share.staging,
+                                                     view=share.view).to_record())
         crashpoints.hit(crashpoints.BRANCH_AFTER_REGISTER)
         self.branches[index] = branch
         return branch
@@ -338,7 +342,7 @@ class _Attempt:
         if key not in _PRECOMBINED:
             try:
                 self.coord.register_branch(self.epoch, branch_id, self.generation,
-                                           owner={"staging": name, "server": branch.server})
+                                           owner=BranchOwner(name, branch.server).to_record())
                 consolidate.create_precombined(branch.client, table, name)
             except (CoordinatorError, ClickHouseError) as exc:
                 log.warning("xid %s/%d: no pre-combined table (the commit reads the "

@@ -24,6 +24,7 @@ import server_ext
 from coordinator import BranchRecord, Coordinator, Fenced, UnknownXid, XidDecided
 from txsink import connections, payload
 from txsink.messages import BranchMessage, SkippedMessage
+from txsink.metrics import EpochMetrics
 from txsink.options import SinkOptions
 from txsink.payload import CombinedBranch, staged_manifest
 from txsink.plan import WritePlan
@@ -143,7 +144,7 @@ def combined_branches(plan: WritePlan, coord: Coordinator, epoch: int, generatio
             strategy=recorded_strategy(group[0]), server=server, overwrite=plan.overwrite,
             precombined="" if plan.overwrite else precombined_of(group))
         coord.register_branch(epoch, branch_id, generation,  # both idempotent
-                              owner={"staging": staging, "server": server})
+                              owner=payload.BranchOwner(staging, server).to_record())
         coord.prepare_branch(epoch, branch_id, payload.to_record(combined))
         chosen.append(branch_id)
     return chosen
@@ -159,26 +160,17 @@ def precombined_of(sources: Sequence[BranchRecord]) -> str:
 
 
 def epoch_metrics(messages: Sequence[BranchMessage], commit_started: float,
-                  committed_at: float | None = None) -> dict:
-    """The epoch's figures. ``commit_ms`` runs from the start of the commit to the xid's
-    ``Committed`` write (rows visible, decision final); ``cleanup_ms`` is what the commit
-    spent afterwards, dropping the non-winners' staging."""
-    now = time.time()
-    committed_at = min(max(committed_at or now, commit_started), now)
-    first_write = min((m.started_at for m in messages), default=commit_started)
-    return {
-        "rows": sum(m.rows for m in messages),
-        "bytes": sum(m.bytes for m in messages),
-        "branches": sum(len(m.branch_ids) for m in messages),
-        "partitions": sum(m.partitions for m in messages),
-        "stage_ms": round(max((m.stage_ms for m in messages), default=0.0), 1),
-        "seal_ms": round(max((m.seal_ms for m in messages), default=0.0), 1),
-        "commit_ms": round((committed_at - commit_started) * 1000, 1),
-        "cleanup_ms": round((now - committed_at) * 1000, 1),
-        "latency_ms": round((committed_at - first_write) * 1000, 1),
-        "committed_at": now,
-        "finished_by": "writer",
-    }
+                  committed_at: float | None = None) -> EpochMetrics:
+    """The epoch's figures, from its tasks' messages (``EpochMetrics`` says what each
+    timing spans); ``committed_at``: the xid's ``Committed`` write."""
+    return EpochMetrics.timed(
+        commit_started, committed_at or time.time(),
+        min((m.started_at for m in messages), default=commit_started),
+        rows=sum(m.rows for m in messages), bytes=sum(m.bytes for m in messages),
+        branches=sum(len(m.branch_ids) for m in messages),
+        partitions=sum(m.partitions for m in messages),
+        stage_ms=round(max((m.stage_ms for m in messages), default=0.0), 1),
+        seal_ms=round(max((m.seal_ms for m in messages), default=0.0), 1))
 
 
 def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> None:
@@ -210,13 +202,13 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> Non
     finally:
         publisher.drain()
     metrics = epoch_metrics(branch_messages, started, final.updated)
-    coord.record_metrics(epoch, metrics)
+    coord.record_metrics(epoch, metrics.to_dict())
     log.info(
         "txsink sink=%s epoch=%d committed rows=%d branches=%d partitions=%d "
         "stage_ms=%.0f seal_ms=%.0f commit_ms=%.0f cleanup_ms=%.0f latency_ms=%.0f",
-        plan.sink_id, epoch, metrics["rows"], metrics["branches"], metrics["partitions"],
-        metrics["stage_ms"], metrics["seal_ms"], metrics["commit_ms"], metrics["cleanup_ms"],
-        metrics["latency_ms"],
+        plan.sink_id, epoch, metrics.rows, metrics.branches, metrics.partitions,
+        metrics.stage_ms, metrics.seal_ms, metrics.commit_ms, metrics.cleanup_ms,
+        metrics.latency_ms,
     )
 
 

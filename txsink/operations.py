@@ -22,6 +22,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 
@@ -47,15 +48,16 @@ from coordinator.liveness import Verdict
 from coordinator.recovery import FAILED, IN_PROGRESS, ROLLED_BACK, ROLLED_FORWARD, RecoveryAction
 from server_ext.capabilities import strategy_problem
 from server_ext.client import ClickHouseClient
-from server_ext.ledger import ATTACHING, PUBLISHED, ledger_key
+from server_ext.ledger import PublishRecord, ledger_key
 from server_ext.seal import read_staged_partitions
 from server_ext.sql import qualified_name
 from server_ext.staging import root_tag
 from server_ext.sweeper import sweep
+from txsink.metrics import UNKNOWN, WRITER, EpochMetrics, GivenUpPartition
+from txsink.operator_records import GivenUp, GivenUpPartitions, StrategySwitch, SwitchStep
 from txsink.options import is_one_off, root_identity
-from txsink.payload import CombinedBranch, from_record
+from txsink.payload import BranchOwner, CombinedBranch, from_record
 from txsink.publisher import (
-    SWITCH_KEY,
     BranchPublisher,
     publish_manifest,
     recorded_strategy,
@@ -66,9 +68,6 @@ from txsink.verify_target import Writers, check_targets
 
 OPEN_STATES = (XidState.INITIALIZED, XidState.COMMITTING, XidState.ABORTING)
 
-#: Ledger entries of an operator's decisions, next to the publish records (which are keyed
-#: by staging table names, ``txs_...``, so these keys never collide with them).
-GIVEN_UP_KEY = "operator.given_up"
 UNCHANGED = "unchanged"  # a recover action that left the xid as it was, and why
 
 P = ParamSpec("P")
@@ -402,29 +401,25 @@ class Operations:
         for switch in switches:
             ledger = coord.ledger(epoch, switch.branch_id)
             key = ledger_key(switch.manifest.staging_table)
-            publish_record = ledger.get(key) or {}
-            cleared = (publish_record.get("attaching", [])
-                       if publish_record.get("state") == ATTACHING else [])
+            publish_record = PublishRecord.load(ledger, key)
+            cleared = sorted(publish_record.intended) if publish_record else []
             moved: list[str] = []
             if cleared and switch.old == "move":
                 staged = read_staged_partitions(
                     self.client_for(switch.server), switch.manifest.staging_database,
                     switch.manifest.staging_table, purpose="read staging before a switch")
                 moved = sorted(p for p in cleared if p not in staged)
-            if cleared:
-                done = {*publish_record.get("published", []), *moved}
-                ledger.put(key, {"state": ATTACHING, "attaching": [], "published": sorted(done)})
-            entry = ledger.get(SWITCH_KEY) or {}
-            history = [*entry.get("history", []), {
-                "from": switch.old, "to": switch.new, "why": switch.why,
-                "cleared_intent": cleared, "moved_before": moved,
-                "at": round(time.time(), 3), "by": _operator()}]
-            ledger.put(SWITCH_KEY, {"to": switch.new, "history": history})
+            if cleared and publish_record is not None:
+                PublishRecord.intent((), {*publish_record.published, *moved}).store(ledger, key)
+            step = SwitchStep(switch.old, switch.new, switch.why, tuple(cleared), tuple(moved),
+                              round(time.time(), 3), _operator())
+            (StrategySwitch.load(ledger) or StrategySwitch(switch.old)).then(step).store(ledger)
             switched[switch.branch_id] = {"from": switch.old, "to": switch.new}
         if switched:
             record = coord.xid(epoch)
-            known = dict((record.metrics if record else {}).get("strategy_switches", {}))
-            coord.record_metrics(epoch, {"strategy_switches": {**known, **switched}})
+            known = EpochMetrics.from_dict(record.metrics if record else None).strategy_switches
+            coord.record_metrics(epoch, EpochMetrics(
+                strategy_switches={**known, **switched}).to_dict())
 
     def _server_view(self, branch: BranchRecord, manifest: server_ext.Manifest
                      ) -> tuple[server_ext.Capabilities, server_ext.TargetTable]:
@@ -543,30 +538,27 @@ class Operations:
         key = ledger_key(manifest.staging_table)
         with coord.publish_lease(epoch, coord.generation(), wait=False):
             ledger = coord.ledger(epoch, branch_id)
-            publish_record = ledger.get(key) or {}
-            done = (set(staged) if publish_record.get("state") == PUBLISHED
-                    else set(publish_record.get("published", [])))
+            publish_record = PublishRecord.load(ledger, key)
+            done = (set() if publish_record is None else set(staged)
+                    if publish_record.is_published else set(publish_record.published))
             published = sorted(set(partition_ids) & done)
             if published:
                 raise RecoverRefused(f"partition(s) {published} of branch {branch_id} are "
                                      "recorded as published already; nothing to give up")
             now, by = round(time.time(), 3), _operator()
-            given = {pid: {"rows": staged[pid].rows, "reason": reason, "at": now, "by": by}
-                     for pid in partition_ids}
-            entry = ledger.get(GIVEN_UP_KEY) or {}
-            ledger.put(GIVEN_UP_KEY, {"partitions": {**entry.get("partitions", {}), **given}})
+            given = {pid: GivenUp(staged[pid].rows, reason, now, by) for pid in partition_ids}
+            GivenUpPartitions.load(ledger).adding(given).store(ledger)
             for pid in partition_ids:
                 server_ext.resolve_partition(manifest, pid, ledger, attached=True)
             target = f"{manifest.target_database}.{manifest.target_table}"
-            listed = [g for g in (coord.xid(epoch) or record).metrics.get("given_up", [])
-                      if not (g["branch"] == branch_id and g["partition"] in given)]
-            listed += [{"branch": branch_id, "partition": pid, "table": target,
-                        "rows": given[pid]["rows"], "reason": reason, "at": now}
+            known = EpochMetrics.from_dict((coord.xid(epoch) or record).metrics).given_up
+            listed = [g for g in known if not (g.branch == branch_id and g.partition in given)]
+            listed += [GivenUpPartition(branch_id, pid, target, given[pid].rows, reason, now)
                        for pid in partition_ids]
-            coord.record_metrics(epoch, {"given_up": listed})
+            coord.record_metrics(epoch, EpochMetrics(given_up=tuple(listed)).to_dict())
         result = self.recover(sink_id, epoch=epoch)
         result["given_up"] = [{"sink_id": sink_id, "epoch": epoch, "branch": branch_id,
-                               "partition": pid, "table": target, "rows": given[pid]["rows"],
+                               "partition": pid, "table": target, "rows": given[pid].rows,
                                "staging": manifest.staging_table}
                               for pid in partition_ids]
         return result
@@ -723,11 +715,11 @@ def _decisions(*groups: list[Any]) -> list[dict[str, Any]]:
     """Operators' recorded decisions (given-up partitions, strategy switches), per xid."""
     found = []
     for record in sorted((x for g in groups for x in g), key=lambda x: x.epoch):
-        given_up = record.metrics.get("given_up", [])
-        switches = record.metrics.get("strategy_switches", {})
-        if given_up or switches:
+        metrics = EpochMetrics.from_dict(record.metrics)
+        if metrics.given_up or metrics.strategy_switches:
             found.append({"epoch": record.epoch, "state": record.state.value,
-                          "given_up": given_up, "strategy_switches": switches})
+                          "given_up": [g.to_dict() for g in metrics.given_up],
+                          "strategy_switches": metrics.strategy_switches})
     return found
 
 
@@ -830,7 +822,8 @@ def _staging_of(coord: Coordinator, epoch: int) -> list[str]:
     """The staging tables (and staging views) the xid's branches recorded as theirs."""
     names = []
     for branch in coord.branches(epoch):
-        names += [branch.owner[k] for k in ("staging", "view") if branch.owner.get(k)]
+        owner = BranchOwner.from_record(branch.owner)
+        names += [name for name in (owner.staging, owner.view) if name] if owner else []
     return sorted(names)
 
 
@@ -855,19 +848,21 @@ def _commit_metrics(coord: Coordinator, record: XidRecord) -> dict[str, Any]:
     Rows and branches come from the winners' records when the writer did not record
     them.
     """
-    if "rows" in record.metrics and record.metrics.get("finished_by") != "recovery":
-        return {"finished_by": "writer", **record.metrics}
-    return {"finished_by": "unknown", **_winners_metrics(coord, record)}
+    metrics = EpochMetrics.from_dict(record.metrics)
+    if metrics.by_writer:
+        return replace(metrics, finished_by=WRITER).shown()
+    return _winners_metrics(coord, record, metrics)
 
 
-def _winners_metrics(coord: Coordinator, record: XidRecord) -> dict[str, Any]:
+def _winners_metrics(coord: Coordinator, record: XidRecord,
+                     metrics: EpochMetrics) -> dict[str, Any]:
     """What the winners' records say of an xid whose writer recorded no metrics:
     rows and task branches, no timings."""
     payloads = [from_record(b.manifest) for b in coord.branches(record.epoch, record.winners)]
-    return {**record.metrics,
-            "rows": sum(p.rows for p in payloads if p is not None),
-            "branches": sum(len(p.sources) if isinstance(p, CombinedBranch) and p.sources
-                            else 1 for p in payloads if p is not None)}
+    return replace(metrics, finished_by=metrics.finished_by or UNKNOWN,
+                   rows=sum(p.rows for p in payloads if p is not None),
+                   branches=sum(len(p.sources) if isinstance(p, CombinedBranch) and p.sources
+                                else 1 for p in payloads if p is not None)).shown()
 
 
 def _render_verify(sink: dict[str, Any]) -> list[str]:

@@ -25,7 +25,7 @@ staging table).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator import BranchRecord
@@ -91,6 +91,63 @@ class CombinedBranch:
 
 
 Payload = StagedBranch | CombinedBranch
+
+
+@dataclass(frozen=True)
+class BranchOwner:
+    """The owner record of a branch, written when it is registered, before its staging
+    exists: where the staging is (what a rollback of a branch that never got prepared
+    needs) and which task attempt registered it (for operators).
+
+    Format 1: these keys, with or without ``format``; keys a reader does not know are
+    ignored.
+    """
+
+    staging: str
+    server: str | None = None
+    view: str = ""  # the staging view filling it (a materialized view's share)
+    shard: int | None = None
+    task: dict[str, Any] = field(default_factory=dict)  # host, pid, stage, partition, ...
+
+    def to_record(self) -> dict[str, Any]:
+        return {**self.task, "format": 1, "staging": self.staging, "server": self.server,
+                **({"view": self.view} if self.view else {}),
+                **({"shard": self.shard} if self.shard is not None else {})}
+
+    @classmethod
+    def from_record(cls, raw: dict[str, Any] | None) -> BranchOwner | None:
+        if not raw or not raw.get("staging"):
+            return None
+        own = ("format", "staging", "server", "view", "shard")
+        shard = raw.get("shard")
+        return cls(staging=raw["staging"], server=raw.get("server"), view=raw.get("view") or "",
+                   shard=None if shard is None else int(shard),
+                   task={k: v for k, v in raw.items() if k not in own})
+
+
+@dataclass(frozen=True)
+class StagingPlace:
+    """Where a branch's staging is: its table, the staging view filling it ("" for
+    none), and the server (None: the sink's default server)."""
+
+    staging: str
+    view: str
+    server: str | None
+
+
+def staging_place(record: BranchRecord) -> StagingPlace | None:
+    """Where the branch's staging is, from its payload once prepared, else from its owner
+    record; None for a branch that recorded none."""
+    try:
+        prepared = from_record(record.manifest)
+    except (UnknownPayload, KeyError, TypeError, ValueError):
+        prepared = None
+    owner = BranchOwner.from_record(record.owner)
+    if prepared is not None:
+        view = prepared.view if isinstance(prepared, StagedBranch) else ""
+        return StagingPlace(prepared.staging, view or (owner.view if owner else ""),
+                            prepared.server or (owner.server if owner else None))
+    return None if owner is None else StagingPlace(owner.staging, owner.view, owner.server)
 
 
 def to_record(payload: Payload) -> dict[str, Any]:

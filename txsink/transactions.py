@@ -29,6 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from coordinator import XidRecord
 from txsink import driver
+from txsink.metrics import EpochMetrics
 from txsink.operations import explain_blocked
 from txsink.options import (
     TX_EPOCH,
@@ -92,31 +93,24 @@ class Transaction:
             publisher.drain()
             self.coord.release(self.epoch)
         metrics = self._metrics(final, started)
-        self.coord.record_metrics(self.epoch, metrics)
+        self.coord.record_metrics(self.epoch, metrics.to_dict())
         log.info("txsink sink=%s epoch=%d committed tables=%s rows=%d branches=%d "
                  "commit_ms=%.0f cleanup_ms=%.0f latency_ms=%.0f", self.sink_id, self.epoch,
-                 ",".join(self.tables), metrics["rows"], metrics["branches"],
-                 metrics["commit_ms"], metrics["cleanup_ms"], metrics["latency_ms"])
+                 ",".join(self.tables), metrics.rows, metrics.branches,
+                 metrics.commit_ms, metrics.cleanup_ms, metrics.latency_ms)
 
-    def _metrics(self, final: XidRecord, started: float) -> dict:
+    def _metrics(self, final: XidRecord, started: float) -> EpochMetrics:
         """The epoch's figures, as a batch job records them (``driver.epoch_metrics``):
         the writes' messages stayed in their own Spark jobs, so rows and branches come
         from the winners' records, and latency runs from the xid's begin."""
-        now = time.time()
-        committed_at = min(max(final.updated, started), now)
         winners = [from_record(b.manifest)
                    for b in self.coord.branches(self.epoch, final.winners)]
-        return {
-            "rows": sum(p.rows for p in winners if p is not None),
-            "branches": sum(len(p.sources) if isinstance(p, CombinedBranch) and p.sources
-                            else 1 for p in winners if p is not None),
-            "tables": len(self.tables),
-            "commit_ms": round((committed_at - started) * 1000, 1),
-            "cleanup_ms": round((now - committed_at) * 1000, 1),
-            "latency_ms": round((committed_at - final.created) * 1000, 1),
-            "committed_at": now,
-            "finished_by": "writer",
-        }
+        return EpochMetrics.timed(
+            started, final.updated, final.created,
+            rows=sum(p.rows for p in winners if p is not None),
+            branches=sum(len(p.sources) if isinstance(p, CombinedBranch) and p.sources
+                         else 1 for p in winners if p is not None),
+            tables=len(self.tables))
 
     def abort(self) -> None:
         if self.covered_by_txn is not None:
