@@ -60,6 +60,8 @@ _TRAILING_EXCEPTION_RE = re.compile(
     r"(Code: \d+[.,] (?:e\.displayText\(\) = )?DB::Exception[^\n]*)\n?\Z"
 )
 _REDACTED = "******"
+DEFAULT_TIMEOUT = 30.0  # seconds per request
+DEFAULT_RETRIES = 5  # tries of a statement that is safe to repeat
 
 
 @dataclass
@@ -112,8 +114,8 @@ class ClickHouseClient:
         url: str,
         user: str | None = None,
         password: str | None = None,
-        timeout: float = 30.0,
-        retries: int = 5,
+        timeout: float = DEFAULT_TIMEOUT,
+        retries: int = DEFAULT_RETRIES,
         session: requests.Session | None = None,
         ca_file: str | None = None,
     ) -> None:

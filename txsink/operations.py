@@ -26,23 +26,16 @@ from dataclasses import replace
 from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 
-from kazoo.client import KazooClient
-from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.retry import KazooRetry
-
 import server_ext
 from coordinator import (
     AccessDenied,
     BranchRecord,
     Coordinator,
-    DigestAuth,
     PublishInProgress,
     RecoveryIncomplete,
     XidRecord,
     XidState,
-    ZooKeeperTLS,
     audit,
-    tls_hint,
 )
 from coordinator.liveness import Verdict
 from coordinator.recovery import FAILED, IN_PROGRESS, ROLLED_BACK, ROLLED_FORWARD, RecoveryAction
@@ -53,6 +46,7 @@ from server_ext.seal import read_staged_partitions
 from server_ext.sql import qualified_name
 from server_ext.staging import root_tag
 from server_ext.sweeper import sweep
+from txsink import connections
 from txsink.metrics import UNKNOWN, WRITER, EpochMetrics, GivenUpPartition
 from txsink.operator_records import GivenUp, GivenUpPartitions, StrategySwitch, SwitchStep
 from txsink.options import is_one_off, root_identity
@@ -116,10 +110,6 @@ def _operator() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class ZooKeeperUnreachable(ConnectionError):
-    """The coordinator store did not answer within ``CONNECT_SECONDS``."""
-
-
 class UnknownSink(LookupError):
     """An operator named a sink the root does not hold."""
 
@@ -137,31 +127,13 @@ class Operations:
                  zookeeper_ca_file: str | None = None) -> None:
         self.root = zk_root
         self.root_identity = root_identity(zookeeper, zk_root)  # what gc may judge
-        digest = DigestAuth.parse(zookeeper_auth) if zookeeper_auth else None
-        tls = ZooKeeperTLS(zookeeper_ca_file) if zookeeper_ca_file else None
-        if tls is not None:  # a TLS failure in seconds, with its reason (coordinator/tls.py)
-            tls.check(zookeeper, advice="check the server's certificate and "
-                                        "TXSINK_ZOOKEEPER_CA_FILE")
-        self.zk = KazooClient(hosts=zookeeper,
-                              auth_data=digest.auth_data if digest else None,
-                              default_acl=digest.acl if digest else None,
-                              connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
-                              **(tls.kazoo_args() if tls else {}))
-        try:
-            self.zk.start(timeout=CONNECT_SECONDS)
-        except KazooTimeoutError:
-            self.zk.stop()
-            self.zk.close()
-            hosts = zookeeper.partition("/")[0]
-            hint = "" if tls else tls_hint(
-                hosts, "set TXSINK_ZOOKEEPER_CA_FILE to the CA of its certificate")
-            raise ZooKeeperUnreachable(
-                f"no answer from ZooKeeper at {hosts} within {CONNECT_SECONDS:.0f} s (is it "
-                f"running, and is --zookeeper host:port[/chroot] right?){hint}") from None
+        self.zk = connections.zookeeper(
+            zookeeper, timeout=CONNECT_SECONDS, auth=zookeeper_auth,
+            ca_file=zookeeper_ca_file, shared=False, named="--zookeeper",
+            ca_advice="set TXSINK_ZOOKEEPER_CA_FILE to the CA of its certificate")
         self.url = url
         self.protected: list[str] = []  # sinks left out: their ACL names other credentials
         self._credentials = (user, password)
-        self._clients: dict[str, ClickHouseClient] = {}
 
     def close(self) -> None:
         self.zk.stop()
@@ -172,10 +144,8 @@ class Operations:
         url = url or self.url
         if url is None:
             raise ValueError("this command needs --url")
-        if url not in self._clients:
-            user, password = self._credentials
-            self._clients[url] = ClickHouseClient(url, user=user, password=password)
-        return self._clients[url]
+        user, password = self._credentials
+        return connections.clickhouse_client(url, user, password)
 
     def _sinks(self, only: str | None, must_exist: bool = False) -> list[str]:
         """The sinks a command works on: ``only``, or every sink of the root that this
