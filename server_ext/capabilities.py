@@ -28,26 +28,13 @@ from server_ext.chtypes import (
     DATETIME_MAX_SECONDS,
     ValueRanges,
 )
+from server_ext.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError
 from server_ext.sql import qualified_name, quote_identifier, sql_string
 
 SCRATCH_DATABASE = "txsink_scratch"
 Strategy = Literal["move", "attach_replicated", "attach_marked"]
 STRATEGIES: tuple[Strategy, ...] = ("move", "attach_replicated", "attach_marked")
-
-
-class SqlClient(Protocol):
-    """The part of ``ClickHouseClient`` / ``ChdbClient`` this module uses."""
-
-    url: str
-
-    def execute(self, sql: str, *, purpose: str, settings: dict | None = None,
-                retry: bool = True) -> None: ...
-
-    def query_rows(self, sql: str, *, purpose: str, settings: dict | None = None
-                   ) -> list[dict]: ...
-
-    def query_value(self, sql: str, *, purpose: str) -> str: ...
 
 
 class ReplicatedTarget(Protocol):

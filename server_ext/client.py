@@ -43,6 +43,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from server_ext.client_protocol import Client
 from server_ext.compression import compress
 from server_ext.errors import (
     RETRYABLE_CODES,
@@ -102,7 +103,7 @@ def _read_environment_once(session: requests.Session, url: str, ca_file: str | N
     return found["verify"]
 
 
-class ClickHouseClient:
+class ClickHouseClient(Client):
     """Talks to one ClickHouse server over HTTP (see the module contract)."""
 
     #: Statements may run from several threads at once: each is its own request, and the

@@ -61,7 +61,8 @@ import logging
 import re
 from dataclasses import dataclass
 
-from server_ext.capabilities import SqlClient, known_settings
+from server_ext.capabilities import known_settings
+from server_ext.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError
 from server_ext.ledger import COMBINED, Ledger, PublishRecord
 from server_ext.manifest import Manifest, PartitionManifest

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from server_ext.capabilities import SqlClient
+from server_ext.client_protocol import SqlClient
 from server_ext.errors import StagingChanged
 from server_ext.ledger import PUBLISHED, Ledger, PublishRecord, ledger_key
 from server_ext.manifest import Manifest, PartitionManifest

@@ -88,7 +88,8 @@ import time
 from collections.abc import Iterable
 
 from server_ext.attach_decision import AttachDecider, max_block_number
-from server_ext.capabilities import STRATEGIES, SqlClient
+from server_ext.capabilities import STRATEGIES
+from server_ext.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError, InDoubtPublish, PartsDeduplicated, StagingChanged
 from server_ext.ledger import PUBLISHED, Ledger, PublishRecord, ledger_key
 from server_ext.manifest import Manifest, PartitionManifest

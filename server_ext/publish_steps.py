@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from server_ext.capabilities import SqlClient
+from server_ext.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError
 from server_ext.sql import sql_string
 

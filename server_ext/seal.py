@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from server_ext.capabilities import SqlClient, known_settings
+from server_ext.capabilities import known_settings
+from server_ext.client_protocol import SqlClient
 from server_ext.errors import StagingChanged
 from server_ext.manifest import Manifest, PartitionManifest, StagedPart
 from server_ext.schema import TargetTable

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from server_ext.capabilities import SqlClient
+from server_ext.client_protocol import SqlClient
 from server_ext.sql import qualified_name, sql_string, table_filter
 
 # Engines whose row count is exactly what was inserted minus what was deleted.

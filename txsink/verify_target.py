@@ -47,7 +47,7 @@ from kazoo.client import KazooClient
 import server_ext
 from coordinator import Coordinator, XidState
 from coordinator.audit import DecidedXid, SinkHistory, changed_since, read_history
-from server_ext.capabilities import SqlClient
+from server_ext.client_protocol import SqlClient
 from server_ext.target_rows import TableRows, table_rows
 from txsink.payload import contributions, from_record
 from txsink.publisher import server_of
