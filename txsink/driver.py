@@ -4,7 +4,9 @@ Contract (Spark's ``BatchWrite``/``StreamingWrite``, made exactly-once):
 
 - :func:`open_sink` runs before any task of a batch job: it bumps the sink's generation
   (fencing every older driver of the same sink) and recovers what an earlier driver
-  left: ``Committing`` xids are published, undecided ones rolled back.
+  left: ``Committing`` xids are published, undecided ones rolled back. :func:`open_xid`
+  then begins the xid; it and :func:`decide` are the one start and the one commit of
+  every batch writer, a job's and ``transaction()``'s alike.
   :func:`open_stream` is its streaming counterpart (see there why it cannot fence).
 - :func:`commit_epoch` may be called more than once for the same epoch (Spark replays a
   micro-batch whose ``commits/N`` file was not written): a committed xid is a no-op.
@@ -18,10 +20,20 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import server_ext
-from coordinator import BranchRecord, Coordinator, Fenced, UnknownXid, XidDecided
+from coordinator import (
+    BranchRecord,
+    Coordinator,
+    Fenced,
+    RecoveryIncomplete,
+    UnknownXid,
+    XidDecided,
+    XidRecord,
+)
 from txsink import connections, payload
 from txsink.messages import BranchMessage, SkippedMessage
 from txsink.metrics import EpochMetrics
@@ -71,15 +83,91 @@ def open_stream(options: SinkOptions, sink_id: str) -> Coordinator:
 
 
 def _recover(options: SinkOptions, coord: Coordinator, older_than_generation: int | None) -> None:
-    publisher = publisher_for(options, coord)
     try:
-        report = coord.recover(publish=publisher.publish, rollback=publisher.rollback,
-                               older_than_generation=older_than_generation,
-                               wait_for_holders=HOLDER_WAIT_SECONDS)
-    finally:
-        publisher.drain()
+        with publisher_for(options, coord) as publisher:
+            report = coord.recover(publish=publisher.publish, rollback=publisher.rollback,
+                                   older_than_generation=older_than_generation,
+                                   wait_for_holders=HOLDER_WAIT_SECONDS)
+    except RecoveryIncomplete as exc:
+        raise SinkBlocked.of(exc) from exc
     if report.actions:
         log.warning("txsink sink=%s recovered: %s", coord.sink_id, report)
+
+
+class SinkBlocked(RecoveryIncomplete):
+    """A writer cannot start: an xid of its sink is decided and its recovery cannot finish
+    it. The message says what to run instead of a bare ``RecoveryIncomplete``.
+
+    A decided xid is never rolled back, so a writer cannot skip it; only an operator can
+    finish it (see ``docs/operations.md``, "Stuck Committing xids").
+    """
+
+    def __init__(self, message: str, report: object = None) -> None:
+        Exception.__init__(self, message)  # the message is built, not the report's text
+        self.report = report
+
+    @classmethod
+    def of(cls, exc: RecoveryIncomplete) -> SinkBlocked:
+        report = exc.report
+        sink_id = getattr(report, "sink_id", "?")
+        epochs = sorted({a.epoch for a in getattr(report, "failed", [])})
+        where = f" --epoch {epochs[0]}" if epochs else ""
+        return cls(f"{exc}. The sink cannot start while a decided xid of it is unfinished; a "
+                   f"decided xid is never aborted. Run `txsink recover --sink {sink_id}{where}` "
+                   "(with this sink's --zookeeper and --zk-root): it retries the publish and "
+                   "prints what can be done (docs/operations.md, \"Stuck Committing xids\")",
+                   report)
+
+
+@dataclass(frozen=True)
+class OpenedXid:
+    """A batch writer's start: the sink fenced and recovered, its xid begun (``epoch``),
+    or ``covered_by_txn``: the sink's ``txn_version`` covers this writer's, and it writes
+    nothing (``epoch`` None)."""
+
+    coord: Coordinator
+    generation: int
+    epoch: int | None
+    covered_by_txn: int | None = None
+
+
+def open_xid(options: SinkOptions, sink_id: str, hold: str) -> OpenedXid:
+    """The one start of every batch writer (a batch job's planner, ``transaction()``):
+    fence and recover the sink, check its ``txn_version``, allocate the epoch and begin
+    the xid, watched by this process's session under ``hold`` (a writer killed before
+    its decision leaves an xid that ``txsink recover``/``gc`` roll back,
+    ``coordinator/liveness.py``)."""
+    coord, generation = open_sink(options, sink_id)
+    covered = covered_txn_version(options, coord)
+    if covered is not None:
+        return OpenedXid(coord, generation, None, covered)
+    epoch = coord.allocate_epoch()
+    with taken_over_said(coord, generation):  # another writer started right after us
+        coord.begin(epoch, generation, hold=hold)
+    return OpenedXid(coord, generation, epoch)
+
+
+@contextmanager
+def taken_over_said(coord: Coordinator, generation: int) -> Iterator[None]:
+    """Say "taken over by a newer writer" (``Coordinator.taken_over``) for a step a newer
+    writer of the sink refused, instead of the bare ``Fenced``/``XidDecided``."""
+    try:
+        yield
+    except (Fenced, XidDecided) as exc:
+        taken = coord.taken_over(generation, exc)
+        if taken is None:
+            raise
+        raise taken from exc
+
+
+def decide(coord: Coordinator, epoch: int, generation: int, winners: list[str] | None,
+           publisher: BranchPublisher, txn_version: int | None) -> XidRecord:
+    """Decide the xid with ``winners`` (None: those selected by ``transaction()``'s
+    writes) and publish; the record of the ``Committed`` xid. The one commit of every
+    writer; ``publisher`` drains when the caller's ``with`` block ends."""
+    with taken_over_said(coord, generation):
+        return coord.commit(epoch, generation, winners, publish=publisher.publish,
+                            rollback=publisher.rollback, txn_version=txn_version)
 
 
 def covered_txn_version(options: SinkOptions, coord: Coordinator) -> int | None:
@@ -183,24 +271,16 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> Non
         return
     started = time.time()
     generation = generation_of(plan, coord, messages)
-    publisher = publisher_for(plan.options, coord, plan.tables)
-    try:
-        coord.begin(epoch, generation)  # a micro-batch with no task still gets its xid
-        winners = [b for m in branch_messages for b in m.branch_ids]
-        if winners:
-            winners = combined_branches(plan, coord, epoch, generation, winners, publisher)
-        if plan.options.in_transaction():
-            coord.select(epoch, generation, winners)
-            return
-        final = coord.commit(epoch, generation, winners, publish=publisher.publish,
-                             rollback=publisher.rollback, txn_version=plan.options.txn_version)
-    except (Fenced, XidDecided) as exc:
-        taken = coord.taken_over(generation, exc)
-        if taken is None:
-            raise
-        raise taken from exc
-    finally:
-        publisher.drain()
+    with publisher_for(plan.options, coord, plan.tables) as publisher:
+        with taken_over_said(coord, generation):
+            coord.begin(epoch, generation)  # a micro-batch with no task still gets its xid
+            winners = [b for m in branch_messages for b in m.branch_ids]
+            if winners:
+                winners = combined_branches(plan, coord, epoch, generation, winners, publisher)
+            if plan.options.in_transaction():
+                coord.select(epoch, generation, winners)
+                return
+        final = decide(coord, epoch, generation, winners, publisher, plan.options.txn_version)
     metrics = epoch_metrics(branch_messages, started, final.updated)
     coord.record_metrics(epoch, metrics.to_dict())
     log.info(
@@ -221,9 +301,9 @@ def finish_clean_up(plan: WritePlan, coord: Coordinator, epoch: int) -> None:
     ``Committed`` no branch's staging is needed any more, and a drop of a table that is
     gone costs one ``DROP TABLE IF EXISTS``.
     """
-    publisher = publisher_for(plan.options, coord)
-    for record in coord.branches(epoch):
-        publisher.rollback(record)
+    with publisher_for(plan.options, coord) as publisher:
+        for record in coord.branches(epoch):
+            publisher.rollback(record)
 
 
 def abort_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> None:

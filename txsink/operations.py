@@ -21,9 +21,8 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 
 import server_ext
@@ -32,7 +31,6 @@ from coordinator import (
     BranchRecord,
     Coordinator,
     PublishInProgress,
-    RecoveryIncomplete,
     XidRecord,
     XidState,
     audit,
@@ -71,39 +69,6 @@ R = TypeVar("R")
 class RecoverRefused(ValueError):
     """``recover --epoch/--strategy`` or ``resolve --give-up`` refused before writing
     anything: the message says why and what to do instead."""
-
-
-def explain_blocked(call: Callable[P, R]) -> Callable[P, R]:
-    """Decorate a writer's start-up: a sink blocked by an xid its recovery cannot finish
-    fails with what to run, instead of a bare ``RecoveryIncomplete``.
-
-    A decided xid is never rolled back, so a writer cannot skip it; only an operator can
-    finish it (see ``docs/operations.md``, "Stuck Committing xids").
-    """
-    @wraps(call)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return call(*args, **kwargs)
-        except RecoveryIncomplete as exc:
-            report = exc.report
-            sink_id = getattr(report, "sink_id", "?")
-            epochs = sorted({a.epoch for a in getattr(report, "failed", [])})
-            where = f" --epoch {epochs[0]}" if epochs else ""
-            raise _Blocked(
-                f"{exc}. The sink cannot start while a decided xid of it is unfinished; a "
-                f"decided xid is never aborted. Run `txsink recover --sink {sink_id}{where}` "
-                "(with this sink's --zookeeper and --zk-root): it retries the publish and "
-                "prints what can be done (docs/operations.md, \"Stuck Committing xids\")",
-                report) from exc
-    return wrapper
-
-
-class _Blocked(RecoveryIncomplete):
-    """``RecoveryIncomplete`` whose message says what the operator can run."""
-
-    def __init__(self, message: str, report: object = None) -> None:
-        Exception.__init__(self, message)  # the message is built, not the report's text
-        self.report = report
 
 
 def _operator() -> str:
@@ -255,12 +220,11 @@ class Operations:
         for sink_id in sinks:
             coord = self._coordinator(sink_id)
             if epoch is None and strategy is None:
-                publisher = BranchPublisher(self.client_for, coord)
-                actions = list(coord.recover(publish=publisher.publish,
-                                             rollback=publisher.rollback,
-                                             raise_on_failure=False, abandoned=True,
-                                             unwatched_after=unwatched_after).actions)
-                publisher.drain()
+                with BranchPublisher(self.client_for, coord) as publisher:
+                    actions = list(coord.recover(publish=publisher.publish,
+                                                 rollback=publisher.rollback,
+                                                 raise_on_failure=False, abandoned=True,
+                                                 unwatched_after=unwatched_after).actions)
             else:
                 actions = self._finish_decided(coord, epoch, strategy)
             failed = [a for a in actions if a.action == FAILED]
@@ -305,10 +269,9 @@ class Operations:
                 record = coord.xid(epoch) or record
                 if record.state is XidState.COMMITTING:
                     self._apply_switches(coord, epoch, switches)
-                    publisher = BranchPublisher(self.client_for, coord)
-                    coord.commit(epoch, generation, None, publish=publisher.publish,
-                                 rollback=publisher.rollback)
-                    publisher.drain()
+                    with BranchPublisher(self.client_for, coord) as publisher:
+                        coord.commit(epoch, generation, None, publish=publisher.publish,
+                                     rollback=publisher.rollback)
                     detail = "; ".join(str(s) for s in switches)
                     return RecoveryAction(record.xid, record.state, ROLLED_FORWARD, epoch, detail)
                 if record.state is XidState.ABORTING:
@@ -605,13 +568,10 @@ class Operations:
             coord = self._coordinator(sink_id)
             verdicts = {v.record.epoch: v for v in coord.verdicts(unwatched_after)}
             staging = {e: _staging_of(coord, e) for e, v in verdicts.items() if v.abandoned}
-            publisher = BranchPublisher(self.client_for, coord)
-            try:
+            with BranchPublisher(self.client_for, coord) as publisher:
                 report = coord.recover(publish=publisher.publish, rollback=publisher.rollback,
                                        raise_on_failure=False, abandoned=True,
                                        unwatched_after=unwatched_after)
-            finally:
-                publisher.drain()
             done = {a.epoch: a for a in report.actions
                     if a.from_state is XidState.INITIALIZED}
             for epoch, verdict in sorted(verdicts.items()):

@@ -51,12 +51,10 @@ class BranchPublisher:
     the branches' staging tables were created; a combined table is created from its
     table's description (a publisher without it, as in recovery, describes the table).
 
-    Usage::
+    Usage (leaving the block waits for the background drops, as ``drain`` does)::
 
-        publisher = BranchPublisher(lambda url: ClickHouseClient(url or default_url), coord)
-        coord.commit(epoch, generation, winners, publish=publisher.publish,
-                     rollback=publisher.rollback)
-        publisher.drain()
+        with BranchPublisher(lambda url: ClickHouseClient(url or default_url), coord) as p:
+            coord.commit(epoch, generation, winners, publish=p.publish, rollback=p.rollback)
     """
 
     def __init__(self, client_for: Callable[[str | None], ClickHouseClient],
@@ -69,6 +67,12 @@ class BranchPublisher:
         self._known: dict[tuple[int, str], BranchRecord] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._pending: list[tuple[BranchRecord, Future[None]]] = []
+
+    def __enter__(self) -> BranchPublisher:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.drain()
 
     def remember(self, records: Iterable[BranchRecord]) -> None:
         """Branch records the caller has just read (spares reading sources again)."""
@@ -110,7 +114,7 @@ class BranchPublisher:
 
     def drain(self) -> None:
         """Wait for the staging drops ``publish`` started; a failed one is logged and its
-        staging left to ``txsink gc``. Call it after ``commit``/``recover`` returns."""
+        staging left to ``txsink gc``. Leaving the publisher's ``with`` block calls it."""
         pending, self._pending = self._pending, []
         for record, future in pending:
             try:
