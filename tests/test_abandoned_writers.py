@@ -22,6 +22,7 @@ import txsink
 from coordinator import Coordinator, XidState
 from tests.sinkutil import assert_exactly_once, create_events, events_df, id_counts, staging_tables
 from txsink import cli
+from txsink.harness.crash_arming import arm_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,8 +34,8 @@ def zookeeper(zk_hosts: str, zk_chroot: str) -> str:
 
 def killed_writer(kind: str, url: str, zookeeper: str, table: str, point: str,
                   once_dir: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "TXSINK_CRASH_AT": point,
-           "TXSINK_CRASH_MODE": "group", "TXSINK_CRASH_ONCE_DIR": str(once_dir)}
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
+           **arm_env([point], "group", once_dir)}
     return subprocess.run(
         [sys.executable, "-m", "tests.jobs.abandoned_writer", kind, url, zookeeper, table,
          "400"], cwd=ROOT, capture_output=True, text=True, timeout=240, env=env,
