@@ -31,6 +31,7 @@ class ZooKeeperUnreachable(ConnectionError):
 def zookeeper(hosts: str, timeout: float = 15.0, auth: str | None = None,
               ca_file: str | None = None, *, shared: bool = True,
               named: str = "the zookeeper option",
+              ca_named: str = "the zookeeper_ca_file option",
               ca_advice: str = "give the zookeeper_ca_file option") -> KazooClient:
     """A started kazoo client for ``hosts`` (which may end in a chroot path); with
     ``auth`` (``user:password``) its session authenticates with the digest scheme and
@@ -39,7 +40,8 @@ def zookeeper(hosts: str, timeout: float = 15.0, auth: str | None = None,
 
     ``shared``: one session per process and ensemble, reused by every task a Spark worker
     runs; an operator command takes its own (``shared=False``) and closes it. ``named``
-    is how the caller names the address in a refusal, ``ca_advice`` how it gives a CA.
+    is how the caller names the address in a refusal, ``ca_named`` the CA file and
+    ``ca_advice`` how to give one.
     A TLS failure raises ``ZooKeeperTLSError`` within seconds, before any session:
     kazoo itself would retry it as a dropped connection until ``timeout``.
     """
@@ -50,7 +52,7 @@ def zookeeper(hosts: str, timeout: float = 15.0, auth: str | None = None,
         if client is not None and client.connected:
             return client
         if tls is not None:
-            tls.check(hosts, advice=f"check the server's certificate and {ca_advice}")
+            tls.check(hosts, advice=f"check the server's certificate and {ca_named}")
         client = KazooClient(
             hosts=hosts,
             auth_data=digest.auth_data if digest else None,

@@ -17,7 +17,6 @@ Contract (Spark's ``BatchWrite``/``StreamingWrite``, made exactly-once):
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -26,7 +25,6 @@ from dataclasses import dataclass
 
 import server_ext
 from coordinator import (
-    BranchRecord,
     Coordinator,
     Fenced,
     RecoveryIncomplete,
@@ -34,13 +32,12 @@ from coordinator import (
     XidDecided,
     XidRecord,
 )
-from txsink import connections, payload
+from txsink import combine, connections
 from txsink.messages import BranchMessage, SkippedMessage
 from txsink.metrics import EpochMetrics
 from txsink.options import SinkOptions
-from txsink.payload import CombinedBranch, staged_manifest
 from txsink.plan import WritePlan
-from txsink.publisher import BranchPublisher, recorded_strategy, server_of
+from txsink.publisher import BranchPublisher
 
 log = logging.getLogger(__name__)
 
@@ -198,53 +195,7 @@ def generation_of(plan: WritePlan, coord: Coordinator, messages: Sequence[object
     return max(claimed) if claimed else coord.generation()
 
 
-def combined_branches(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
-                      winners: Sequence[str], publisher: BranchPublisher) -> list[str]:
-    """The decision's winners: one combined branch per server and table that got several
-    winners (every server, for an overwrite), the task branches elsewhere. The tables are
-    the target and those of the materialized views it feeds (``server_ext.views``).
 
-    A combined branch publishes its sources in one pass (``server_ext.consolidate``; an
-    overwrite: one ``REPLACE PARTITION`` per partition of all of them). It is registered
-    and prepared before the decision like any branch, so the decision stays one
-    compare-and-set over its winners, and its sources become non-winners, rolled back
-    (their staging dropped) after the publish. Its id is derived from its sources, so a
-    repeated commit of the same messages finds it already prepared.
-    """
-    records = coord.branches(epoch, winners)
-    publisher.remember(records)
-    by_table: dict[tuple[str | None, str, str], list[BranchRecord]] = {}
-    for record in records:
-        manifest = staged_manifest(record)
-        key = (server_of(record), manifest.target_database, manifest.target_table)
-        by_table.setdefault(key, []).append(record)
-    chosen = []
-    for (server, _, _), group in sorted(by_table.items(), key=lambda item: str(item[0])):
-        if len(group) == 1 and not plan.overwrite:
-            chosen.append(group[0].branch_id)
-            continue
-        sources = ",".join(sorted(r.branch_id for r in group))
-        branch_id = f"combined-{hashlib.sha1(sources.encode()).hexdigest()[:8]}"
-        staging = server_ext.staging_table_name(plan.sink_id, epoch, branch_id,
-                                                root=plan.options.root_identity)
-        combined = CombinedBranch.of(
-            {r.branch_id: staged_manifest(r) for r in group}, staging=staging,
-            strategy=recorded_strategy(group[0]), server=server, overwrite=plan.overwrite,
-            precombined="" if plan.overwrite else precombined_of(group))
-        coord.register_branch(epoch, branch_id, generation,  # both idempotent
-                              owner=payload.BranchOwner(staging, server).to_record())
-        coord.prepare_branch(epoch, branch_id, payload.to_record(combined))
-        chosen.append(branch_id)
-    return chosen
-
-
-def precombined_of(sources: Sequence[BranchRecord]) -> str:
-    """The pre-combined table every source with rows contributed to; "" if some did
-    not, or not to the same table (``server_ext.consolidate`` then reads the sources)."""
-    staged = [p for p in (payload.from_record(r.manifest) for r in sources)
-              if isinstance(p, payload.StagedBranch) and p.manifest.partitions]
-    tables = {p.contributed for p in staged}
-    return tables.pop() if len(tables) == 1 else ""
 
 
 def epoch_metrics(messages: Sequence[BranchMessage], commit_started: float,
@@ -276,7 +227,8 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> Non
             coord.begin(epoch, generation)  # a micro-batch with no task still gets its xid
             winners = [b for m in branch_messages for b in m.branch_ids]
             if winners:
-                winners = combined_branches(plan, coord, epoch, generation, winners, publisher)
+                winners = combine.combined_branches(plan, coord, epoch, generation, winners,
+                                                    publisher)
             if plan.options.in_transaction():
                 coord.select(epoch, generation, winners)
                 return

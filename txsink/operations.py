@@ -95,6 +95,7 @@ class Operations:
         self.zk = connections.zookeeper(
             zookeeper, timeout=CONNECT_SECONDS, auth=zookeeper_auth,
             ca_file=zookeeper_ca_file, shared=False, named="--zookeeper",
+            ca_named="TXSINK_ZOOKEEPER_CA_FILE",
             ca_advice="set TXSINK_ZOOKEEPER_CA_FILE to the CA of its certificate")
         self.url = url
         self.protected: list[str] = []  # sinks left out: their ACL names other credentials
