@@ -30,7 +30,7 @@ from server_ext.ledger import Ledger, MemoryLedger, resolve_partition
 from server_ext.manifest import Manifest, PartitionManifest, StagedPart
 from server_ext.overwrite import publish_overwrite
 from server_ext.publish import publish
-from server_ext.publish_steps import STEPS, PublishReport
+from server_ext.publish_steps import PUBLISH_STEPS, PublishReport
 from server_ext.schema import (
     Column,
     TargetTable,
@@ -95,7 +95,7 @@ __all__ = [
     "to_arrow_stream_batch",
     # two-phase commit
     "STAGING_DATABASE",
-    "STEPS",
+    "PUBLISH_STEPS",
     "InDoubtPublish",
     "Ledger",
     "Manifest",

@@ -19,7 +19,8 @@ import dataclasses
 import threading
 import uuid
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from enum import StrEnum
+from typing import Protocol
 
 from server_ext.chtypes import (
     DATE32_CALENDAR,
@@ -33,8 +34,17 @@ from server_ext.errors import ClickHouseError
 from server_ext.sql import qualified_name, quote_identifier, sql_string
 
 SCRATCH_DATABASE = "txsink_scratch"
-Strategy = Literal["move", "attach_replicated", "attach_marked"]
-STRATEGIES: tuple[Strategy, ...] = ("move", "attach_replicated", "attach_marked")
+class Strategy(StrEnum):
+    """How a branch's partitions are made visible (``server_ext/publish.py`` has each).
+
+    A member is its name as a string: options, payloads and ledgers store the text."""
+
+    MOVE = "move"
+    ATTACH_REPLICATED = "attach_replicated"
+    ATTACH_MARKED = "attach_marked"
+
+
+STRATEGIES: tuple[Strategy, ...] = tuple(Strategy)
 
 
 class ReplicatedTarget(Protocol):
@@ -113,8 +123,8 @@ def choose_strategy(caps: Capabilities, target: ReplicatedTarget) -> Strategy:
     where the server has it (a repeat moves nothing) and ``attach_marked`` otherwise.
     """
     if target.replicated:
-        return "attach_replicated"
-    return "move" if caps.move_partition else "attach_marked"
+        return Strategy.ATTACH_REPLICATED
+    return Strategy.MOVE if caps.move_partition else Strategy.ATTACH_MARKED
 
 
 # -- checking a strategy against a server and a target (before anything is staged) --------
@@ -167,11 +177,12 @@ def strategy_problem(caps: Capabilities, target: DescribedTarget | None,
       watermark cannot decide a repeat (the ATTACH itself would run).
     """
     if strategy not in STRATEGIES:
-        raise ValueError(f"unknown publish strategy {strategy!r}; expected one of {STRATEGIES}")
+        raise ValueError(f"unknown publish strategy {strategy!r}; expected one of "
+                         f"{', '.join(STRATEGIES)}")
     replicated = target is not None and target.replicated
     engine = f" ({target.engine})" if target is not None else ""
     if strategy == "move":
-        fallback: Strategy = "attach_replicated" if replicated else "attach_marked"
+        fallback = Strategy.ATTACH_REPLICATED if replicated else Strategy.ATTACH_MARKED
         if not caps.move_partition:
             return StrategyProblem(strategy, f"the server (ClickHouse {caps.version_text}) has "
                                    f"no {MOVE_STATEMENT}", fallback, statement_runs=False)
@@ -182,7 +193,7 @@ def strategy_problem(caps: Capabilities, target: DescribedTarget | None,
                                    statement_runs=False)
         return None
     if strategy == "attach_replicated":
-        fallback = "move" if caps.move_partition else "attach_marked"
+        fallback = Strategy.MOVE if caps.move_partition else Strategy.ATTACH_MARKED
         if target is None and not caps.keeper:
             return StrategyProblem(strategy, "the server has no ZooKeeper/Keeper configured, "
                                    "so none of its tables is Replicated", fallback,
@@ -197,7 +208,7 @@ def strategy_problem(caps: Capabilities, target: DescribedTarget | None,
         return StrategyProblem(strategy, f"the target is Replicated{engine}: its block numbers "
                                "are allocated per partition and it may drop attached parts as "
                                "duplicates, so the attach_marked watermark cannot decide a "
-                               "repeat", "attach_replicated", statement_runs=True)
+                               "repeat", Strategy.ATTACH_REPLICATED, statement_runs=True)
     return None
 
 

@@ -77,7 +77,7 @@ log = logging.getLogger(__name__)
 
 STEP_AFTER_COMBINE = "consolidate.after_combine"  # combined table built, not recorded
 STEP_AFTER_RECORD = "consolidate.after_record"  # recorded, nothing published yet
-STEPS = (STEP_AFTER_COMBINE, STEP_AFTER_RECORD)
+COMBINE_STEPS = (STEP_AFTER_COMBINE, STEP_AFTER_RECORD)
 
 REWRITE_BLOCK_BYTES = 256 * 1024 * 1024  # uncompressed rows per part written
 DEFAULT_MAX_QUERY_SIZE = 262_144  # the servers' default max_query_size

@@ -22,7 +22,7 @@ again with the same manifest and the same ledger. The contract:
   crash may leave some partitions done and others not; recovery decides each partition
   on its own. Measured on 18.16: every statement costs ~3 ms of round trip, so one ALTER
   for 90 partitions takes 57 ms where 90 ALTERs take ~350 ms.
-- ``on_step(name)`` is called at each crash point, once per call: ``STEPS[strategy]``
+- ``on_step(name)`` is called at each crash point, once per call: ``PUBLISH_STEPS[strategy]``
   lists them in order. Tests raise from it to simulate a crash.
 
 Strategies (chosen by ``capabilities.choose_strategy``):
@@ -134,7 +134,8 @@ def publish(
     if overwrite:
         return publish_overwrite(client, [manifest], None, ledger, on_step=on_step)
     if strategy not in STRATEGIES:
-        raise ValueError(f"unknown publish strategy {strategy!r}; expected one of {STRATEGIES}")
+        raise ValueError(f"unknown publish strategy {strategy!r}; expected one of "
+                         f"{', '.join(STRATEGIES)}")
     publisher_class = {"move": _MovePublisher, "attach_replicated": _ReplicatedPublisher,
                        "attach_marked": _MarkedPublisher}[strategy]
     return publisher_class(client, manifest, ledger, on_step or no_step).run()

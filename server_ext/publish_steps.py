@@ -21,7 +21,7 @@ STEP_AFTER_MARK = "publish.after_mark"
 STEP_AFTER_DROP = "publish.after_drop_staging_partition"
 
 # The crash points each way of publishing passes, in order.
-STEPS: dict[str, tuple[str, ...]] = {
+PUBLISH_STEPS: dict[str, tuple[str, ...]] = {
     "move": (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH, STEP_AFTER_MARK),
     "attach_replicated": (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH,
                           STEP_AFTER_MARK, STEP_AFTER_DROP),

@@ -32,8 +32,8 @@ CRASH_POINTS: tuple[str, ...] = (
     BRANCH_AFTER_REGISTER, BRANCH_AFTER_VIEWS, BRANCH_AFTER_STAGING_WRITE, BRANCH_AFTER_SEAL,
     BRANCH_AFTER_CONTRIBUTE, BRANCH_AFTER_PREPARE,
     steps.COMMIT_AFTER_DECISION,
-    *consolidate.STEPS,
-    *publish_steps.STEPS["attach_marked"],
+    *consolidate.COMBINE_STEPS,
+    *publish_steps.PUBLISH_STEPS["attach_marked"],
     *steps.COMMIT_STEPS[1:],
     *steps.ABORT_STEPS,
 )

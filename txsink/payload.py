@@ -30,6 +30,7 @@ from typing import Any
 
 from coordinator import BranchRecord
 from server_ext import Manifest
+from server_ext.capabilities import Strategy
 
 FORMAT = 2
 
@@ -43,7 +44,7 @@ class StagedBranch:
     """A task attempt's sealed staging table on one server."""
 
     manifest: Manifest
-    strategy: str
+    strategy: Strategy
     staging: str
     server: str | None
     rows: int
@@ -65,7 +66,7 @@ class CombinedBranch:
 
     sources: tuple[str, ...]
     staging: str
-    strategy: str
+    strategy: Strategy
     server: str | None
     rows: int
     overwrite: bool = False
@@ -174,7 +175,12 @@ def from_record(raw: dict[str, Any] | None) -> Payload | None:
         raise UnknownPayload(
             f"branch payload format {version} is newer than this release reads ({FORMAT}); "
             "finish it with the release that wrote it")
-    common = {"staging": raw["staging"], "strategy": raw.get("strategy") or "",
+    try:
+        strategy = Strategy(raw["strategy"])
+    except (KeyError, ValueError):
+        raise UnknownPayload(f"branch payload with publish strategy {raw.get('strategy')!r}, "
+                             "which this release does not know") from None
+    common = {"staging": raw["staging"], "strategy": strategy,
               "server": raw.get("server"), "rows": int(raw.get("rows", 0))}
     if version == 1:
         if raw.get("overwrite_of") is not None:
