@@ -43,6 +43,9 @@ class Strategy(StrEnum):
     ATTACH_REPLICATED = "attach_replicated"
     ATTACH_MARKED = "attach_marked"
 
+    def __repr__(self) -> str:
+        return repr(self.value)  # messages quote the name as the user spells it
+
 
 STRATEGIES: tuple[Strategy, ...] = tuple(Strategy)
 
