@@ -163,11 +163,11 @@ def _operations(args: argparse.Namespace) -> int:
 
 
 def unjudged(result: dict) -> bool:
-    """Whether verify left a target partition unjudged for a reason a later run may not
-    have (a server it could not read, an xid publishing, replicas catching up)."""
-    from txsink.verify_target import RETRYABLE_CAUSES
+    """Whether verify left a target partition unjudged for a reason that fails it (a
+    server it could not read, an xid publishing, replicas catching up, merges)."""
+    from txsink.verify_target import FAILING_CAUSES
 
-    return any(n.get("cause") in RETRYABLE_CAUSES for s in result["sinks"]
+    return any(n.get("cause") in FAILING_CAUSES for s in result["sinks"]
                for n in (s.get("target") or {}).get("not_judged", []))
 
 
