@@ -118,11 +118,10 @@ def table_rows(client: SqlClient, database: str, table: str,
 
 def _with_digests(client: SqlClient, found: TableRows, wanted: list[str],
                   purpose: str) -> TableRows:
+    # as ``schema.describe_table`` lists them for the seal: same order, same hash
     columns = stored_columns(
-        (r["name"], r["type"], r["default_kind"]) for r in client.query_rows(
-            "SELECT name, type, default_kind FROM system.columns "
-            f"WHERE {table_filter(found.database, found.table)} ORDER BY position",
-            purpose=purpose))
+        (r["name"], r["type"], r.get("default_type", "")) for r in client.query_rows(
+            f"DESCRIBE TABLE {qualified_name(found.database, found.table)}", purpose=purpose))
     try:
         any_type = hashes_any_type(client)
         digests = partition_digests(client, found.database, found.table, columns, any_type,
