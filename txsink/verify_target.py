@@ -16,12 +16,20 @@ What it claims, per (table, partition id) touched by a retained decided xid of t
   the sinks under this root are the table's only writers (``exclusive``),
   ``unexplained_rows`` when nobody said (``unknown``: another writer, or a duplicate),
   not judged when the table is known to have other writers (``shared``).
+- **content**: where every such xid recorded content digests (``server_ext.digest``)
+  of the table's current columns, the partition's digest is compared too: equal counts
+  with another content → ``altered_rows``; extra rows that are exactly one committed
+  xid's → ``duplicate_rows``, exactly a never-published branch's → ``aborted_rows``
+  (whatever the operator said of other writers, except ``shared``); missing rows that are
+  exactly one xid's are named. Otherwise the partition is judged by count.
 
 It does not judge (and says why) a partition that:
 
 - a ``Committing`` xid is publishing, or that an xid decided while the check ran;
-- lives in a table whose row count is not the rows published (an engine that merges rows
-  away, a table TTL), on a server that cannot be read, or whose replicas disagree;
+- lives in a table whose engine merges rows away (or has a TTL) and no longer holds
+  exactly what was committed (judged before the merges; more rows are extra rows
+  whatever the engine, as merges only take rows away), on a server that cannot be read,
+  or whose replicas disagree;
 - any sink under the root may have written in a committed xid whose record is gone
   (retention pruned it, or a winner's record is missing): what it wrote is unknown.
   Exception: a dynamic overwrite of the partition by that same sink after its last
