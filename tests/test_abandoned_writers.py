@@ -177,19 +177,21 @@ def test_batch_job_killed_between_begin_and_decision_leaves_nothing_after_gc(
     table = create_events(server_url, server_db)
     options = {"zookeeper": zookeeper}
     live, live_epoch, live_staging = live_xid(zk, server_url, zookeeper, table)
-    killed = killed_writer("batch", server_url, zookeeper, table, point, tmp_path)
-    assert killed.returncode == -9, killed.stderr[-3000:]
-    assert abandoned_status(capsys, zookeeper), "status shows no abandoned xid"
+    try:
+        killed = killed_writer("batch", server_url, zookeeper, table, point, tmp_path)
+        assert killed.returncode == -9, killed.stderr[-3000:]
+        assert abandoned_status(capsys, zookeeper), "status shows no abandoned xid"
 
-    code, result = operator(capsys, "gc", "--zookeeper", zookeeper, "--url", server_url,
-                            "--grace", "0")
+        code, result = operator(capsys, "gc", "--zookeeper", zookeeper, "--url", server_url,
+                                "--grace", "0")
 
-    assert code == 0, result
-    [rolled] = result["abandoned"]["rolled_back"]
-    assert rolled["sink_id"] != "live"
-    assert staging_tables(server_url, options) == [live_staging]
-    assert xid_states(zk, rolled["sink_id"]) == [XidState.ABORTED]
-    assert live.xid(live_epoch).state is XidState.INITIALIZED
-    assert id_counts(server_url, table) == {}
-    live.abort(live_epoch, live.generation(), rollback=lambda branch: run_sql(
-        server_url, f"DROP TABLE IF EXISTS txsink_staging.`{branch.owner['staging']}`"))
+        assert code == 0, result
+        [rolled] = result["abandoned"]["rolled_back"]
+        assert rolled["sink_id"] != "live"
+        assert staging_tables(server_url, options) == [live_staging]
+        assert xid_states(zk, rolled["sink_id"]) == [XidState.ABORTED]
+        assert live.xid(live_epoch).state is XidState.INITIALIZED
+        assert id_counts(server_url, table) == {}
+    finally:
+        live.abort(live_epoch, live.generation(), rollback=lambda branch: run_sql(
+            server_url, f"DROP TABLE IF EXISTS txsink_staging.`{branch.owner['staging']}`"))
