@@ -30,6 +30,7 @@ from server_ext.chtypes import (
     ValueRanges,
 )
 from server_ext.client_protocol import SqlClient
+from server_ext.digest import hashes_any_type
 from server_ext.errors import ClickHouseError
 from server_ext.sql import qualified_name, quote_identifier, sql_string
 
@@ -72,6 +73,7 @@ class Capabilities:
     async_insert: bool  # the async_insert setting exists (staging inserts then set it to 0)
     non_replicated_deduplication_window: bool  # dedup for plain MergeTree exists
     keeper: bool  # the server has a ZooKeeper/Keeper configured (Replicated tables work)
+    hash_any_type: bool  # cityHash64 takes Decimal, UUID and Nullable elements (digest)
     value_ranges: ValueRanges  # Date/DateTime values it stores and reads back unchanged
 
     def with_overrides(self, **changes: object) -> Capabilities:
@@ -265,6 +267,7 @@ def _probe(client: SqlClient) -> Capabilities:
             client, "non_replicated_deduplication_window"
         ),
         keeper=_has_keeper(client),
+        hash_any_type=hashes_any_type(client),
         value_ranges=_probe_value_ranges(client, version_text),
     )
 

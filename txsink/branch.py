@@ -13,7 +13,9 @@ Contract (what Spark's ``DataWriter`` asks, made exactly-once):
   publishes. A failed or killed attempt leaves staging that the driver's commit (as a
   non-winner) or recovery drops.
 - The manifest is recorded (branch ``Prepared``) before the commit message is returned,
-  so a driver that crashes after the decision can publish from ZooKeeper alone.
+  so a driver that crashes after the decision can publish from ZooKeeper alone. It
+  carries each partition's content digest (``server_ext.digest``), which ``txsink
+  verify`` compares with the target's.
 - In streaming, a task of a replayed micro-batch whose xid is already ``Committed``
   writes nothing and returns :class:`SkippedMessage`. Before that, every task checks
   that the sink's epochs are this query's micro-batches (``Coordinator.own_stream``): a
@@ -205,7 +207,7 @@ class _ShardBranch:
         # a merging variant may keep fewer rows than were sent (staging.merges_at_insert)
         expected = None if merges_at_insert(self.writer.target) else rows
         manifest = server_ext.seal(self.client, self.writer.target, self.writer.staging_table,
-                                   expected_rows=expected)
+                                   expected_rows=expected, digest=True)
         return manifest, manifest.rows if expected is None else rows, self.writer.bytes_sent
 
     def seal_views(self) -> list[tuple[_ViewBranch, server_ext.Manifest]]:
@@ -216,7 +218,7 @@ class _ShardBranch:
                 manifest = server_ext.Manifest.empty(share.table, share.staging)
             else:
                 manifest = server_ext.seal(self.client, share.table, share.staging,
-                                           expected_rows=None)
+                                           expected_rows=None, digest=True)
             sealed.append((share, manifest))
         return sealed
 

@@ -56,6 +56,7 @@ from txsink.publisher import (
     server_of,
     switched_strategy,
 )
+from txsink.status_report import SinkHealth, sink_health
 from txsink.verify_target import Writers, check_targets
 
 OPEN_STATES = (XidState.INITIALIZED, XidState.COMMITTING, XidState.ABORTING)
@@ -152,10 +153,16 @@ class Operations:
             verdicts = {v.record.epoch: v for v in coord.verdicts(unwatched_after)}
             every_committed = coord.xids(states=(XidState.COMMITTED,))
             committed = every_committed[-recent:]
+            last = coord.last_committed()
+            health = sink_health(
+                sink_id, self.root_identity, open_xids, verdicts.values(),
+                next((x for x in reversed(every_committed) if x.epoch == last), None), last,
+                coord.branches, self.client_for, self.url, now)
             sinks.append({
                 "sink_id": sink_id,
                 "generation": coord.generation(),
-                "last_committed": coord.last_committed(),
+                "last_committed": last,
+                "health": health.to_json(),
                 "open": [
                     {"epoch": x.epoch, "state": x.state.value,
                      "age_s": round(now - x.created, 1), "winners": list(x.winners),
@@ -718,6 +725,7 @@ def render(command: str, result: dict[str, Any]) -> str:
         if command == "status":
             lines.append(f"{sink['sink_id']}: generation {sink['generation']}, "
                          f"last committed epoch {sink['last_committed']}")
+            lines.append(f"  {_render_health(SinkHealth.from_json(sink['health']))}")
             for x in sink["open"]:
                 flag = "  IN DOUBT: run txsink recover" if x["epoch"] in sink["in_doubt"] else ""
                 if x.get("abandoned"):
@@ -747,6 +755,23 @@ def render(command: str, result: dict[str, Any]) -> str:
               f"the staging table txsink_staging.{g['staging']} when the xid finishes)"
               for g in result.get("given_up", [])]
     return "\n".join(lines)
+
+
+def _render_health(health: SinkHealth) -> str:
+    """``status``'s one line of the alert figures (``txsink/status_report.py``)."""
+    opened = ", ".join(f"{n.count} {state}" + (f" (oldest {n.oldest_age_s:.0f} s)"
+                                                 if n.oldest_age_s is not None else "")
+                       for state, n in health.open.items() if n.count) or "none"
+    age = (f", {health.last_committed_age_s:.0f} s ago"
+           if health.last_committed_age_s is not None else "")
+    staging = "staging not measured (no server known: --url)"
+    if health.staging is not None:
+        s = health.staging
+        staging = (f"staging {s.tables} table(s), {s.bytes} bytes, {s.leftover_tables} of no "
+                   "open xid" + (f" (unread: {', '.join(s.servers_unread)})"
+                                 if s.servers_unread else ""))
+    return (f"health: open xids {opened}; abandoned {health.abandoned.count}; {staging}; "
+            f"last commit epoch {health.last_committed_epoch}{age}")
 
 
 def _staging_of(coord: Coordinator, epoch: int) -> list[str]:
