@@ -39,6 +39,7 @@ from txsink.options import (
 )
 from txsink.payload import CombinedBranch, from_record
 from txsink.plan import check_server_options
+from txsink.registration import register
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +129,6 @@ def transaction(spark: SparkSession, *, url: str, zookeeper: str, sink_id: str,
     here, in the caller's process, and passed to every write as options: Spark's workers
     only see the environment the session started with (and what ``register`` hands them).
     """
-    from txsink import register
-
     register(spark)
     opts = {"url": url, "zookeeper": zookeeper, **credentials_from(os.environ),
             **{k: str(v) for k, v in options.items()}}
