@@ -13,7 +13,7 @@ Contract (what a caller may assume):
   is final, and an exception that the server appended to a 200 body is still detected.
 - Retries are automatic but only where repeating is safe: a request that never reached the
   server (connection refused) is always retried; transient server conditions
-  (``RETRYABLE_CODES``: read-only replica, keeper session, too many parts, ...) and 503 are
+  (``errors.is_transient``: read-only replica, keeper session, too many parts, ...) and 503 are
   retried when the caller says the statement may be repeated (``retry=True``, the default
   for ``execute`` and ``insert``; reads always may). A request whose outcome is unknown (a
   timeout or a connection lost after the body was sent) is retried only for reads and
@@ -46,9 +46,9 @@ from tenacity import (
 from server_ext.client_protocol import Client
 from server_ext.compression import compress
 from server_ext.errors import (
-    RETRYABLE_CODES,
     ClickHouseError,
     ServerUnreachable,
+    is_transient,
     parse_exception,
 )
 from server_ext.sql import column_list, strip_statement
@@ -353,7 +353,7 @@ class ClickHouseClient(Client):
         code, message, name = parsed if parsed else (None, text or resp.reason or "", None)
         if code is None and header_code and header_code.isdigit():
             code = int(header_code)
-        transient = code in RETRYABLE_CODES or (code is None and resp.status_code == 503)
+        transient = is_transient(code, message) or (code is None and resp.status_code == 503)
         return ClickHouseError(
             message[:2000], code=code, name=name, purpose=attempt.purpose,
             retryable=transient and attempt.may_repeat, status=resp.status_code,

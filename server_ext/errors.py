@@ -70,6 +70,15 @@ ERROR_NAMES: dict[int, str] = {
 # or load conditions. Everything else (syntax, unknown objects, bad data) fails fast.
 RETRYABLE_CODES: frozenset[int] = frozenset({159, 202, 209, 210, 242, 252, 425, 999})
 
+# 252 is also the server's refusal of an INSERT block spanning more partitions than
+# ``max_partitions_per_insert_block``: the same block is refused again, however late.
+_PARTITIONS_PER_BLOCK_RE = re.compile(r"Too many partitions for single INSERT block")
+
+
+def is_transient(code: int | None, message: str) -> bool:
+    """Whether a server error of ``code`` may clear if the statement is repeated later."""
+    return code in RETRYABLE_CODES and not _PARTITIONS_PER_BLOCK_RE.search(message)
+
 # "Code: 60, e.displayText() = DB::Exception: ..." (18.x) and
 # "Code: 60. DB::Exception: ... (UNKNOWN_TABLE) (version 23.8.1.1)" (modern servers).
 _EXCEPTION_RE = re.compile(
@@ -170,6 +179,33 @@ class InvalidValue(ClickHouseError):
             name="INVALID_VALUE",
             purpose=purpose,
         )
+
+
+class PartitionLimitExceeded(ClickHouseError):
+    """A write's rows spread over more partitions than its bound allows
+    (``server_ext.partition_bound``). Raised before the decision: nothing is visible.
+
+    ``count`` is None when the server refused a block for crossing it (how far beyond,
+    it does not say); ``examples`` are a few partition values, as the server shows them.
+    """
+
+    def __init__(self, table: str, limit: int, count: int | None, examples: list[str],
+                 option: str, *, scope: str) -> None:
+        self.table = table
+        self.limit = limit
+        self.count = count
+        found = f"{count} partitions" if count is not None else f"more than {limit} partitions"
+        shown = f" (e.g. {', '.join(examples)})" if examples else ""
+        super().__init__(
+            f"{scope} span {found} of {table}{shown}, more than the bound {option}={limit}: "
+            f"raise the option (0: no bound), or write fewer partitions per write",
+            name="TOO_MANY_PARTITIONS", purpose="check partitions")
+
+
+def partitions_per_block_refused(exc: ClickHouseError) -> bool:
+    """Whether the server refused an INSERT block for spanning more partitions than its
+    ``max_partitions_per_insert_block``."""
+    return exc.code == 252 and bool(_PARTITIONS_PER_BLOCK_RE.search(exc.server_message))
 
 
 class ServerUnreachable(ClickHouseError):

@@ -177,7 +177,8 @@ class BranchWriter:
         if self._failed is not None:
             raise ClickHouseError(
                 f"an earlier insert into {self.staging_table} failed ({self._failed}); "
-                "roll the branch back", name="WRITER_FAILED", purpose="write branch")
+                "roll the branch back", name="WRITER_FAILED", purpose="write branch"
+            ) from self._failed
 
     def _columns_for(self, schema: pa.Schema) -> list[Column]:
         if self._checked_schema is not None and schema.equals(self._checked_schema):

@@ -277,6 +277,8 @@ MALFORMED_OPTIONS = {
     "timeout_nan": ({"timeout": "nan"}, r"timeout='nan' must be a finite number"),
     "timeout_infinite": ({"timeout": "inf"}, r"timeout='inf' must be a finite number"),
     "retries_beyond_range": ({"retries": "99999999"}, r"retries='99999999' must be at most"),
+    "negative_max_partitions_per_job": ({"max_partitions_per_job": "-1"},
+                                        r"max_partitions_per_job='-1' must be at least 0"),
     "root_zk_root": ({"zk_root": "/"}, r"zk_root='/' must be an absolute .* other than '/'"),
     "zk_root_under_zookeeper": ({"zk_root": "/zookeeper/x"},
                                 r"zk_root='/zookeeper/x' must not be under /zookeeper"),

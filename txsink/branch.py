@@ -46,7 +46,9 @@ import pyarrow as pa
 
 import server_ext
 from coordinator import Coordinator, Fenced, XidDecided, XidState
-from server_ext.errors import ClickHouseError
+from server_ext import partition_bound
+from server_ext.errors import ClickHouseError, PartitionLimitExceeded
+from server_ext.partition_bound import PartitionCounter
 from server_ext.sharding import Shard, ShardRouter
 from server_ext.staging import merges_at_insert
 from txsink import combine, connections, crashpoints, payload
@@ -172,10 +174,13 @@ class _ShardBranch:
                                                   dedup_window=dedup, mirror_engine=True)
             self.create_views(qualified)
             crashpoints.hit(crashpoints.BRANCH_AFTER_VIEWS)
+            given = dict(self.plan.options.insert_settings)
+            bound = partition_bound.insert_settings(
+                self.client, self.plan.options.max_partitions_per_job, given)
             self.writer = server_ext.BranchWriter(
                 self.client, target, qualified, caps,
                 block_rows=self.plan.options.insert_block_rows, target_columns=columns,
-                extra_settings=dict(self.plan.options.insert_settings),
+                extra_settings={**given, **bound},
                 dedup_token=self.staging if dedup else None,
                 encoding=self.plan.options.compression,
             )
@@ -240,14 +245,29 @@ class _Attempt:
         self.partition, self.attempt, self.owner = _task_identity()
         self.branches: dict[int, _ShardBranch] = {}
         self.router: ShardRouter | None = None
+        self.counter: PartitionCounter | None = None
 
     def write(self, batch: pa.RecordBatch) -> None:
         if self.router is None:
             types = {c.name: c.type for c in self.plan.table.columns} if self.plan.table else None
             self.router = ShardRouter(self.plan.shard_layout, batch.schema, types)
+            if self.plan.table is not None:
+                self.counter = self.count_partitions(self.plan.table)
+        if self.counter is not None:
+            self.counter.admit(batch)  # a batch that crosses the bound is never sent
         for shard, rows in self.router.split(batch).items():
             branch = self.branches.get(shard) or self.open(shard)
             branch.write(rows)
+
+    def count_partitions(self, table: server_ext.TargetTable) -> PartitionCounter:
+        """The counter of this attempt's partitions against the write's bound."""
+        return PartitionCounter(table, send_columns(table, self.plan.columns),
+                                self.plan.options.max_partitions_per_job,
+                                option="max_partitions_per_job")
+
+    def refused(self, exc: ClickHouseError) -> PartitionLimitExceeded | None:
+        """The bound's error for a server's refusal of a block that crossed it."""
+        return self.counter.refused(exc) if self.counter is not None else None
 
     def open(self, index: int) -> _ShardBranch:
         """Register the branch in ZooKeeper before its staging table exists."""
@@ -273,6 +293,10 @@ class _Attempt:
             branch.flush()
         crashpoints.hit(crashpoints.BRANCH_AFTER_STAGING_WRITE)
         sealed = [(branch, *branch.seal()) for branch in self.branches.values()]
+        if sealed:  # any partition key: what the server made of the rows, every shard
+            counter = self.counter or self.count_partitions(sealed[0][0].table)
+            counter.sealed((p.partition_id, p.value) for _, manifest, _, _ in sealed
+                           for p in manifest.partitions)
         views = [(branch, share, manifest) for branch in self.branches.values()
                  for share, manifest in branch.seal_views()]
         crashpoints.hit(crashpoints.BRANCH_AFTER_SEAL)
@@ -368,6 +392,11 @@ def _write_branch(plan: WritePlan, coord: Coordinator, epoch: int, generation: i
     except (XidDecided, Fenced):  # decided, or by a newer writer's recovery, without it
         attempt.drop_staging()
         raise
+    except ClickHouseError as exc:  # a block beyond the partition bound: say it so
+        refused = attempt.refused(exc)
+        if refused is None:
+            raise
+        raise refused from exc
     return BranchMessage(
         epoch=epoch, generation=generation,
         branch_ids=tuple(i for b in attempt.branches.values()

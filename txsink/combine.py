@@ -79,7 +79,8 @@ def contribute(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
 
 
 def combined_branches(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
-                      winners: Sequence[str], publisher: BranchPublisher) -> list[str]:
+                      records: Sequence[BranchRecord], publisher: BranchPublisher
+                      ) -> list[str]:
     """The decision's winners: one combined branch per server and table that got several
     winners (every server, for an overwrite), the task branches elsewhere. The tables are
     the target and those of the materialized views it feeds (``server_ext.views``).
@@ -91,7 +92,6 @@ def combined_branches(plan: WritePlan, coord: Coordinator, epoch: int, generatio
     (their staging dropped) after the publish. Its id is derived from its sources, so a
     repeated commit of the same messages finds it already prepared.
     """
-    records = coord.branches(epoch, winners)
     publisher.remember(records)
     by_table: dict[tuple[str | None, str, str], list[BranchRecord]] = {}
     for record in records:

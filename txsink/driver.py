@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import server_ext
 from coordinator import (
+    BranchRecord,
     Coordinator,
     Fenced,
     RecoveryIncomplete,
@@ -32,7 +33,9 @@ from coordinator import (
     XidDecided,
     XidRecord,
 )
-from txsink import combine, connections
+from server_ext import partition_bound
+from server_ext.sql import qualified_name
+from txsink import combine, connections, payload
 from txsink.messages import BranchMessage, SkippedMessage
 from txsink.metrics import EpochMetrics
 from txsink.options import SinkOptions
@@ -212,6 +215,22 @@ def epoch_metrics(messages: Sequence[BranchMessage], commit_started: float,
         seal_ms=round(max((m.seal_ms for m in messages), default=0.0), 1))
 
 
+def check_partitions(plan: WritePlan, records: Sequence[BranchRecord]) -> None:
+    """Refuse the write, before its decision, if the union of its task branches' partitions
+    of the target (the views' shares aside) crosses ``max_partitions_per_job``: each task
+    counted only its own rows (``server_ext.partition_bound``)."""
+    staged = [p for p in (payload.from_record(r.manifest) for r in records)
+              if isinstance(p, payload.StagedBranch) and not p.view]
+    if not staged:
+        return
+    first = staged[0].manifest
+    partition_bound.check_write(
+        qualified_name(first.target_database, first.target_table),
+        plan.options.max_partitions_per_job,
+        ((p.partition_id, p.value) for s in staged for p in s.manifest.partitions),
+        option="max_partitions_per_job")
+
+
 def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> None:
     """Decide and publish xid (sink, epoch) with the branches Spark authorised."""
     coord = connections.coordinator(plan.options, plan.sink_id)
@@ -227,7 +246,9 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> Non
             coord.begin(epoch, generation)  # a micro-batch with no task still gets its xid
             winners = [b for m in branch_messages for b in m.branch_ids]
             if winners:
-                winners = combine.combined_branches(plan, coord, epoch, generation, winners,
+                records = coord.branches(epoch, winners)
+                check_partitions(plan, records)  # before the decision: nothing is visible
+                winners = combine.combined_branches(plan, coord, epoch, generation, records,
                                                     publisher)
             if plan.options.in_transaction():
                 coord.select(epoch, generation, winners)

@@ -24,6 +24,7 @@ from server_ext.capabilities import STRATEGIES as server_strategies
 from server_ext.capabilities import Strategy
 from server_ext.client import header_problem
 from server_ext.compression import ENCODINGS
+from server_ext.partition_bound import DEFAULT_LIMIT as DEFAULT_PARTITION_LIMIT
 from server_ext.sharding import ShardingError, parse_shard_urls, shown_url, url_problem
 from txsink import insert_settings
 
@@ -74,6 +75,8 @@ class SinkOptions:
     zookeeper_ca_file: str | None = None  # set: ZooKeeper over TLS, verified with this CA
     insert_settings: tuple[tuple[str, str], ...] = ()  # settings.<name> options
     materialized_views: str = "stage"  # one of VIEW_CHOICES
+    # partitions one write's rows may span (server_ext.partition_bound); 0: no bound
+    max_partitions_per_job: int = DEFAULT_PARTITION_LIMIT
     tx_epoch: int | None = None
     tx_generation: int | None = None
 
@@ -139,7 +142,7 @@ PUBLIC_OPTIONS = (
     "url", "table", "zookeeper", "user", "password", "zookeeper_auth", "sink_id", "zk_root",
     "strategy", "insert_block_rows", "timeout", "retries", "recover_on_start", "shards",
     "sharding_key", "replica_choice", "txn_version", "compression", "ca_file",
-    "zookeeper_ca_file", "materialized_views",
+    "zookeeper_ca_file", "materialized_views", "max_partitions_per_job",
 )
 
 _NAMES = {
@@ -246,6 +249,7 @@ def parse_options(
         ("insert_block_rows", int, 1, 2**31 - 1), ("timeout", float, 0.1, 86_400),
         ("retries", int, 0, 1_000), ("tx_epoch", int, 0, 2**63 - 1),
         ("tx_generation", int, 0, 2**31 - 1), ("txn_version", int, 0, 2**63 - 1),
+        ("max_partitions_per_job", int, 0, 2**31 - 1),
     ):
         if name in values:
             values[name] = _number(name, str(values[name]), kind, minimum, maximum)
