@@ -117,7 +117,7 @@ class PartitionCounter:
                                      partitions_per_block_refused(e) for e in (exc, cause)):
             return None
         return PartitionLimitExceeded(self.table, self.limit, None, [], self.option,
-                                      scope="one INSERT block of a task")
+                                      scope="the rows of one INSERT block")
 
     def _check(self, count: int, values: Iterable[str], scope: str) -> None:
         if self.limit and count > self.limit:

@@ -1,5 +1,6 @@
 """A secret in a server URL (``?user=…&password=…``, ``user:password@``) is refused
-before any request carries it, and never shown: not in the error, not in the log.
+before any request carries it, and never shown: not in the error, not in the log, not in
+Spark's event log.
 
 The URLs point at a local HTTP server that records every request it gets, so "no request
 was sent" is observed, not assumed; against the real ZooKeeper and Spark.
@@ -8,15 +9,23 @@ was sent" is observed, not assumed; against the real ZooKeeper and Spark.
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
 import txsink
-from tests.sinkutil import events_df
+from tests.conftest import run_sql
+from tests.sinkutil import EVENTS_DDL, events_df
 from txsink import cli
+from txsink.harness.services import SECRET_PASSWORD
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SECRET = "Pw-3xq9-never-shown"
 
@@ -114,3 +123,34 @@ def test_a_cli_url_with_a_secret_is_refused_before_any_request_and_not_shown(
     assert "--url" in err
     assert_hidden(out + err)
     assert seen == []
+
+
+# The Python workers (where the planner and the commit run) log at INFO too.
+SITECUSTOMIZE = """import logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                    format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
+"""
+
+
+def test_credentials_never_reach_sparks_event_log_or_the_driver_log(
+        clickhouse_url, ch_db, zk_hosts, zk_chroot, tmp_path):
+    """Writes that succeed and writes that fail (the password in the url's query string and
+    in its userinfo, an unknown table, a task's bad value) by a driver of its own whose
+    Spark keeps an event log, with every log at INFO (the Python workers' too)."""
+    run_sql(clickhouse_url, EVENTS_DDL.format(table=f"`{ch_db}`.`t`", engine="MergeTree()"))
+    events = tmp_path / "events"
+    events.mkdir()
+    (tmp_path / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    job = subprocess.run(
+        [sys.executable, "-m", "tests.jobs.secret_writes", clickhouse_url, zk_hosts + zk_chroot,
+         ch_db, str(events)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert job.stdout.count("refused (") == 4, job.stdout[-2000:]
+    logs = "".join(p.read_text(errors="replace") for p in events.rglob("*") if p.is_file())
+    assert "SparkListenerSQLExecutionStart" in logs  # the event log holds the writes
+    assert "must not have a query or fragment" in logs  # and the url's refusal
+    assert "txsink.driver INFO txsink sink=" in job.stderr  # the sink's log at INFO
+    for text in (logs, job.stdout, job.stderr):
+        assert SECRET_PASSWORD not in text
