@@ -10,20 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import pyarrow as pa
 import pytest
 from kazoo.client import KazooClient
 
 import txsink
 from coordinator import Coordinator, XidState
+from server_ext import Column, PartitionLimitExceeded, TargetTable
+from server_ext.partition_bound import PartitionCounter, key_columns
 from tests.conftest import run_sql
 from tests.sinkutil import assert_exactly_once, id_counts, staging_tables
 
 SINK = "bounded"
-
-
-@pytest.fixture(autouse=True)
-def _registered(spark) -> None:
-    txsink.register(spark)
 
 
 @pytest.fixture
@@ -48,6 +46,7 @@ def table(url: str, db: str, partition_by: str) -> str:
 
 def save(spark, options: dict[str, str], target: str, ids: range, tasks: int = 1,
          **extra: str) -> None:
+    txsink.register(spark)
     df = spark.range(ids.start, ids.stop, numPartitions=tasks).selectExpr(
         "id", "CAST(id AS STRING) AS name")
     (df.write.format("clickhouse_tx").options(**options).options(**extra)
@@ -65,6 +64,32 @@ def assert_nothing_left(url: str, options: dict[str, str], target: str,
     assert id_counts(url, target) == {}, "rows became visible"
     assert coordinator.xid(0).state == XidState.ABORTED
     assert staging_tables(url, options) == [], "staging left behind"
+
+
+def described(partition_key: str) -> TargetTable:
+    columns = [Column("id", "UInt64"), Column("region", "LowCardinality(String)"),
+               Column("ts", "DateTime"), Column("day", "Date")]
+    return TargetTable("db", "t", columns, partition_key, "id", "id", "MergeTree",
+                       "MergeTree", False, 8192, "")
+
+
+@pytest.mark.parametrize(("key", "columns"), [
+    ("id", ("id",)), ("(region, `day`)", ("region", "day")), ("tuple()", ()),
+    ("toYYYYMM(day)", None), ("ts", None),  # an expression; DateTime drops Spark's fractions
+])
+def test_only_bare_columns_of_exact_types_are_counted_before_sending(key, columns):
+    table = described(key)
+    assert key_columns(table, table.columns) == columns
+
+
+def test_a_batch_crossing_the_bound_is_refused_by_the_task_before_it_is_sent():
+    table = described("(region, day)")
+    counter = PartitionCounter(table, table.columns, 2, "max_partitions_per_job")
+    batch = pa.RecordBatch.from_pydict({"region": ["eu", "eu", "us"], "day": [1, 1, 1]})
+    counter.admit(batch.slice(0, 2))  # one partition so far
+    with pytest.raises(PartitionLimitExceeded, match=r"span 3 partitions .*=2"):
+        counter.admit(pa.RecordBatch.from_pydict({"region": ["eu", "us", "ap"],
+                                                  "day": [1, 1, 1]}))
 
 
 def test_a_task_crossing_the_bound_is_refused_naming_bound_count_and_option(
