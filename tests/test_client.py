@@ -252,6 +252,16 @@ def test_syntax_error_fails_at_once_without_retry(scripted) -> None:
     assert server.requests == 1
 
 
+def test_an_insert_block_beyond_the_servers_partition_limit_is_not_retried(scripted) -> None:
+    """26.x refuses it with code 252, which also means "too many parts" (transient)."""
+    server = scripted([(500, b"Code: 252. DB::Exception: Too many partitions for single INSERT "
+                             b"block (more than 100). (TOO_MANY_PARTS) (version 26.9.2.1)\n")])
+    with pytest.raises(ClickHouseError) as caught:
+        ClickHouseClient(server.url, retries=3).insert("`d`.`t`", [b"1\n"],
+                                                      fmt="TabSeparated", purpose="insert rows")
+    assert caught.value.code == 252 and server.requests == 1
+
+
 def test_a_list_body_is_resent_on_a_transient_error(scripted) -> None:
     server = scripted([READ_ONLY, (200, b"")])
     ClickHouseClient(server.url, retries=3).insert("`d`.`t`", [b"1\n", b"2\n"],
