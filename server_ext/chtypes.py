@@ -232,9 +232,12 @@ def _parse(text: str) -> tuple[ChType, str]:
     text = f"{name}({args_text})"
     if name in COMPOSITES:
         named = [_element(arg) for arg in _split_args(args_text)]
-        names = tuple(n for n, _ in named)
-        return ChType(name, elements=tuple(t for _, t in named),
-                      names=names if all(names) else (), text=text), rest
+        elements = tuple(t for _, t in named)
+        names = tuple(n for n, _ in named) if all(n for n, _ in named) else ()
+        if name == "Nested":  # unflattened (flatten_nested = 0): an Array of named Tuples
+            inner = ChType("Tuple", elements=elements, names=names, text=f"Tuple({args_text})")
+            return ChType("Array", inner=inner, text=text), rest
+        return ChType(name, elements=elements, names=names, text=text), rest
     if name in ("Enum8", "Enum16"):
         labels = tuple(_enum_pair(arg) for arg in _split_args(args_text))
         return ChType(name, labels=labels, text=text), rest

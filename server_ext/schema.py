@@ -61,6 +61,7 @@ from server_ext.conversions import (
     to_ticks,
 )
 from server_ext.errors import ClickHouseError, InvalidValue, SchemaMismatch
+from server_ext.nested import check_sibling_lengths, flatten_schema
 from server_ext.sql import qualified_name, split_table_name, sql_string, table_filter
 
 UNWRITABLE_DEFAULT_KINDS = ("MATERIALIZED", "ALIAS", "EPHEMERAL")
@@ -191,7 +192,7 @@ def check_arrow_schema(target: TargetTable, schema: pa.Schema) -> list[Column]:
     Nullability of the Arrow fields is not judged here (Spark marks most fields nullable):
     nulls are checked per batch by ``check_batch``.
     """
-    problems: list[str] = []
+    schema, problems = flatten_schema([(c.name, c.chtype) for c in target.columns], schema)
     incoming = {f.name: f for f in schema}
     known = {c.name for c in target.columns}
     for arrow_field in schema:
@@ -359,6 +360,8 @@ def check_batch(target_columns: list[Column], batch: pa.RecordBatch,
     for column in target_columns:
         array = batch.column(column.name)
         _check_array(column.name, array, column.chtype, _identity_rows, ranges)
+    check_sibling_lengths([(c.name, c.chtype) for c in target_columns], batch,
+                          _identity_rows)
 
 
 def _identity_rows(index: int) -> int:

@@ -65,7 +65,8 @@ from server_ext.encoder import (
     to_arrow_stream_batch,
 )
 from server_ext.errors import ClickHouseError, SchemaMismatch
-from server_ext.schema import Column, TargetTable, check_arrow_schema, check_batch
+from server_ext.prepare import checked_batch
+from server_ext.schema import Column, TargetTable, check_arrow_schema
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ class BranchWriter:
         """Check ``batch``, buffer it, and hand every full block to the sending thread."""
         self._ensure_usable()
         columns = self._columns_for(batch.schema)
-        check_batch(columns, batch, self.value_ranges)
+        batch = checked_batch(columns, batch, self.value_ranges)
         if batch.num_rows == 0:
             return
         self._pending.append(batch)
