@@ -37,7 +37,7 @@ WIDE_INTEGER_TYPES: dict[str, tuple[int, int]] = {
 FLOAT_TYPES: dict[str, str] = {"Float32": "<f4", "Float64": "<f8"}
 WRAPPERS = ("Nullable", "Array", "LowCardinality")
 # Types whose arguments are types (``Tuple(a Int32, String)``, ``Map(K, V)``).
-COMPOSITES = ("Tuple", "Map", "Nested")
+COMPOSITES = ("Tuple", "Map", "Nested", "Variant")
 # Date is stored as UInt16 days and DateTime as UInt32 seconds since 1970-01-01 on every
 # server version; which of those values a server reads back is narrower (``ValueRanges``).
 DATE_MAX_DAYS = 2**16 - 1

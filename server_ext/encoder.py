@@ -452,7 +452,8 @@ def arrow_type_for(ch: ChType) -> pa.DataType:
 
 # Sent as the caller's Arrow values; the server converts them (measured exact on 26.x for
 # what ``schema.check_batch`` lets through: canonical text, existing labels or codes).
-_PARSED_BY_SERVER = frozenset({"UUID", "IPv4", "IPv6", "JSON", "Enum8", "Enum16"})
+_PARSED_BY_SERVER = frozenset({"UUID", "IPv4", "IPv6", "JSON", "Enum8", "Enum16", "Variant",
+                               "Dynamic"})
 
 
 def _unit_for(precision: int) -> str:

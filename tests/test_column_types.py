@@ -84,6 +84,19 @@ _NESTED_VALUES = st.lists(st.fixed_dictionaries(
 _NESTED_SELECT = "arrayMap((a, b) -> [toString(a), b], `{0}.a`, `{0}.b`)"
 
 
+_JSON_STRUCT = pa.struct([("n", pa.int64()), ("s", pa.string()), ("l", pa.list_(pa.float64())),
+                          ("m", pa.map_(pa.string(), pa.bool_()))])
+_JSON_STRUCT_VALUES = st.fixed_dictionaries({
+    "n": st.integers(-(2**63), 2**63 - 1), "s": st.none() | _WORDS,
+    "l": st.lists(_QUARTERS, min_size=1, max_size=3),
+    "m": st.dictionaries(_KEYS, st.booleans(), min_size=1, max_size=3)})
+
+
+def _json_of_struct(value: dict) -> dict:
+    """What the server stores for a struct: a null field is left out (JSON keeps no nulls)."""
+    return {key: item for key, item in value.items() if item is not None}
+
+
 def _nested_expected(value: list[dict]) -> list[list]:
     return [[str(e["a"]), e["b"]] for e in value]
 
@@ -201,6 +214,19 @@ CASES: list[Case] = [
          st.dictionaries(_KEYS, st.integers(-(2**31), 2**31) | _WORDS, max_size=4)
          .map(json.dumps),
          expect=json.loads, got=json.loads),
+    Case("json_struct", "JSON", _JSON_STRUCT, _JSON_STRUCT_VALUES, select="toJSONString({})",
+         expect=_json_of_struct, got=json.loads),
+    Case("json_map", "JSON", pa.map_(pa.string(), pa.int64()),
+         st.dictionaries(_KEYS, st.integers(-(2**63), 2**63 - 1), max_size=4),
+         select="toJSONString({})", got=json.loads, expect=lambda v: v),
+    Case("variant_int", "Variant(String, Int64)", pa.int64(),
+         st.integers(-(2**63), 2**63 - 1), select="[toString({0}), variantType({0})]",
+         expect=lambda v: [str(v), "Int64"]),
+    Case("variant_string", "Variant(String, Int64)", pa.string(), _WORDS,
+         select="[toString({0}), variantType({0})]", expect=lambda v: [v, "String"]),
+    Case("dynamic", "Dynamic", pa.float64(), _QUARTERS,
+         select="[toString({0}), dynamicType({0})]",
+         expect=lambda v: [repr(v).removesuffix(".0"), "Float64"]),
 ]
 CASES += [_nullable(c) for c in CASES if c.id in ("dt64_3_utc", "date32", "bool", "uuid",
                                                    "enum8", "int128", "ipv4")]
@@ -287,6 +313,9 @@ def test_random_values_of_the_type_come_back_exactly(request, database, case: Ca
 def _arrow(values: list, arrow_type: pa.DataType) -> pa.Array:
     if pa.types.is_map(arrow_type):
         return pa.array([None if v is None else list(v.items()) for v in values], arrow_type)
+    if pa.types.is_struct(arrow_type) and any(pa.types.is_map(f.type) for f in arrow_type):
+        values = [None if v is None else {k: list(i.items()) if isinstance(i, dict) else i
+                                          for k, i in v.items()} for v in values]
     return pa.array(values, arrow_type)
 
 
@@ -312,6 +341,13 @@ REFUSED = [
     ("UInt128", pa.array([5, -1], pa.int64()), 1, "negative value into UInt128"),
     ("Decimal(76, 2)", pa.array([Decimal("1.001")], pa.decimal128(10, 3)), 0,
      "does not fit Decimal(76, 2)"),
+    ("JSON", pa.array(['{"a": 1}', '{"a": 1']), 1, "not JSON text"),
+    ("JSON", pa.array(["{}", "null"]), 1, "not an object (null)"),
+    ("JSON", pa.array(['{"a": 1, "a": 2}']), 0, "the key 'a' appears twice"),
+    ("JSON", pa.array(['{"a": 18446744073709551616}']), 0, "beyond Int64/UInt64"),
+    ("JSON", pa.array([{"x": 1.5}, {"x": float("inf")}], pa.struct([("x", pa.float64())])), 1,
+     "NaN or infinity"),
+    ("Variant(String, Int64)", pa.array([1, None], pa.int64()), 1, "null value into"),
 ]
 
 
@@ -369,6 +405,36 @@ def test_a_wall_clock_time_shown_twice_gets_the_earlier_instant() -> None:
                             names=["t"])
     placed = checked_batch([column], batch, STORAGE_RANGES).column("t")
     assert placed[0].as_py() == dt.datetime(2024, 11, 3, 5, 30, tzinfo=dt.UTC)  # EDT
+
+
+def test_spark_variant_type_is_refused_by_name() -> None:
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructField, StructType, VariantType
+
+    schema = to_arrow_schema(StructType([StructField("c", VariantType())]), timezone="UTC")
+    with pytest.raises(SchemaMismatch, match="VariantType is not written.*to_json"):
+        check_arrow_schema(_table(Column("c", "JSON")), schema)
+
+
+def test_every_column_that_cannot_be_written_is_named_in_one_error(
+        spark, _registered, modern_clickhouse_url, database, zk_hosts, zk_chroot) -> None:
+    url, db = modern_clickhouse_url, database(modern_clickhouse_url)
+    run_sql(url, f"CREATE TABLE `{db}`.t (k Int64, total AggregateFunction(sum, UInt64), "
+                 "doc JSON, pick Variant(String, Int64), ok String) "
+                 "ENGINE = MergeTree ORDER BY k")
+    df = spark.sql("SELECT 1L AS k, 'x' AS total, named_struct('price', 1.5BD) AS doc, "
+                   "1 AS pick, 'fine' AS ok")
+    with pytest.raises(Exception) as caught:
+        df.write.format("clickhouse_tx").option("url", url) \
+            .option("zookeeper", zk_hosts + zk_chroot).option("table", f"{db}.t") \
+            .mode("append").save()
+    message = str(caught.value)
+    assert message.count("SCHEMA_MISMATCH") >= 1
+    assert "column `total`: type AggregateFunction(sum, UInt64) is not supported" in message
+    assert "column `doc`: field `price` is decimal128(2, 1)" in message
+    assert "column `pick`: int32 is stored as Int32, which is none of the types" in message
+    assert "`ok`" not in message and "`k`" not in message
+    assert run_sql(url, f"SELECT count() FROM `{db}`.t").strip() == "0"
 
 
 def test_a_refused_value_sends_nothing(modern_clickhouse_url: str, database) -> None:
