@@ -15,7 +15,9 @@ reject it rejects one problem at a time, after staging already exists. So:
   FixedString(N), a Date/DateTime/Date32/DateTime64 outside what the server can store, a
   timestamp finer than DateTime64(p), a decimal that does not fit Decimal(P, S) exactly,
   an Enum label or code not in the type, a UUID or IP address not in canonical text, a
-  Map or Tuple element that fails these checks (named ``col (value)`` / ``col.element``).
+  JSON text that is no object the server stores as written, Nested sub-columns of unequal
+  lengths, a Map or Tuple element that fails these checks (named ``col (value)`` /
+  ``col.element``).
   The server would convert some of these silently (a struct field of another name into a
   Tuple becomes the element's default, a null Map value 0, -1 into UInt256 wraps) and the
   others it refuses for the whole INSERT, without the row.
@@ -28,8 +30,10 @@ Conventions (stated once, relied on by the encoder): a missing Nullable column i
 with NULL by the server, so it needs no default; timestamps are instants (a timestamp
 without a time zone is taken as UTC) and lose their sub-second part in DateTime, while a
 timestamp with digits DateTime64(p) cannot hold is rejected; a value that would need
-rounding to fit Decimal(P, S) is rejected, never rounded. JSON text is left to the server.
-All checks are vectorised (pyarrow compute), never a Python loop over rows.
+rounding to fit Decimal(P, S) is rejected, never rounded. The checks run on a prepared
+batch (``prepare``): Nested sub-columns split out, wall-clock timestamps made instants.
+All checks are vectorised (pyarrow compute), never a Python loop over rows, except JSON
+text, which no vectorised parser checks (``json_values``).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Contract (like Spark's ``DataWriter``: one writer per task attempt, used from one thread):
 - ``write(batch)`` first checks the batch (schema once per distinct schema, then every
-  value: ``schema.check_arrow_schema`` / ``schema.check_batch``) and raises
-  ``SchemaMismatch`` or ``InvalidValue`` before any row of that batch is buffered or sent.
+  value of the batch prepared for its columns: ``schema.check_arrow_schema`` /
+  ``prepare.checked_batch``) and raises ``SchemaMismatch`` or ``InvalidValue`` before any
+  row of that batch is buffered or sent; what it buffers is the prepared batch.
   It then buffers the batch; every full block of ``block_rows`` rows is handed to one
   background thread that sends it while the caller goes on producing batches (at most one
   INSERT in flight: ``write`` waits when the next block is full before the last is done).
