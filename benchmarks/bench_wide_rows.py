@@ -10,7 +10,9 @@ rounds interleaved, the variants' order turning each round, one warm-up save eac
 - ``plain`` — ``clickhouse_plain``, the same writer inserting into the target directly
   (at-least-once);
 - ``connect_executor`` — ``foreachBatch``-style clickhouse-connect ``insert_arrow`` from
-  the tasks (``mapInArrow``), what a user writes without a sink.
+  the tasks (``mapInArrow``), what a user writes without a sink;
+- ``arrow_noop`` — a Python Arrow writer that only counts the rows: what Spark's
+  production of these rows costs before any sink does anything.
 
 Goals: ``tx`` ≥ 0.95× ``plain`` and ≥ 1.0× ``connect_executor`` in rows/s, as the median of
 per-round ratios (paired). Each job's rows are counted in the target.
@@ -35,14 +37,15 @@ from pathlib import Path
 from sinkbench import wide_rows
 from sinkbench.environment import Scratch, machine, spark_settings, start_spark
 from sinkbench.memory import jvm_pid
+from sinkbench.noop_source import NoopArrowDataSource
 from sinkbench.report import table
 from sinkbench.rounds import Bench, Case
 
 import txsink
 
 RESULTS = Path(__file__).resolve().parent / "results" / "modern" / "wide_rows.json"
-VARIANTS = ("tx", "plain", "connect_executor")
-GOALS = {"plain": 0.95, "connect_executor": 1.0}
+VARIANTS = ("tx", "plain", "connect_executor", "arrow_noop")
+GOALS = {"plain": 0.95, "connect_executor": 1.0}  # arrow_noop: shown, no goal
 
 
 def log(message: str) -> None:
@@ -61,6 +64,7 @@ def main() -> None:
     started = time.time()
     spark = start_spark()
     txsink.register(spark)
+    spark.dataSource.register(NoopArrowDataSource)
     settings = spark_settings(spark)
     scratch = Scratch.create(args.url, args.zookeeper)
     bench = Bench(spark, scratch, jvm_pid(spark), log, rows=wide_rows)
@@ -78,7 +82,9 @@ def main() -> None:
     print(table(["tx ÷", "ratio of medians", "paired (median of rounds)", "goal", "met"],
                 [[base, tx["ratio"].get(base), tx["paired_ratio"].get(base), goal,
                   "yes" if (tx["paired_ratio"].get(base) or 0) >= goal else "no"]
-                 for base, goal in GOALS.items()]))
+                 for base, goal in GOALS.items()]
+                + [["arrow_noop", tx["ratio"].get("arrow_noop"),
+                    tx["paired_ratio"].get("arrow_noop"), "—", "—"]]))
     data = {"benchmark": "wide_rows", "started_at": time.strftime(
         "%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)), "duration_s": round(time.time() - started),
         "machine": machine(), "spark": settings,
