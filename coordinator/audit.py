@@ -216,6 +216,17 @@ def read_history(client: KazooClient, root: str, sink_id: str,
                        {r.epoch: r.state for r in records})
 
 
+def read_all_branches(client: KazooClient, root: str, sink_id: str
+                      ) -> list[tuple[XidRecord, BranchRecord]]:
+    """Every retained branch of ``sink_id`` with its xid, for ``verify`` to name rows that
+    were never to be published (a rolled-back attempt's staging attached by hand). Reads
+    every branch: called only when a target holds extra rows."""
+    store = SinkStore(client, SinkLayout(root, sink_id), default_retry(client))
+    return [(record, branch)
+            for record in store.run(store.read_xids, store.run(store.epochs, False))
+            for branch in store.run(store.read_branches, record.epoch).values()]
+
+
 def changed_since(client: KazooClient, root: str, history: SinkHistory) -> list[int]:
     """Epochs decided since ``history`` was read, or decided then and not yet Committed.
 

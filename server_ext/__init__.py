@@ -31,7 +31,7 @@ from server_ext.manifest import Manifest, PartitionManifest, StagedPart
 from server_ext.overwrite import publish_overwrite
 from server_ext.prepare import checked_batch, prepare_batch
 from server_ext.publish import publish
-from server_ext.publish_steps import STEPS, PublishReport
+from server_ext.publish_steps import PUBLISH_STEPS, PublishReport
 from server_ext.schema import (
     Column,
     TargetTable,
@@ -98,7 +98,7 @@ __all__ = [
     "to_arrow_stream_batch",
     # two-phase commit
     "STAGING_DATABASE",
-    "STEPS",
+    "PUBLISH_STEPS",
     "InDoubtPublish",
     "Ledger",
     "Manifest",

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from server_ext.capabilities import SqlClient
+from server_ext.client_protocol import SqlClient
 from server_ext.manifest import Manifest, PartitionManifest, StagedPart
 from server_ext.schema import describe_table
 from server_ext.sql import qualified_name, quote_identifier, sql_string

@@ -19,7 +19,8 @@ import dataclasses
 import threading
 import uuid
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from enum import StrEnum
+from typing import Protocol
 
 from server_ext.chtypes import (
     DATE32_CALENDAR,
@@ -28,26 +29,26 @@ from server_ext.chtypes import (
     DATETIME_MAX_SECONDS,
     ValueRanges,
 )
+from server_ext.client_protocol import SqlClient
+from server_ext.digest import hashes_any_type
 from server_ext.errors import ClickHouseError
 from server_ext.sql import qualified_name, quote_identifier, sql_string
 
 SCRATCH_DATABASE = "txsink_scratch"
-Strategy = Literal["move", "attach_replicated", "attach_marked"]
-STRATEGIES: tuple[Strategy, ...] = ("move", "attach_replicated", "attach_marked")
+class Strategy(StrEnum):
+    """How a branch's partitions are made visible (``server_ext/publish.py`` has each).
+
+    A member is its name as a string: options, payloads and ledgers store the text."""
+
+    MOVE = "move"
+    ATTACH_REPLICATED = "attach_replicated"
+    ATTACH_MARKED = "attach_marked"
+
+    def __repr__(self) -> str:
+        return repr(self.value)  # messages quote the name as the user spells it
 
 
-class SqlClient(Protocol):
-    """The part of ``ClickHouseClient`` / ``ChdbClient`` this module uses."""
-
-    url: str
-
-    def execute(self, sql: str, *, purpose: str, settings: dict | None = None,
-                retry: bool = True) -> None: ...
-
-    def query_rows(self, sql: str, *, purpose: str, settings: dict | None = None
-                   ) -> list[dict]: ...
-
-    def query_value(self, sql: str, *, purpose: str) -> str: ...
+STRATEGIES: tuple[Strategy, ...] = tuple(Strategy)
 
 
 class ReplicatedTarget(Protocol):
@@ -72,6 +73,7 @@ class Capabilities:
     async_insert: bool  # the async_insert setting exists (staging inserts then set it to 0)
     non_replicated_deduplication_window: bool  # dedup for plain MergeTree exists
     keeper: bool  # the server has a ZooKeeper/Keeper configured (Replicated tables work)
+    hash_any_type: bool  # cityHash64 takes Decimal, UUID and Nullable elements (digest)
     value_ranges: ValueRanges  # Date/DateTime values it stores and reads back unchanged
 
     def with_overrides(self, **changes: object) -> Capabilities:
@@ -126,8 +128,8 @@ def choose_strategy(caps: Capabilities, target: ReplicatedTarget) -> Strategy:
     where the server has it (a repeat moves nothing) and ``attach_marked`` otherwise.
     """
     if target.replicated:
-        return "attach_replicated"
-    return "move" if caps.move_partition else "attach_marked"
+        return Strategy.ATTACH_REPLICATED
+    return Strategy.MOVE if caps.move_partition else Strategy.ATTACH_MARKED
 
 
 # -- checking a strategy against a server and a target (before anything is staged) --------
@@ -180,11 +182,12 @@ def strategy_problem(caps: Capabilities, target: DescribedTarget | None,
       watermark cannot decide a repeat (the ATTACH itself would run).
     """
     if strategy not in STRATEGIES:
-        raise ValueError(f"unknown publish strategy {strategy!r}; expected one of {STRATEGIES}")
+        raise ValueError(f"unknown publish strategy {strategy!r}; expected one of "
+                         f"{', '.join(STRATEGIES)}")
     replicated = target is not None and target.replicated
     engine = f" ({target.engine})" if target is not None else ""
     if strategy == "move":
-        fallback: Strategy = "attach_replicated" if replicated else "attach_marked"
+        fallback = Strategy.ATTACH_REPLICATED if replicated else Strategy.ATTACH_MARKED
         if not caps.move_partition:
             return StrategyProblem(strategy, f"the server (ClickHouse {caps.version_text}) has "
                                    f"no {MOVE_STATEMENT}", fallback, statement_runs=False)
@@ -195,7 +198,7 @@ def strategy_problem(caps: Capabilities, target: DescribedTarget | None,
                                    statement_runs=False)
         return None
     if strategy == "attach_replicated":
-        fallback = "move" if caps.move_partition else "attach_marked"
+        fallback = Strategy.MOVE if caps.move_partition else Strategy.ATTACH_MARKED
         if target is None and not caps.keeper:
             return StrategyProblem(strategy, "the server has no ZooKeeper/Keeper configured, "
                                    "so none of its tables is Replicated", fallback,
@@ -210,7 +213,7 @@ def strategy_problem(caps: Capabilities, target: DescribedTarget | None,
         return StrategyProblem(strategy, f"the target is Replicated{engine}: its block numbers "
                                "are allocated per partition and it may drop attached parts as "
                                "duplicates, so the attach_marked watermark cannot decide a "
-                               "repeat", "attach_replicated", statement_runs=True)
+                               "repeat", Strategy.ATTACH_REPLICATED, statement_runs=True)
     return None
 
 
@@ -264,6 +267,7 @@ def _probe(client: SqlClient) -> Capabilities:
             client, "non_replicated_deduplication_window"
         ),
         keeper=_has_keeper(client),
+        hash_any_type=hashes_any_type(client),
         value_ranges=_probe_value_ranges(client, version_text),
     )
 

@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from server_ext.client import _unescape_tsv
+from server_ext.client_protocol import Client
 from server_ext.errors import ClickHouseError, parse_exception
 from server_ext.sql import column_list, settings_clause, sql_string, strip_statement
 
@@ -63,7 +64,7 @@ def _session(path: str) -> Any:
         return _SESSIONS[path]
 
 
-class ChdbClient:
+class ChdbClient(Client):
     """In-process ClickHouse with the same methods as ``ClickHouseClient``."""
 
     def __init__(self, path: str) -> None:
@@ -95,8 +96,9 @@ class ChdbClient:
         text = self._run(_with_settings(sql, settings), "JSON", purpose)
         return list(json.loads(text)["data"]) if text.strip() else []
 
-    def query_value(self, sql: str, *, purpose: str) -> str:
-        """First column of the first row, as text. Raises when the result has no row."""
+    def query_value(self, sql: str, *, purpose: str, encoding: str | None = None) -> str:
+        """First column of the first row, as text. Raises when the result has no row.
+        ``encoding`` is the network client's: in-process, nothing is sent compressed."""
         text = self._run(sql, "TabSeparated", purpose)
         if not text:
             raise ClickHouseError("the query returned no row", name="EMPTY_RESULT", purpose=purpose)
@@ -113,11 +115,12 @@ class ChdbClient:
         settings: dict | None = None,
         retry: bool = True,
         deduplicated: bool = False,
+        encoding: str | None = None,
     ) -> None:
         """INSERT ``body`` (encoded in ``fmt``) into ``table``, spooled through a temp file.
 
-        ``retry`` and ``deduplicated`` are the network client's: in-process, an insert
-        has no lost answer to repeat."""
+        ``retry``, ``deduplicated`` and ``encoding`` are the network client's: in-process,
+        an insert has no lost answer to repeat and no compressed body."""
         chunks = [body] if isinstance(body, bytes | bytearray | memoryview) else body
         with tempfile.NamedTemporaryFile(prefix="txsink-insert-", delete=False) as spool:
             for chunk in chunks:

@@ -43,6 +43,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from server_ext.client_protocol import Client
 from server_ext.compression import compress
 from server_ext.errors import (
     RETRYABLE_CODES,
@@ -60,6 +61,8 @@ _TRAILING_EXCEPTION_RE = re.compile(
     r"(Code: \d+[.,] (?:e\.displayText\(\) = )?DB::Exception[^\n]*)\n?\Z"
 )
 _REDACTED = "******"
+DEFAULT_TIMEOUT = 30.0  # seconds per request
+DEFAULT_RETRIES = 5  # tries of a statement that is safe to repeat
 
 
 @dataclass
@@ -100,7 +103,7 @@ def _read_environment_once(session: requests.Session, url: str, ca_file: str | N
     return found["verify"]
 
 
-class ClickHouseClient:
+class ClickHouseClient(Client):
     """Talks to one ClickHouse server over HTTP (see the module contract)."""
 
     #: Statements may run from several threads at once: each is its own request, and the
@@ -112,8 +115,8 @@ class ClickHouseClient:
         url: str,
         user: str | None = None,
         password: str | None = None,
-        timeout: float = 30.0,
-        retries: int = 5,
+        timeout: float = DEFAULT_TIMEOUT,
+        retries: int = DEFAULT_RETRIES,
         session: requests.Session | None = None,
         ca_file: str | None = None,
     ) -> None:

@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from server_ext.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError
-
-if TYPE_CHECKING:
-    from server_ext.client import ClickHouseClient
 
 ENCODINGS = ("gzip", "deflate", "zstd", "lz4")
 GZIP_LEVEL = 1  # the fast end: a sink compresses to save the wire, not the disk
@@ -54,7 +51,7 @@ def _unknown(encoding: str) -> str:
 _READS: dict[tuple[str, str], bool] = {}  # (server, encoding) -> the server reads it
 
 
-def encoding_problem(client: ClickHouseClient, encoding: str) -> str | None:
+def encoding_problem(client: SqlClient, encoding: str) -> str | None:
     """Why ``client``'s server cannot read request bodies in ``encoding`` (None: it can),
     asked once per server and process with a compressed ``SELECT 1``."""
     if encoding not in ENCODINGS:

@@ -61,9 +61,10 @@ import logging
 import re
 from dataclasses import dataclass
 
-from server_ext.capabilities import SqlClient, known_settings
+from server_ext.capabilities import known_settings
+from server_ext.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError
-from server_ext.ledger import Ledger
+from server_ext.ledger import COMBINED, Ledger, PublishRecord
 from server_ext.manifest import Manifest, PartitionManifest
 from server_ext.publish import publish
 from server_ext.publish_steps import MAX_COMMANDS_PER_ALTER, PublishReport, StepHook, no_step
@@ -76,9 +77,8 @@ log = logging.getLogger(__name__)
 
 STEP_AFTER_COMBINE = "consolidate.after_combine"  # combined table built, not recorded
 STEP_AFTER_RECORD = "consolidate.after_record"  # recorded, nothing published yet
-STEPS = (STEP_AFTER_COMBINE, STEP_AFTER_RECORD)
+COMBINE_STEPS = (STEP_AFTER_COMBINE, STEP_AFTER_RECORD)
 
-COMBINED = "combined"
 REWRITE_BLOCK_BYTES = 256 * 1024 * 1024  # uncompressed rows per part written
 DEFAULT_MAX_QUERY_SIZE = 262_144  # the servers' default max_query_size
 PARTITIONS_LIMIT = "max_partitions_per_insert_block"  # not on 18.16
@@ -178,13 +178,13 @@ def combine(
 ) -> Manifest:
     """The sealed manifest of the combined table, built now or recorded earlier."""
     key = combine_key(combined_table)
-    record = ledger.get(key) or {}
-    if record.get("state") == COMBINED:
-        manifest = Manifest.from_dict(record["manifest"])
+    record = PublishRecord.load(ledger, key)
+    if record is not None and record.state == COMBINED and record.manifest is not None:
+        manifest = record.manifest
     else:
         manifest = _build(client, sources, combined_table, precombined, target, limits)
         on_step(STEP_AFTER_COMBINE)
-        ledger.put(key, {"state": COMBINED, "manifest": manifest.to_dict()})
+        PublishRecord(COMBINED, manifest=manifest).store(ledger, key)
         on_step(STEP_AFTER_RECORD)
     return manifest
 

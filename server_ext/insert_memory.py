@@ -30,8 +30,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Protocol
 
-from server_ext.capabilities import SCRATCH_DATABASE, SqlClient
+from server_ext.capabilities import SCRATCH_DATABASE
 from server_ext.chtypes import ChType
+from server_ext.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError
 from server_ext.schema import Column, TargetTable
 from server_ext.sql import qualified_name, quote_identifier, sql_string

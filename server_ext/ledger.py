@@ -1,20 +1,26 @@
 """Publish records: the small durable memory that makes publish re-runnable.
 
 The caller backs the ``Ledger`` with durable storage (txsink: ZooKeeper, under the branch
-record, through the coordinator). Publish keeps one record per staging table, keyed by the
-staging table's name: ``{"state": "attaching", ...}`` before the statement that makes
-rows visible, ``{"state": "published"}`` after it.
+record, through the coordinator). Publish keeps one :class:`PublishRecord` per staging
+table, keyed by the staging table's name: ``attaching`` (an intent) before the statement
+that makes rows visible, ``published`` after it; a combined table's build is recorded as
+``combined`` under its own key (``server_ext/consolidate.py``). The record type is the
+only writer and reader of that JSON: every module reads and writes records through
+:meth:`PublishRecord.load` and :meth:`PublishRecord.store`.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 from server_ext.manifest import Manifest
 
 PUBLISHED = "published"
 ATTACHING = "attaching"
+COMBINED = "combined"
+RECORD_FORMAT = 1
 
 
 class Ledger(Protocol):
@@ -53,6 +59,86 @@ class MemoryLedger:
         return sorted(self._records)
 
 
+class UnknownPublishRecord(ValueError):
+    """A ledger entry this release cannot read (a newer format or an unknown state)."""
+
+
+@dataclass(frozen=True)
+class PublishRecord:
+    """What publish knows of one staging (or combined) table, stored in the ledger.
+
+    ``attaching``: partitions the statement in flight may already have made visible (an
+    intent); ``published``: partitions recorded as visible; ``deduplicated``: partitions
+    the server dropped as duplicates (an operator decides); ``watermark``: the target's
+    highest block number before an ``attach_marked`` attach; ``at``: when the first
+    ``attach_replicated`` intent was written; ``manifest``: a combined table's sealed
+    manifest (state ``combined``).
+
+    Format 1. The records of releases before the format key read the same (the key is
+    the only difference); a newer format is refused by name, never guessed at.
+    """
+
+    state: str
+    attaching: tuple[str, ...] = ()
+    published: tuple[str, ...] = ()
+    deduplicated: tuple[str, ...] = ()
+    watermark: int | None = None
+    at: float | None = None
+    manifest: Manifest | None = None
+
+    @property
+    def is_published(self) -> bool:
+        return self.state == PUBLISHED
+
+    @property
+    def intended(self) -> set[str]:
+        """Partitions an earlier, interrupted run may already have made visible."""
+        return set(self.attaching) if self.state == ATTACHING else set()
+
+    def to_dict(self) -> dict[str, Any]:
+        raw: dict[str, Any] = {"format": RECORD_FORMAT, "state": self.state}
+        if self.state == ATTACHING:
+            raw.update(attaching=list(self.attaching), published=sorted(self.published))
+        if self.deduplicated:
+            raw["deduplicated"] = list(self.deduplicated)
+        if self.watermark is not None:
+            raw["watermark"] = self.watermark
+        if self.at is not None:
+            raw["at"] = self.at
+        if self.manifest is not None:
+            raw["manifest"] = self.manifest.to_dict()
+        return raw
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> PublishRecord:
+        version = int(raw.get("format", 1))
+        state = raw.get("state", ATTACHING)
+        if version > RECORD_FORMAT or state not in (ATTACHING, PUBLISHED, COMBINED):
+            raise UnknownPublishRecord(
+                f"publish record of format {version}, state {state!r}: this release reads "
+                f"format {RECORD_FORMAT}; finish the xid with the release that wrote it")
+        manifest = raw.get("manifest")
+        return cls(state=state, attaching=tuple(raw.get("attaching", ())),
+                   published=tuple(raw.get("published", ())),
+                   deduplicated=tuple(raw.get("deduplicated", ())),
+                   watermark=raw.get("watermark"), at=raw.get("at"),
+                   manifest=Manifest.from_dict(manifest) if manifest else None)
+
+    @classmethod
+    def intent(cls, attaching: Any, published: Any, **extra: Any) -> PublishRecord:
+        """An ``attaching`` record: the partitions about to be made visible."""
+        return cls(ATTACHING, attaching=tuple(attaching), published=tuple(sorted(published)),
+                   **extra)
+
+    @classmethod
+    def load(cls, ledger: Ledger, key: str) -> PublishRecord | None:
+        raw = ledger.get(key)
+        return None if raw is None else cls.from_dict(raw)
+
+    def store(self, ledger: Ledger, key: str) -> None:
+        ledger.put(key, self.to_dict())
+
+
 def ledger_key(staging_table: str) -> str:
     """Ledger key of the publish record of one staging (or combined) table."""
     return staging_table
@@ -69,15 +155,11 @@ def resolve_partition(manifest: Manifest, partition_id: str, ledger: Ledger, *,
     """
     manifest.partition(partition_id)  # KeyError for a partition the manifest lacks
     key = ledger_key(manifest.staging_table)
-    record = ledger.get(key) or {"state": ATTACHING}
-    if record.get("state") == PUBLISHED:
+    record = PublishRecord.load(ledger, key) or PublishRecord(ATTACHING)
+    if record.is_published:
         return
-    published = set(record.get("published", []))
-    if attached:
-        published.add(partition_id)
-    record.update(
-        published=sorted(published),
-        attaching=[pid for pid in record.get("attaching", []) if pid != partition_id],
-        deduplicated=[pid for pid in record.get("deduplicated", []) if pid != partition_id],
-    )
-    ledger.put(key, record)
+    published = set(record.published) | ({partition_id} if attached else set())
+    replace(record, state=ATTACHING, published=tuple(sorted(published)),
+            attaching=tuple(pid for pid in record.attaching if pid != partition_id),
+            deduplicated=tuple(pid for pid in record.deduplicated if pid != partition_id),
+            ).store(ledger, key)

@@ -9,7 +9,9 @@ is made visible.
 Contract: a ``Manifest`` is immutable; ``Manifest.from_dict(m.to_dict()) == m``; the dict
 holds only JSON types. Part names follow ClickHouse's ``<partition id>_<min block>_<max
 block>_<level>[_<mutation>]``; the block numbers and level are read back from the name
-instead of being stored twice.
+instead of being stored twice. A partition may carry its content digest
+(``server_ext.digest``, key ``digest``); manifests without one (older releases, tables
+filled from other staging tables) still read, and readers ignore the key.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from server_ext.digest import ContentDigest
 from server_ext.sql import split_table_name
 from server_ext.staging import STAGING_DATABASE
 
@@ -61,6 +64,7 @@ class PartitionManifest:
     partition_id: str
     value: str  # the partition expression's value as the server prints it, e.g. 202401
     parts: tuple[StagedPart, ...]
+    digest: ContentDigest | None = None  # its rows' content, as sealed (None: not taken)
 
     @property
     def rows(self) -> int:
@@ -135,6 +139,7 @@ class Manifest:
                     "id": p.partition_id,
                     "value": p.value,
                     "parts": [[part.name, part.rows, part.bytes] for part in p.parts],
+                    **({"digest": p.digest.to_json()} if p.digest else {}),
                 }
                 for p in self.partitions
             ],
@@ -157,6 +162,7 @@ class Manifest:
                     value=p["value"],
                     parts=tuple(StagedPart(name, int(rows), int(size))
                                 for name, rows, size in p["parts"]),
+                    digest=ContentDigest.from_json(p["digest"]) if p.get("digest") else None,
                 )
                 for p in data["partitions"]
             ),

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 
-from server_ext.capabilities import SqlClient
+from server_ext.client_protocol import SqlClient
 from server_ext.errors import StagingChanged
-from server_ext.ledger import PUBLISHED, Ledger, ledger_key
+from server_ext.ledger import PUBLISHED, Ledger, PublishRecord, ledger_key
 from server_ext.manifest import Manifest, PartitionManifest
 from server_ext.publish_steps import (
     STEP_AFTER_ATTACH,
@@ -89,8 +89,8 @@ class _OverwritePublisher:
         sources = self.sources()
         if not sources:
             return report
-        record = self.ledger.get(self.key) or {}
-        if record.get("state") == PUBLISHED:
+        record = PublishRecord.load(self.ledger, self.key)
+        if record is not None and record.is_published:
             report.already_published = list(sources)
         else:
             # never REPLACE from a source that lost its rows: that would empty the target
@@ -102,7 +102,7 @@ class _OverwritePublisher:
             alter_in_chunks(self.client, self.target, commands,
                             purpose="replace partitions of target", retry=True)
             self.on_step(STEP_AFTER_ATTACH)
-            self.ledger.put(self.key, {"state": PUBLISHED})
+            PublishRecord(PUBLISHED).store(self.ledger, self.key)
             self.on_step(STEP_AFTER_MARK)
             report.published = list(sources)
             report.rows = sum(p.rows for parts in sources.values() for _, p in parts)

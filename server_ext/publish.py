@@ -22,7 +22,7 @@ again with the same manifest and the same ledger. The contract:
   crash may leave some partitions done and others not; recovery decides each partition
   on its own. Measured on 18.16: every statement costs ~3 ms of round trip, so one ALTER
   for 90 partitions takes 57 ms where 90 ALTERs take ~350 ms.
-- ``on_step(name)`` is called at each crash point, once per call: ``STEPS[strategy]``
+- ``on_step(name)`` is called at each crash point, once per call: ``PUBLISH_STEPS[strategy]``
   lists them in order. Tests raise from it to simulate a crash.
 
 Strategies (chosen by ``capabilities.choose_strategy``):
@@ -88,9 +88,10 @@ import time
 from collections.abc import Iterable
 
 from server_ext.attach_decision import AttachDecider, max_block_number
-from server_ext.capabilities import STRATEGIES, SqlClient
+from server_ext.capabilities import STRATEGIES
+from server_ext.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError, InDoubtPublish, PartsDeduplicated, StagingChanged
-from server_ext.ledger import ATTACHING, PUBLISHED, Ledger, ledger_key
+from server_ext.ledger import PUBLISHED, Ledger, PublishRecord, ledger_key
 from server_ext.manifest import Manifest, PartitionManifest
 from server_ext.overwrite import publish_overwrite
 from server_ext.publish_steps import (
@@ -133,7 +134,8 @@ def publish(
     if overwrite:
         return publish_overwrite(client, [manifest], None, ledger, on_step=on_step)
     if strategy not in STRATEGIES:
-        raise ValueError(f"unknown publish strategy {strategy!r}; expected one of {STRATEGIES}")
+        raise ValueError(f"unknown publish strategy {strategy!r}; expected one of "
+                         f"{', '.join(STRATEGIES)}")
     publisher_class = {"move": _MovePublisher, "attach_replicated": _ReplicatedPublisher,
                        "attach_marked": _MarkedPublisher}[strategy]
     return publisher_class(client, manifest, ledger, on_step or no_step).run()
@@ -160,11 +162,11 @@ class _Publisher:
         report = PublishReport(self.strategy, self.target)
         if self.manifest.is_empty:
             return report
-        record = self.ledger.get(self.key) or {}
-        if record.get("state") == PUBLISHED:
+        record = PublishRecord.load(self.ledger, self.key) or PublishRecord.intent((), ())
+        if record.is_published:
             report.already_published = list(self.manifest.partition_ids)
         else:
-            done = set(record.get("published", []))
+            done = set(record.published)
             pending = [p for p in self.manifest.partitions if p.partition_id not in done]
             report.already_published = [pid for pid in self.manifest.partition_ids
                                         if pid in done]
@@ -185,7 +187,7 @@ class _Publisher:
                  self.strategy, report.seconds)
         return report
 
-    def publish_pending(self, pending: list[PartitionManifest], record: dict,
+    def publish_pending(self, pending: list[PartitionManifest], record: PublishRecord,
                         sealed: dict[str, bool]) -> None:
         """Make ``pending`` visible and end with ``mark_published``."""
         raise NotImplementedError
@@ -223,14 +225,13 @@ class _Publisher:
 
     def put_intent(self, attaching: list[PartitionManifest], published: Iterable[str],
                    **extra: object) -> None:
-        self.ledger.put(self.key, {"state": ATTACHING,
-                                   "attaching": [p.partition_id for p in attaching],
-                                   "published": sorted(published), **extra})
+        PublishRecord.intent([p.partition_id for p in attaching], published,
+                             **extra).store(self.ledger, self.key)
         self.on_step(STEP_AFTER_INTENT)
         self.ledger.confirm()  # every caller sends the statement that makes rows visible next
 
     def mark_published(self) -> None:
-        self.ledger.put(self.key, {"state": PUBLISHED})
+        PublishRecord(PUBLISHED).store(self.ledger, self.key)
         self.on_step(STEP_AFTER_MARK)
 
     def from_staging(self, verb: str, partitions: list[PartitionManifest]) -> list[str]:
@@ -239,19 +240,14 @@ class _Publisher:
                 for p in partitions]
 
 
-def _intended(record: dict) -> set[str]:
-    """Partitions an earlier, interrupted run may already have made visible."""
-    return set(record.get("attaching", [])) if record.get("state") == ATTACHING else set()
-
-
 class _MovePublisher(_Publisher):
     strategy = "move"
     drops_staging = False
 
-    def publish_pending(self, pending: list[PartitionManifest], record: dict,
+    def publish_pending(self, pending: list[PartitionManifest], record: PublishRecord,
                         sealed: dict[str, bool]) -> None:
-        self.require_staged(pending, sealed, _intended(record))
-        self.put_intent(pending, record.get("published", []))
+        self.require_staged(pending, sealed, record.intended)
+        self.put_intent(pending, record.published)
         movable = [p for p in pending if sealed[p.partition_id]]  # the others moved earlier
         alter_in_chunks(
             self.client, self.staging,
@@ -266,7 +262,7 @@ class _MovePublisher(_Publisher):
 class _ReplicatedPublisher(_Publisher):
     strategy = "attach_replicated"
 
-    def require_within_window(self, record: dict, intended: list[str]) -> None:
+    def require_within_window(self, record: PublishRecord, intended: list[str]) -> None:
         """Refuse a repeat that the server's deduplication may no longer cover.
 
         A repeat re-sends the ATTACH and relies on the target dropping the blocks the
@@ -277,7 +273,7 @@ class _ReplicatedPublisher(_Publisher):
         that could double the rows. Intents written before they carried their time are
         repeated as before.
         """
-        started = record.get("at")
+        started = record.at
         if started is None:
             return
         window = self.dedup_window_seconds()
@@ -303,11 +299,11 @@ class _ReplicatedPublisher(_Publisher):
             "SELECT value FROM system.merge_tree_settings WHERE name = "
             f"{sql_string(WINDOW_SETTING)}", purpose="read the server's dedup window"))
 
-    def publish_pending(self, pending: list[PartitionManifest], record: dict,
+    def publish_pending(self, pending: list[PartitionManifest], record: PublishRecord,
                         sealed: dict[str, bool]) -> None:
-        if record.get("deduplicated"):
-            raise self.deduplicated(record["deduplicated"], "earlier")
-        intended = _intended(record)
+        if record.deduplicated:
+            raise self.deduplicated(list(record.deduplicated), "earlier")
+        intended = record.intended
         self.require_staged(pending, sealed, intended)
         unsealed = [p.partition_id for p in pending if not sealed[p.partition_id]]
         if unsealed:
@@ -319,8 +315,7 @@ class _ReplicatedPublisher(_Publisher):
         blocks_path = self.blocks_path()
         before = self.block_ids(blocks_path)
         # the first intent's time stays: the window runs from the first ATTACH
-        self.put_intent(pending, record.get("published", []),
-                        at=record.get("at") or round(time.time(), 3))
+        self.put_intent(pending, record.published, at=record.at or round(time.time(), 3))
         try:
             alter_in_chunks(self.client, self.target, self.from_staging("ATTACH", pending),
                             purpose="attach partitions into target", retry=True)
@@ -335,10 +330,8 @@ class _ReplicatedPublisher(_Publisher):
                    if self.dropped_by_server(p, before, after, intended)]
         if dropped:
             kept = [p.partition_id for p in pending if p.partition_id not in dropped]
-            self.ledger.put(self.key, {"state": ATTACHING, "attaching": [],
-                                       "published": sorted([*record.get("published", []),
-                                                            *kept]),
-                                       "deduplicated": dropped})
+            PublishRecord.intent((), [*record.published, *kept],
+                                 deduplicated=tuple(dropped)).store(self.ledger, self.key)
             raise self.deduplicated(dropped, "attached earlier")
         self.mark_published()
 
@@ -387,14 +380,14 @@ class _ReplicatedPublisher(_Publisher):
 class _MarkedPublisher(_Publisher):
     strategy = "attach_marked"
 
-    def publish_pending(self, pending: list[PartitionManifest], record: dict,
+    def publish_pending(self, pending: list[PartitionManifest], record: PublishRecord,
                         sealed: dict[str, bool]) -> None:
-        intended = _intended(record)
+        intended = record.intended
         self.require_staged(pending, sealed, intended)
         if intended:
             self.wait_for_interrupted_statement()
         self.set_target_merges("STOP")
-        decider = AttachDecider(self.client, self.manifest, record.get("watermark", 0))
+        decider = AttachDecider(self.client, self.manifest, record.watermark or 0)
         attached = {p.partition_id for p in pending
                     if p.partition_id in intended and decider.attached(p, sealed)}
         if decider.in_doubt:
@@ -406,7 +399,7 @@ class _MarkedPublisher(_Publisher):
         if to_attach:
             watermark = max_block_number(self.client, self.manifest.target_database,
                                          self.manifest.target_table)
-            self.put_intent(to_attach, {*record.get("published", []), *attached},
+            self.put_intent(to_attach, {*record.published, *attached},
                             watermark=watermark)
             alter_in_chunks(self.client, self.target, self.from_staging("ATTACH", to_attach),
                             purpose="attach partitions into target", retry=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from server_ext.capabilities import SqlClient
+from server_ext.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError
 from server_ext.sql import sql_string
 
@@ -21,7 +21,7 @@ STEP_AFTER_MARK = "publish.after_mark"
 STEP_AFTER_DROP = "publish.after_drop_staging_partition"
 
 # The crash points each way of publishing passes, in order.
-STEPS: dict[str, tuple[str, ...]] = {
+PUBLISH_STEPS: dict[str, tuple[str, ...]] = {
     "move": (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH, STEP_AFTER_MARK),
     "attach_replicated": (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH,
                           STEP_AFTER_MARK, STEP_AFTER_DROP),

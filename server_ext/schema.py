@@ -41,7 +41,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -56,6 +55,7 @@ from server_ext.chtypes import (
     ValueRanges,
     parse_type,
 )
+from server_ext.client_protocol import SqlClient
 from server_ext.conversions import (
     UNIT_DIGITS,
     day_text,
@@ -71,11 +71,6 @@ from server_ext.sql import qualified_name, split_table_name, sql_string, table_f
 
 UNWRITABLE_DEFAULT_KINDS = ("MATERIALIZED", "ALIAS", "EPHEMERAL")
 RowOf = Callable[[int], int]  # index in the checked array -> row of the batch
-
-
-class SqlClient(Protocol):
-    def query_rows(self, sql: str, *, purpose: str, settings: dict | None = None
-                   ) -> list[dict]: ...
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,20 @@ retries it as a new branch). A branch that wrote nothing gives an empty manifest
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from concurrent.futures import ThreadPoolExecutor
 
-from server_ext.capabilities import SqlClient, known_settings
-from server_ext.errors import StagingChanged
+from server_ext.capabilities import detect_capabilities, known_settings
+from server_ext.client_protocol import SqlClient
+from server_ext.digest import partition_digests, stored_columns
+from server_ext.errors import ClickHouseError, ServerUnreachable, StagingChanged
 from server_ext.manifest import Manifest, PartitionManifest, StagedPart
 from server_ext.schema import TargetTable
 from server_ext.sql import qualified_name, split_table_name, sql_string
 from server_ext.staging import STAGING_DATABASE
+
+log = logging.getLogger(__name__)
 
 MERGE_WORKERS = 4  # OPTIMIZE statements of one table at once
 # Newer servers' OPTIMIZE ... FINAL rewrites a partition that is one merged part already
@@ -110,8 +116,13 @@ def require_sealed(client: SqlClient, manifests: list[Manifest], *, purpose: str
 
 
 def seal(client: SqlClient, target: TargetTable, staging: str, expected_rows: int | None,
-         partitions: dict[str, PartitionManifest] | None = None) -> Manifest:
+         partitions: dict[str, PartitionManifest] | None = None,
+         digest: bool = False) -> Manifest:
     """Check that ``staging`` holds ``expected_rows`` rows and return its manifest.
+
+    ``digest``: record each partition's content digest (``server_ext.digest``; one scan
+    of the table). A server that cannot compute it gives a manifest without digests (the
+    branch is then judged by row counts alone), never a failed seal.
 
     ``expected_rows`` None: the rows came from staging views (``server_ext.views``), whose
     output only the server knows; the manifest records what the table holds.
@@ -127,6 +138,8 @@ def seal(client: SqlClient, target: TargetTable, staging: str, expected_rows: in
     found = sum(p.rows for p in partitions.values())
     if expected_rows is not None and found != expected_rows:
         raise StagedRowsMismatch(f"{database}.{table}", expected_rows, found)
+    if digest and partitions:
+        partitions = _with_digests(client, target, database, table, partitions)
     return Manifest(
         target_database=target.database,
         target_table=target.name,
@@ -134,6 +147,25 @@ def seal(client: SqlClient, target: TargetTable, staging: str, expected_rows: in
         staging_table=table,
         partitions=tuple(partitions[pid] for pid in sorted(partitions)),
     )
+
+
+def _with_digests(client: SqlClient, target: TargetTable, database: str, table: str,
+                  partitions: dict[str, PartitionManifest]) -> dict[str, PartitionManifest]:
+    """``partitions`` with the digest of each whose scan counted exactly its sealed rows."""
+    columns = stored_columns((c.name, c.type, c.default_kind) for c in target.columns)
+    try:
+        digests = partition_digests(client, database, table, columns,
+                                    detect_capabilities(client).hash_any_type,
+                                    purpose="digest staged rows")
+    except ServerUnreachable:
+        raise
+    except ClickHouseError as exc:  # a column type the server cannot hash: count only
+        log.warning("staging %s.%s: no content digest (verify counts its rows only): %s",
+                    database, table, exc)
+        return partitions
+    return {pid: dataclasses.replace(p, digest=digests[pid])
+            if pid in digests and digests[pid].rows == p.rows else p
+            for pid, p in partitions.items()}
 
 
 def _merge_lookalike_parts(

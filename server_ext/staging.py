@@ -53,7 +53,8 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from server_ext.capabilities import SCRATCH_DATABASE, SqlClient
+from server_ext.capabilities import SCRATCH_DATABASE
+from server_ext.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError
 from server_ext.schema import TargetTable
 from server_ext.sharding.engine_args import engine_arguments

@@ -17,14 +17,28 @@ Contract:
   server's host name and the table's metadata path (so two URLs of one server agree).
 - ``exact`` is None when ``partitions`` changes only by inserts, attaches and deletions;
   otherwise it says why counts cannot be compared.
+- ``digests``: the content digest (``server_ext.digest``) of each partition asked for,
+  from one scan of those partitions (a partition without rows has none); its count then
+  replaces the parts' count, being exact and of the same read. ``digest_scheme`` is the
+  scheme of the table's current columns (None: not computed, ``digest_note`` says why).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 
-from server_ext.capabilities import SqlClient
+from server_ext.client_protocol import SqlClient
+from server_ext.digest import (
+    ContentDigest,
+    hashes_any_type,
+    partition_digests,
+    row_hash,
+    scheme_of,
+    stored_columns,
+)
+from server_ext.errors import ClickHouseError, ServerUnreachable
 from server_ext.sql import qualified_name, sql_string, table_filter
 
 # Engines whose row count is exactly what was inserted minus what was deleted.
@@ -46,14 +60,19 @@ class TableRows:
     replicated: bool = False
     pending_inserts: int = 0  # replication queue entries that will add parts here
     partitions: dict[str, int] = field(default_factory=dict)
+    digests: dict[str, ContentDigest] = field(default_factory=dict)
+    digest_scheme: str | None = None
+    digest_note: str = ""  # why content is not compared (a column TTL, a failed scan)
 
     @property
     def name(self) -> str:
         return f"{self.database}.{self.table}"
 
 
-def table_rows(client: SqlClient, database: str, table: str) -> TableRows:
-    """Rows per partition id of ``database.table`` on ``client``'s server.
+def table_rows(client: SqlClient, database: str, table: str,
+               digest_partitions: Iterable[str] = ()) -> TableRows:
+    """Rows per partition id of ``database.table`` on ``client``'s server, with the
+    content digest of each of ``digest_partitions``.
 
     A table that does not exist gives ``exists=False`` and no partitions (every row the
     history put there is gone). Raises ``ClickHouseError`` (``ServerUnreachable``) when the
@@ -83,12 +102,45 @@ def table_rows(client: SqlClient, database: str, table: str) -> TableRows:
         if replica:
             identity = f"replicated:{replica[0]['zookeeper_path']}"
             pending = int(replica[0]["inserts_in_queue"])
-    return TableRows(
+    found = TableRows(
         client.url, database, table, exists=True, identity=identity, engine=engine,
         exact=_why_inexact(engine, str(info.get("engine_full", ""))),
         replicated=replicated, pending_inserts=pending,
         partitions=_partition_rows(client, database, table, purpose),
     )
+    wanted = sorted(set(digest_partitions))
+    if not wanted:
+        return found
+    if _column_ttl(info):
+        return replace(found, digest_note="a column TTL changes stored values")
+    return _with_digests(client, found, wanted, purpose)
+
+
+def _with_digests(client: SqlClient, found: TableRows, wanted: list[str],
+                  purpose: str) -> TableRows:
+    # as ``schema.describe_table`` lists them for the seal: same order, same hash
+    columns = stored_columns(
+        (r["name"], r["type"], r.get("default_type", "")) for r in client.query_rows(
+            f"DESCRIBE TABLE {qualified_name(found.database, found.table)}", purpose=purpose))
+    try:
+        any_type = hashes_any_type(client)
+        digests = partition_digests(client, found.database, found.table, columns, any_type,
+                                    partition_ids=wanted, purpose=purpose)
+    except ServerUnreachable:
+        raise
+    except ClickHouseError as exc:
+        return replace(found, digest_note=f"its rows cannot be hashed here: {exc}")
+    counts = {pid: n for pid, n in found.partitions.items() if pid not in wanted}
+    counts.update({pid: d.rows for pid, d in digests.items()})
+    return replace(found, partitions=counts, digests=digests,
+                   digest_scheme=scheme_of(row_hash(columns, any_type)))
+
+
+def _column_ttl(info: dict) -> bool:
+    """A TTL in the table's statement that is not the table's own (in its engine)."""
+    query = str(info.get("create_table_query", ""))
+    return bool(_TABLE_TTL_RE.search(query)) and not _TABLE_TTL_RE.search(
+        str(info.get("engine_full", "")))
 
 
 def _why_inexact(engine: str, engine_full: str) -> str | None:

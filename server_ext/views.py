@@ -31,7 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from server_ext.capabilities import engine_problem
-from server_ext.schema import SqlClient, TargetTable, describe_table
+from server_ext.client_protocol import SqlClient
+from server_ext.schema import TargetTable, describe_table
 from server_ext.sql import Token, qualified_name, sql_string, table_filter, tokenize
 
 MAX_DEPTH = 16  # levels of MVs below the target; deeper trees are refused

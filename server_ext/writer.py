@@ -53,11 +53,11 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from queue import Full, Queue
-from typing import Protocol
 
 import pyarrow as pa
 
 from server_ext.capabilities import Capabilities
+from server_ext.client_protocol import InsertClient
 from server_ext.encoder import (
     Piece,
     arrow_stream_chunks,
@@ -73,12 +73,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BLOCK_ROWS = 1_048_576
 DEFAULT_CHUNK_ROWS = 131_072
-
-
-class InsertClient(Protocol):
-    def insert(self, table: str, body: bytes | list[bytes], *, fmt: str, purpose: str,
-               columns: list[str] | None = None, settings: dict | None = None,
-               retry: bool = True, deduplicated: bool = False) -> None: ...
 
 
 class BranchWriter:
@@ -251,7 +245,7 @@ class BranchWriter:
                 purpose=f"insert {rows} rows into staging table {self.staging_table}",
                 columns=[c.name for c in self._columns or []],
                 settings=settings, deduplicated=self.dedup_token is not None,
-                **({"encoding": self.encoding} if self.encoding else {}),  # HTTP clients only
+                encoding=self.encoding,
             )
         except BaseException as exc:
             self._failed = exc

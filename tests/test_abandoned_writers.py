@@ -20,8 +20,10 @@ import pytest
 
 import txsink
 from coordinator import Coordinator, XidState
+from tests.conftest import run_sql
 from tests.sinkutil import assert_exactly_once, create_events, events_df, id_counts, staging_tables
-from txsink import cli
+from txsink import cli, crashpoints
+from txsink.harness.crash_arming import arm_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,8 +35,8 @@ def zookeeper(zk_hosts: str, zk_chroot: str) -> str:
 
 def killed_writer(kind: str, url: str, zookeeper: str, table: str, point: str,
                   once_dir: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "TXSINK_CRASH_AT": point,
-           "TXSINK_CRASH_MODE": "group", "TXSINK_CRASH_ONCE_DIR": str(once_dir)}
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
+           **arm_env([point], "group", once_dir)}
     return subprocess.run(
         [sys.executable, "-m", "tests.jobs.abandoned_writer", kind, url, zookeeper, table,
          "400"], cwd=ROOT, capture_output=True, text=True, timeout=240, env=env,
@@ -130,3 +132,67 @@ def test_live_writers_open_xid_is_left_by_gc_and_commits(
         assert left["reason"] == "alive" and left["sink_id"] == "live"
         assert set(staged) <= set(staging_tables(clickhouse_url, options))
     assert_exactly_once(clickhouse_url, table, range(200))
+
+
+def live_xid(zk, url: str, zookeeper: str, table: str) -> tuple[Coordinator, int, str]:
+    """A live writer's undecided xid with a staged branch: begun watched by this test's
+    ZooKeeper session (as a writer holds its xid), its staging table made."""
+    import server_ext
+    from server_ext.client import ClickHouseClient
+    from txsink.options import root_identity
+
+    coord = Coordinator(zk, "live")
+    generation = coord.fence()
+    epoch = coord.allocate_epoch()
+    coord.begin(epoch, generation, hold="live test writer")
+    staging = server_ext.staging_table_name("live", epoch, "p0-a0-s0-0000live",
+                                            root=root_identity(zookeeper, "/txsink"))
+    coord.register_branch(epoch, "p0-a0-s0-0000live", generation,
+                          owner={"staging": staging, "server": url, "shard": 0})
+    client = ClickHouseClient(url)
+    server_ext.create_staging(client, server_ext.describe_table(client, table), staging)
+    return coord, epoch, staging
+
+
+# Steps a task passes between its xid's begin and the decision, killing the whole driver
+# (JVM and Python workers) there, one per kind of leftover: a branch registered and
+# nothing staged; an empty staging table; rows in the xid's pre-combined table too; a
+# Prepared branch. The steps between (rows staged, sealed but not recorded) leave what
+# ``branch.after_staging_write`` leaves, tested above. 26.x runs the step that leaves
+# the most (the code is the same on both servers; a kill costs a Spark driver start).
+BETWEEN_BEGIN_AND_DECISION = [
+    pytest.param("ch18", point, id=f"ch18-{point}") for point in (
+        crashpoints.BRANCH_AFTER_REGISTER, crashpoints.BRANCH_AFTER_VIEWS,
+        crashpoints.BRANCH_AFTER_CONTRIBUTE, crashpoints.BRANCH_AFTER_PREPARE)
+] + [pytest.param("ch26", crashpoints.BRANCH_AFTER_CONTRIBUTE,
+                  id=f"ch26-{crashpoints.BRANCH_AFTER_CONTRIBUTE}")]
+
+
+@pytest.mark.parametrize(("server", "point"), BETWEEN_BEGIN_AND_DECISION, indirect=["server"])
+def test_batch_job_killed_between_begin_and_decision_leaves_nothing_after_gc(
+        point, server_url, server_db, zookeeper, zk, tmp_path, capsys):
+    """Driver host killed at ``point`` of a batch job with a generated sink id, while
+    another writer's xid is open and staged: one ``gc --grace 0`` rolls the killed job
+    back (no staging of it left, its xid ``Aborted``, no row visible) and leaves the live
+    writer's xid and staging alone."""
+    table = create_events(server_url, server_db)
+    options = {"zookeeper": zookeeper}
+    live, live_epoch, live_staging = live_xid(zk, server_url, zookeeper, table)
+    try:
+        killed = killed_writer("batch", server_url, zookeeper, table, point, tmp_path)
+        assert killed.returncode == -9, killed.stderr[-3000:]
+        assert abandoned_status(capsys, zookeeper), "status shows no abandoned xid"
+
+        code, result = operator(capsys, "gc", "--zookeeper", zookeeper, "--url", server_url,
+                                "--grace", "0")
+
+        assert code == 0, result
+        [rolled] = result["abandoned"]["rolled_back"]
+        assert rolled["sink_id"] != "live"
+        assert staging_tables(server_url, options) == [live_staging]
+        assert xid_states(zk, rolled["sink_id"]) == [XidState.ABORTED]
+        assert live.xid(live_epoch).state is XidState.INITIALIZED
+        assert id_counts(server_url, table) == {}
+    finally:
+        live.abort(live_epoch, live.generation(), rollback=lambda branch: run_sql(
+            server_url, f"DROP TABLE IF EXISTS txsink_staging.`{branch.owner['staging']}`"))

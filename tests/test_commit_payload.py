@@ -13,6 +13,7 @@ import pytest
 import server_ext
 from coordinator import PublishFailed, XidState
 from server_ext.client import ClickHouseClient
+from server_ext.digest import ContentDigest
 from server_ext.publish_steps import STEP_AFTER_ATTACH
 from tests.test_verify_target import ROOT, SINK, Writer, create_table
 from txsink.operations import Operations
@@ -56,8 +57,8 @@ def test_format_1_overwrite_payload_is_read_with_its_embedded_manifests():
     found = from_record(FORMAT_1_OVERWRITE)
     assert isinstance(found, CombinedBranch) and found.overwrite
     assert [m.staging_table for m in found.embedded] == [MANIFEST_V1["staging"][1]]
-    assert [c[2:] for c in contributions(found)] == [("202401", "202401", 60),
-                                                     ("202402", "202402", 30)]
+    assert [(c.partition_id, c.value, c.rows, c.digest) for c in contributions(found)] == [
+        ("202401", "202401", 60, None), ("202402", "202402", 30, None)]
 
 
 def test_staged_branch_round_trips_through_its_record():
@@ -72,6 +73,33 @@ def test_combined_branch_round_trips_and_summarizes_its_sources():
     assert combined.sources == ("p0-a0-s0-2", "p1-a0-s0-1")
     assert combined.partitions == (("202401", "202401", 120), ("202402", "202402", 60))
     assert from_record(json.loads(json.dumps(to_record(combined)))) == combined
+
+
+DIGEST = {"rows": 60, "sum": "18446744073709551615", "scheme": "0123456789abcdef"}
+FORMAT_2_COMBINED_WITHOUT_DIGESTS = {
+    "format": 2, "kind": "combined", "staging": "txs_c", "strategy": "move", "server": None,
+    "rows": 90, "overwrite": False, "sources": ["p0-a0-s0-1", "p1-a0-s0-2"],
+    "target": ["db", "events"], "partitions": [["202401", "202401", 60], ["202402", "202402", 30]],
+}
+
+
+def test_a_format_2_payload_without_digests_reads_with_none():
+    staged = from_record({**FORMAT_1_BRANCH, "format": 2, "kind": "staged"})
+    combined = from_record(FORMAT_2_COMBINED_WITHOUT_DIGESTS)
+    assert [c.digest for p in (staged, combined) for c in contributions(p)] == [None] * 4
+
+
+def test_digests_round_trip_and_a_combined_branch_sums_its_sources():
+    manifest = server_ext.Manifest.from_dict({**MANIFEST_V1, "partitions": [
+        {**MANIFEST_V1["partitions"][0], "digest": DIGEST}, MANIFEST_V1["partitions"][1]]})
+    staged = StagedBranch(manifest=manifest, strategy="move", staging="s", server=None, rows=90)
+    assert from_record(json.loads(json.dumps(to_record(staged)))) == staged
+    combined = CombinedBranch.of({"a": manifest, "b": manifest}, staging="c", strategy="move",
+                                 server=None)
+    assert from_record(json.loads(json.dumps(to_record(combined)))) == combined
+    # 202402 had no digest in a source: the combined branch records none for it
+    assert [(c.partition_id, c.digest) for c in contributions(combined)] == [
+        ("202401", ContentDigest(120, 2**64 - 2, "0123456789abcdef")), ("202402", None)]
 
 
 def test_payload_of_a_newer_format_is_refused_by_name():

@@ -13,8 +13,8 @@ import uuid
 import pytest
 
 from server_ext.client import ClickHouseClient
-from server_ext.consolidate import STEPS as COMBINE_STEPS
 from server_ext.consolidate import (
+    COMBINE_STEPS,
     SizeLimits,
     combine_key,
     contribute,
@@ -24,7 +24,7 @@ from server_ext.consolidate import (
 from server_ext.errors import StagingChanged
 from server_ext.ledger import MemoryLedger
 from server_ext.manifest import Manifest
-from server_ext.publish_steps import STEPS as PUBLISH_STEPS
+from server_ext.publish_steps import PUBLISH_STEPS
 from server_ext.schema import describe_table
 from server_ext.seal import merge_partitions, seal
 from server_ext.staging import STAGING_DATABASE, create_staging, staging_table_name

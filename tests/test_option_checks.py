@@ -34,7 +34,7 @@ from server_ext.staging import sink_key
 from tests.conftest import run_sql
 from tests.sinkutil import assert_exactly_once, create_events, events_df, id_counts
 from txsink import cli
-from txsink.operations import GIVEN_UP_KEY, SWITCH_KEY
+from txsink.operator_records import GIVEN_UP_KEY, SWITCH_KEY
 from txsink.options import OptionError
 from txsink.payload import CombinedBranch, from_record
 from txsink.publisher import publish_manifest

@@ -20,7 +20,7 @@ from server_ext.ledger import MemoryLedger, resolve_partition
 from server_ext.manifest import Manifest
 from server_ext.overwrite import publish_overwrite
 from server_ext.publish import STATEMENT_WAIT_SECONDS, publish
-from server_ext.publish_steps import STEP_AFTER_ATTACH, STEP_AFTER_INTENT, STEPS
+from server_ext.publish_steps import PUBLISH_STEPS, STEP_AFTER_ATTACH, STEP_AFTER_INTENT
 from server_ext.schema import TargetTable, describe_table
 from server_ext.seal import seal
 from server_ext.staging import STAGING_DATABASE, create_staging, rollback, staging_table_name
@@ -207,7 +207,7 @@ def test_publish_refuses_staging_that_vanished_before_publish(
 # -- crash at every step, then re-run ------------------------------------------------------
 
 
-@pytest.mark.parametrize("step", STEPS["attach_marked"])
+@pytest.mark.parametrize("step", PUBLISH_STEPS["attach_marked"])
 def test_attach_marked_rerun_after_crash_at_step_publishes_each_row_once(
         client, clickhouse_url, ch_db, staging_names, step) -> None:
     target = make_target(clickhouse_url, client, ch_db, "plain")
@@ -221,7 +221,7 @@ def test_attach_marked_rerun_after_crash_at_step_publishes_each_row_once(
     assert staged_rows(clickhouse_url, manifest.staging_table) == 0
 
 
-@pytest.mark.parametrize("step", STEPS["attach_replicated"])
+@pytest.mark.parametrize("step", PUBLISH_STEPS["attach_replicated"])
 def test_attach_replicated_rerun_after_crash_at_step_publishes_each_row_once(
         client, clickhouse_url, ch_db, staging_names, step) -> None:
     target = make_target(clickhouse_url, client, ch_db, "replicated")
@@ -259,7 +259,7 @@ def test_attach_marked_rerun_after_crashes_at_every_step_in_turn_publishes_once(
     target = make_target(clickhouse_url, client, ch_db, "plain")
     manifest = stage(client, clickhouse_url, target, staging_names(), 0)
     ledger = MemoryLedger()
-    for step in STEPS["attach_marked"]:
+    for step in PUBLISH_STEPS["attach_marked"]:
         try:
             publish(client, manifest, "attach_marked", ledger, on_step=crash_at(step))
         except Crash:
@@ -484,7 +484,7 @@ def test_overwrite_combines_all_branches_staging_the_same_partition(
 
 
 @pytest.mark.parametrize("kind", ["plain", "replicated"])
-@pytest.mark.parametrize("step", STEPS["replace"])
+@pytest.mark.parametrize("step", PUBLISH_STEPS["replace"])
 def test_overwrite_rerun_after_crash_at_step_leaves_exactly_the_new_rows(
         client, clickhouse_url, ch_db, staging_names, kind, step) -> None:
     target = make_target(clickhouse_url, client, ch_db, kind)

@@ -17,7 +17,7 @@ from server_ext.errors import StagingChanged
 from server_ext.ledger import MemoryLedger
 from server_ext.manifest import Manifest
 from server_ext.publish import publish
-from server_ext.publish_steps import STEPS
+from server_ext.publish_steps import PUBLISH_STEPS
 from server_ext.schema import TargetTable, describe_table
 from server_ext.seal import seal
 from server_ext.staging import STAGING_DATABASE, create_staging, staging_table_name
@@ -116,7 +116,7 @@ def test_repeated_move_publish_is_a_no_op(chdb, database, staging_name) -> None:
     assert keys_in(chdb, database) == ALL_ROWS
 
 
-@pytest.mark.parametrize("step", STEPS["move"])
+@pytest.mark.parametrize("step", PUBLISH_STEPS["move"])
 def test_move_rerun_after_crash_at_step_publishes_each_row_once(
         chdb, database, staging_name, step) -> None:
     manifest = stage(chdb, make_target(chdb, database), staging_name)

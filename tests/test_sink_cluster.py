@@ -42,7 +42,7 @@ from server_ext.staging import sink_key
 from tests.conftest import kazoo_client, run_sql
 from tests.sinkutil import assert_counts_exactly_once, events_df, task_winners
 from tests.test_sink_streaming import SCHEMA, write_input_file
-from txsink.branch import PRECOMBINED_PREFIX
+from txsink.combine import PRECOMBINED_PREFIX
 from txsink.datasource import BatchWriter, ClickHouseTxDataSource
 from txsink.harness.services import Cluster, ClusterServer
 from txsink.operations import Operations

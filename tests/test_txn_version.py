@@ -19,6 +19,7 @@ import pytest
 import txsink
 from coordinator import Coordinator
 from tests.sinkutil import assert_exactly_once, create_events, events_df, staging_tables
+from txsink.harness.crash_arming import arm_env
 from txsink.options import OptionError, parse_options
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,8 +121,7 @@ def run_job(url: str, zookeeper: str, table: str, first: int, crash_at: str | No
             once_dir: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     if crash_at:
-        env.update(TXSINK_CRASH_AT=crash_at, TXSINK_CRASH_MODE="group",
-                   TXSINK_CRASH_ONCE_DIR=str(once_dir))
+        env.update(arm_env([crash_at], "group", once_dir))
     return subprocess.run(
         [sys.executable, "-m", "tests.jobs.versioned_batch", url, zookeeper, table, SINK,
          "7", str(first), "600"],

@@ -64,6 +64,17 @@ class Writer:
                           rollback=self.publisher.rollback)
         return epoch
 
+    def abort_after_leak(self, rows: dict[str, range]) -> tuple[int, str]:
+        """Stage one xid, copy its staged rows into the target behind the sink's back (as
+        an ATTACH by hand would), then roll the xid back: (epoch, branch id)."""
+        epoch = self.coord.allocate_epoch()
+        self.coord.begin(epoch, self.generation)
+        branch_id, payload = self._stage(epoch, rows)
+        staging = server_ext.staging.staging_qualified(payload["staging"])
+        run_sql(self.url, f"INSERT INTO {self.target.qualified} SELECT * FROM {staging}")
+        self.coord.abort(epoch, self.generation, rollback=self.publisher.rollback)
+        return epoch, branch_id
+
     def _stage(self, epoch: int, rows: dict[str, range]) -> tuple[str, dict]:
         branch_id = f"p0-a0-s0-{uuid.uuid4().hex[:8]}"
         staging = server_ext.staging_table_name(self.sink, epoch, branch_id)
@@ -75,7 +86,8 @@ class Writer:
                               f"'x' FROM system.numbers WHERE number >= {ids.start} "
                               f"LIMIT {len(ids)}")
         total = sum(len(ids) for ids in rows.values())
-        manifest = server_ext.seal(self.client, self.target, qualified, expected_rows=total)
+        manifest = server_ext.seal(self.client, self.target, qualified, expected_rows=total,
+                                   digest=True)
         payload = {"manifest": manifest.to_dict(), "strategy": self.strategy,
                    "overwrite": False, "staging": staging, "server": self.url, "rows": total}
         self.coord.prepare_branch(epoch, branch_id, payload)
@@ -110,6 +122,19 @@ def writer(zk: KazooClient, clickhouse_url: str, table: str) -> Writer:
     return Writer(zk, clickhouse_url, table)
 
 
+def mutate(url: str, table: str, command: str) -> None:
+    """``ALTER TABLE table <command>``, waiting until the mutation is done (18.16 has no
+    ``mutations_sync``)."""
+    database, name = table.split(".")
+    run_sql(url, f"ALTER TABLE {table} {command}")
+    pending = (f"SELECT count() FROM system.mutations WHERE database = '{database}' "
+               f"AND table = '{name}' AND NOT is_done")
+    deadline = time.monotonic() + 30
+    while run_sql(url, pending).strip() != "0":
+        assert time.monotonic() < deadline, f"mutation of {table} not done: {command}"
+        time.sleep(0.1)
+
+
 def target_report(ops: Operations, **options: object) -> dict:
     (sink,) = ops.verify(SINK, **options)["sinks"]  # type: ignore[arg-type]
     return sink
@@ -141,7 +166,8 @@ def test_rows_duplicated_behind_the_sinks_back_are_a_duplicate_naming_partition_
     assert (finding["kind"], finding["table"], finding["partition_id"]) == (
         "duplicate_rows", table, "202602")
     assert (finding["rows"], finding["expected"]) == (110, 80)
-    assert f"equal what {SINK}/{second} put there" in finding["detail"]
+    assert f"exactly a second copy of what {SINK}/{second} put there" in finding["detail"]
+    assert finding["judged_by"] == "content"
     assert sink["anomalies"] == [finding["detail"]]
 
 
@@ -289,11 +315,28 @@ def test_a_partition_an_xid_is_still_publishing_is_not_judged(
     assert "being published" in unjudged["reason"]
 
 
-def test_an_engine_that_collapses_rows_is_not_judged(
+def test_an_engine_that_merges_rows_is_judged_before_its_merges(
         ops: Operations, zk: KazooClient, clickhouse_url: str, ch_db: str) -> None:
     table = create_table(clickhouse_url, ch_db, "ReplacingMergeTree()")
-    Writer(zk, clickhouse_url, table).commit({"2026-01": range(0, 100)})
-    (unjudged,) = target_report(ops, writers="exclusive")["target"]["not_judged"]
+    writer = Writer(zk, clickhouse_url, table)
+    writer.commit({"2026-01": range(0, 100)})
+    writer.commit({"2026-01": range(50, 150)})
+    target = target_report(ops, writers="exclusive")["target"]
+    assert (target["partitions_ok"], target["not_judged"]) == (1, [])
+
+
+def test_rows_an_engine_merged_away_are_not_judged_and_fail_the_command(
+        zk: KazooClient, clickhouse_url: str, ch_db: str, zk_address: str,
+        capsys: pytest.CaptureFixture) -> None:
+    table = create_table(clickhouse_url, ch_db, "ReplacingMergeTree()")
+    writer = Writer(zk, clickhouse_url, table)
+    writer.commit({"2026-01": range(0, 100)})
+    writer.commit({"2026-01": range(50, 150)})
+    run_sql(clickhouse_url, f"OPTIMIZE TABLE {table} FINAL")
+    code, result = run_cli(zk_address, clickhouse_url, capsys, "--exclusive-target")
+    (unjudged,) = result["sinks"][0]["target"]["not_judged"]
+    assert (code, unjudged["cause"], unjudged["rows"], unjudged["expected"]) == (
+        4, "merges", 150, 200)
     assert "ReplacingMergeTree" in unjudged["reason"]
 
 
@@ -355,10 +398,79 @@ def test_a_spark_batch_job_verifies_ok_until_its_rows_are_duplicated(
     operations = Operations(zk_address, zk_root=ROOT, url=clickhouse_url)
     try:
         sink = target_report(operations, writers="exclusive")
-        assert (sink["anomalies"], sink["target"]["partitions_ok"]) == ([], 3)
+        # judged by content: the tasks' seals recorded digests, the combined branch their sum
+        assert (sink["anomalies"], sink["target"]["partitions_ok"],
+                sink["target"]["partitions_ok_by_count"]) == ([], 3, 0)
         run_sql(clickhouse_url, f"INSERT INTO {table} SELECT * FROM {table} "
                                 "WHERE toYYYYMM(day) = 202602")
         (finding,) = target_report(operations, writers="exclusive")["target"]["anomalies"]
         assert (finding["kind"], finding["partition_id"]) == ("duplicate_rows", "202602")
     finally:
         operations.close()
+
+
+# -- content: what a row count cannot see (both servers) --------------------------------
+
+
+@pytest.fixture
+def server_ops(zk_address: str, server_url: str) -> Iterator[Operations]:
+    operations = Operations(zk_address, zk_root=ROOT, url=server_url)
+    yield operations
+    operations.close()
+
+
+@pytest.fixture
+def server_writer(zk: KazooClient, server_url: str, server_db: str) -> Writer:
+    return Writer(zk, server_url, create_table(server_url, server_db))
+
+
+def test_deleted_rows_are_missing_rows_naming_the_xid_that_wrote_them(
+        server_ops: Operations, server_writer: Writer, server_url: str) -> None:
+    server_writer.commit({"2026-01": range(0, 100)})
+    second = server_writer.commit({"2026-01": range(100, 130)})
+    mutate(server_url, server_writer.target.qualified.replace("`", ""), "DELETE WHERE id >= 100")
+    (finding,) = target_report(server_ops)["target"]["anomalies"]
+    assert (finding["kind"], finding["rows"], finding["expected"], finding["judged_by"]) == (
+        "missing_rows", 100, 130, "content")
+    assert f"the missing rows are exactly what {SINK}/{second} put there" in finding["detail"]
+
+
+def test_as_many_rows_deleted_as_duplicated_in_one_partition_are_altered_rows(
+        server_writer: Writer, server_url: str, zk_address: str,
+        capsys: pytest.CaptureFixture) -> None:
+    server_writer.commit({"2026-01": range(0, 100)})
+    table = server_writer.target.qualified.replace("`", "")
+    mutate(server_url, table, "DELETE WHERE id < 7")
+    run_sql(server_url, f"INSERT INTO {table} SELECT * FROM {table} WHERE id >= 50 AND id < 57")
+    code, result = run_cli(zk_address, server_url, capsys, "--exclusive-target")
+    (finding,) = result["sinks"][0]["target"]["anomalies"]
+    assert (code, finding["kind"], finding["rows"], finding["expected"]) == (
+        1, "altered_rows", 100, 100)
+    assert "as many rows lost as duplicated" in finding["detail"]
+
+
+def test_a_row_changed_in_place_is_altered_rows(
+        server_ops: Operations, server_writer: Writer, server_url: str) -> None:
+    server_writer.commit({"2026-01": range(0, 100), "2026-02": range(100, 150)})
+    mutate(server_url, server_writer.target.qualified.replace("`", ""),
+           "UPDATE name = 'changed' WHERE id = 5")
+    target = target_report(server_ops, writers="exclusive")["target"]
+    (finding,) = target["anomalies"]
+    assert (finding["kind"], finding["partition_id"], target["partitions_ok"]) == (
+        "altered_rows", "202601", 1)
+
+
+def test_rows_of_an_aborted_xid_that_appeared_are_named_with_their_branch(
+        server_ops: Operations, server_writer: Writer) -> None:
+    server_writer.commit({"2026-01": range(0, 100)})
+    aborted, branch = server_writer.abort_after_leak({"2026-01": range(100, 120)})
+    (finding,) = target_report(server_ops)["target"]["anomalies"]
+    assert (finding["kind"], finding["rows"], finding["expected"]) == ("aborted_rows", 120, 100)
+    assert f"branch {branch} of {SINK}/{aborted} (Aborted)" in finding["detail"]
+
+
+def test_a_partition_judged_by_content_counts_as_such(
+        server_ops: Operations, server_writer: Writer) -> None:
+    server_writer.commit({"2026-01": range(0, 100)})
+    target = target_report(server_ops)["target"]
+    assert (target["partitions_ok"], target["partitions_ok_by_count"]) == (1, 0)

@@ -13,7 +13,9 @@ Contract (what Spark's ``DataWriter`` asks, made exactly-once):
   publishes. A failed or killed attempt leaves staging that the driver's commit (as a
   non-winner) or recovery drops.
 - The manifest is recorded (branch ``Prepared``) before the commit message is returned,
-  so a driver that crashes after the decision can publish from ZooKeeper alone.
+  so a driver that crashes after the decision can publish from ZooKeeper alone. It
+  carries each partition's content digest (``server_ext.digest``), which ``txsink
+  verify`` compares with the target's.
 - In streaming, a task of a replayed micro-batch whose xid is already ``Committed``
   writes nothing and returns :class:`SkippedMessage`. Before that, every task checks
   that the sink's epochs are this query's micro-batches (``Coordinator.own_stream``): a
@@ -30,7 +32,6 @@ Contract (what Spark's ``DataWriter`` asks, made exactly-once):
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import random
@@ -38,18 +39,19 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from functools import cached_property
 
 import pyarrow as pa
 
 import server_ext
-from coordinator import Coordinator, CoordinatorError, Fenced, XidDecided, XidState
-from server_ext import consolidate
+from coordinator import Coordinator, Fenced, XidDecided, XidState
 from server_ext.errors import ClickHouseError
 from server_ext.sharding import Shard, ShardRouter
 from server_ext.staging import merges_at_insert
-from txsink import connections, crashpoints, payload
+from txsink import combine, connections, crashpoints, payload
 from txsink.messages import BranchMessage, SkippedMessage
+from txsink.payload import BranchOwner
 from txsink.plan import WritePlan, send_columns
 
 log = logging.getLogger(__name__)
@@ -63,18 +65,6 @@ def new_branch_id(partition: int, attempt: int, shard: int = 0) -> str:
     return f"p{partition}-a{attempt}-s{shard}-{uuid.uuid4().hex[:8]}"
 
 
-PRECOMBINED_PREFIX = "precombined-"
-
-
-def precombined_branch_id(generation: int, server: str, target: str) -> str:
-    """The branch id of an xid's pre-combined table for one server and target: the same
-    in every task of the generation, so they all find one table."""
-    digest = hashlib.sha1(f"{server}|{target}".encode()).hexdigest()[:8]
-    return f"{PRECOMBINED_PREFIX}g{generation}-{digest}"
-
-
-# (root, sink, epoch, branch id) of pre-combined tables this process registered and made
-_PRECOMBINED: set[tuple[str, str, int, str]] = set()
 
 
 def _task_identity() -> tuple[int, int, dict[str, object]]:
@@ -217,7 +207,7 @@ class _ShardBranch:
         # a merging variant may keep fewer rows than were sent (staging.merges_at_insert)
         expected = None if merges_at_insert(self.writer.target) else rows
         manifest = server_ext.seal(self.client, self.writer.target, self.writer.staging_table,
-                                   expected_rows=expected)
+                                   expected_rows=expected, digest=True)
         return manifest, manifest.rows if expected is None else rows, self.writer.bytes_sent
 
     def seal_views(self) -> list[tuple[_ViewBranch, server_ext.Manifest]]:
@@ -228,7 +218,7 @@ class _ShardBranch:
                 manifest = server_ext.Manifest.empty(share.table, share.staging)
             else:
                 manifest = server_ext.seal(self.client, share.table, share.staging,
-                                           expected_rows=None)
+                                           expected_rows=None, digest=True)
             sealed.append((share, manifest))
         return sealed
 
@@ -266,11 +256,13 @@ class _Attempt:
                               self.plan.options.replica_choice, self.plan.overwrite)
         branch = _ShardBranch(self.plan, self.epoch,
                               new_branch_id(self.partition, self.attempt, index), server)
-        owner = {**self.owner, "staging": branch.staging, "server": server, "shard": index}
-        self.coord.register_branch(self.epoch, branch.branch_id, self.generation, owner=owner)
+        owner = BranchOwner(branch.staging, server, shard=index, task=self.owner)
+        self.coord.register_branch(self.epoch, branch.branch_id, self.generation,
+                                   owner=owner.to_record())
         for share in branch.views:
-            self.coord.register_branch(self.epoch, share.branch_id, self.generation, owner={
-                **owner, "staging": share.staging, "view": share.view})
+            self.coord.register_branch(self.epoch, share.branch_id, self.generation,
+                                       owner=replace(owner, staging=share.staging,
+                                                     view=share.view).to_record())
         crashpoints.hit(crashpoints.BRANCH_AFTER_REGISTER)
         self.branches[index] = branch
         return branch
@@ -322,31 +314,12 @@ class _Attempt:
 
     def contribute(self, branch: _ShardBranch, manifest: server_ext.Manifest,
                    table: server_ext.TargetTable) -> str:
-        """Attach a sealed staging table of small parts (the branch's own, or a view's
-        share, for ``table``) into the pre-combined table of ``table``; its name if that
-        worked, "" if it is not contributed (large parts, no parts, an overwrite, or any
-        failure: the commit reads the staging table itself then)."""
-        if (self.plan.overwrite or branch.writer is None or not manifest.partitions
-                or not consolidate.DEFAULT_LIMITS.small(manifest)):
+        """A sealed staging table's share of the pre-combined table of ``table``
+        (:func:`txsink.combine.contribute`)."""
+        if branch.writer is None:
             return ""
-        options = self.plan.options
-        branch_id = precombined_branch_id(self.generation, branch.server,
-                                          f"{table.database}.{table.name}")
-        name = server_ext.staging_table_name(self.plan.sink_id, self.epoch, branch_id,
-                                             root=options.root_identity)
-        key = (options.root_identity, self.plan.sink_id, self.epoch, branch_id)
-        if key not in _PRECOMBINED:
-            try:
-                self.coord.register_branch(self.epoch, branch_id, self.generation,
-                                           owner={"staging": name, "server": branch.server})
-                consolidate.create_precombined(branch.client, table, name)
-            except (CoordinatorError, ClickHouseError) as exc:
-                log.warning("xid %s/%d: no pre-combined table (the commit reads the "
-                            "branches instead): %s", self.plan.sink_id, self.epoch, exc)
-                return ""
-            _PRECOMBINED.add(key)
-        return name if consolidate.contribute(branch.client, manifest, name) else ""
-
+        return combine.contribute(self.plan, self.coord, self.epoch, self.generation,
+                                  branch.server, branch.client, manifest, table)
 
 def write_branch(
     plan: WritePlan, epoch: int, batches: Iterator[pa.RecordBatch]

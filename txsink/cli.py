@@ -163,11 +163,11 @@ def _operations(args: argparse.Namespace) -> int:
 
 
 def unjudged(result: dict) -> bool:
-    """Whether verify left a target partition unjudged for a reason a later run may not
-    have (a server it could not read, an xid publishing, replicas catching up)."""
-    from txsink.verify_target import RETRYABLE_CAUSES
+    """Whether verify left a target partition unjudged for a reason that fails it (a
+    server it could not read, an xid publishing, replicas catching up, merges)."""
+    from txsink.verify_target import FAILING_CAUSES
 
-    return any(n.get("cause") in RETRYABLE_CAUSES for s in result["sinks"]
+    return any(n.get("cause") in FAILING_CAUSES for s in result["sinks"]
                for n in (s.get("target") or {}).get("not_judged", []))
 
 
@@ -256,9 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "or 9001)")
     svc.set_defaults(func=_services)
 
-    def ops_parser(name: str, help_text: str, url: bool) -> argparse.ArgumentParser:
+    def ops_parser(name: str, help_text: str, url: bool,
+                   credentials: bool = False) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text,
-                           epilog=f"{CREDENTIALS} {ZOOKEEPER_TLS}" if url else ZOOKEEPER_TLS)
+                           epilog=f"{CREDENTIALS} {ZOOKEEPER_TLS}" if url or credentials
+                           else ZOOKEEPER_TLS)
         p.add_argument("--zookeeper", default="127.0.0.1:2181", help="host:port[/chroot]")
         p.add_argument("--zk-root", default="/txsink", type=_zk_root,
                        help="root of the sinks' records in ZooKeeper (the sinks' zk_root)")
@@ -268,8 +270,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=_operations)
         return p
 
-    status = ops_parser("status", "sinks, committed epochs, in-doubt xids, metrics", url=False)
+    status = ops_parser("status", "sinks, committed epochs, in-doubt xids, metrics", url=False,
+                        credentials=True)
     status.add_argument("--sink", help="only this sink id")
+    status.add_argument("--url", default=None,
+                        help="also count each sink's staging tables on this ClickHouse HTTP "
+                             "URL (the servers its open xids recorded are always read)")
     abandoned_after = (
         "also count as abandoned an undecided xid that no writer watches (a streaming "
         "micro-batch, or one begun before writers recorded their liveness) once it has not "

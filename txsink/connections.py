@@ -14,7 +14,7 @@ from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
 from coordinator import AccessDenied, Coordinator, DigestAuth, ZooKeeperTLS, tls_hint
-from server_ext.client import ClickHouseClient
+from server_ext.client import DEFAULT_RETRIES, DEFAULT_TIMEOUT, ClickHouseClient
 from txsink import crashpoints
 from txsink.options import SinkOptions
 
@@ -29,24 +29,30 @@ class ZooKeeperUnreachable(ConnectionError):
 
 
 def zookeeper(hosts: str, timeout: float = 15.0, auth: str | None = None,
-              ca_file: str | None = None) -> KazooClient:
+              ca_file: str | None = None, *, shared: bool = True,
+              named: str = "the zookeeper option",
+              ca_named: str = "the zookeeper_ca_file option",
+              ca_advice: str = "give the zookeeper_ca_file option") -> KazooClient:
     """A started kazoo client for ``hosts`` (which may end in a chroot path); with
     ``auth`` (``user:password``) its session authenticates with the digest scheme and
     creates znodes only that identity may touch (``coordinator/auth.py``); with
     ``ca_file`` it speaks TLS, verifying the server with that CA (``coordinator/tls.py``).
 
+    ``shared``: one session per process and ensemble, reused by every task a Spark worker
+    runs; an operator command takes its own (``shared=False``) and closes it. ``named``
+    is how the caller names the address in a refusal, ``ca_named`` the CA file and
+    ``ca_advice`` how to give one.
     A TLS failure raises ``ZooKeeperTLSError`` within seconds, before any session:
     kazoo itself would retry it as a dropped connection until ``timeout``.
     """
     digest = DigestAuth.parse(auth) if auth else None
     tls = ZooKeeperTLS(ca_file) if ca_file else None
     with _lock:
-        client = _zk.get((hosts, auth, ca_file))
+        client = _zk.get((hosts, auth, ca_file)) if shared else None
         if client is not None and client.connected:
             return client
         if tls is not None:
-            tls.check(hosts, advice="check the server's certificate and the "
-                                    "zookeeper_ca_file option")
+            tls.check(hosts, advice=f"check the server's certificate and {ca_named}")
         client = KazooClient(
             hosts=hosts,
             auth_data=digest.auth_data if digest else None,
@@ -58,30 +64,39 @@ def zookeeper(hosts: str, timeout: float = 15.0, auth: str | None = None,
         )
         try:
             client.start(timeout=timeout)
-        except Exception as exc:
+        except Exception:
+            client.stop()
             client.close()
+            bare = hosts.partition("/")[0]
             raise ZooKeeperUnreachable(
-                f"ZooKeeper at {hosts} did not answer within {timeout:.0f}s ({exc})"
-                f"{'' if tls else tls_hint(hosts, 'give the zookeeper_ca_file option')}"
-            ) from None
-        _zk[(hosts, auth, ca_file)] = client
+                f"no answer from ZooKeeper at {bare} within {timeout:.0f} s (is it running, "
+                f"and is {named} host:port[/chroot] right?)"
+                f"{'' if tls else tls_hint(bare, ca_advice)}") from None
+        if shared:
+            _zk[(hosts, auth, ca_file)] = client
+        return client
+
+
+def clickhouse_client(url: str, user: str | None = None, password: str | None = None, *,
+                      timeout: float = DEFAULT_TIMEOUT, retries: int = DEFAULT_RETRIES,
+                      ca_file: str | None = None) -> ClickHouseClient:
+    """The process's client for ``url`` and these credentials and settings: one HTTP
+    connection pool each, shared by the sink's tasks, its driver and operators."""
+    key = (url, user, password, timeout, retries, ca_file)
+    with _lock:
+        client = _ch.get(key)
+        if client is None:
+            client = ClickHouseClient(url, user=user, password=password, timeout=timeout,
+                                      retries=retries, ca_file=ca_file)
+            _ch[key] = client
         return client
 
 
 def clickhouse(options: SinkOptions, url: str | None = None) -> ClickHouseClient:
     """A client for ``url`` (default: the ``url`` option) with the options' credentials."""
-    url = url or options.url
-    key = (url, options.user, options.password, options.timeout, options.retries,
-           options.ca_file)
-    with _lock:
-        client = _ch.get(key)
-        if client is None:
-            client = ClickHouseClient(
-                url, user=options.user, password=options.password,
-                timeout=options.timeout, retries=options.retries, ca_file=options.ca_file,
-            )
-            _ch[key] = client
-        return client
+    return clickhouse_client(url or options.url, options.user, options.password,
+                             timeout=options.timeout, retries=options.retries,
+                             ca_file=options.ca_file)
 
 
 def coordinator(options: SinkOptions, sink_id: str) -> Coordinator:

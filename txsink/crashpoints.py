@@ -1,25 +1,19 @@
-"""Named crash points: kill the current process at an exact step of the protocol.
+"""The protocol's named steps, and the hook each passes: where fault tests crash it.
 
-A fault test arms a point by name through the environment, before the process (and the
-Spark JVM with its Python workers, which inherit the environment) starts::
-
-    TXSINK_CRASH_AT=commit.after_decision   # one or more names, comma separated
-    TXSINK_CRASH_MODE=group                 # group (default) | exit | raise
-    TXSINK_CRASH_ONCE_DIR=/tmp/run-17       # fire each point once per directory
-
-``group`` SIGKILLs the whole process group: a fault test starts the Spark driver in its
-own session, so this is "the driver host died" (JVM, executors and Python workers all
-at once). ``exit`` ends only the current process (a Python worker: Spark sees a failed
-task). ``raise`` raises :class:`CrashPointReached` for in-process tests.
-
-When nothing is armed, :func:`hit` is one set lookup: the production path pays nothing.
+Every step an epoch passes where a crash leaves a distinct state has a name here (the
+tasks' own) or in the module that owns it (the coordinator's ``coordinator.steps``,
+publish's ``server_ext.publish_steps``, ``server_ext.consolidate``). The product calls
+:func:`hit` at each; what happens there is up to the hook that the environment variable
+``TXSINK_STEP_HOOK`` (``module:function``) names, loaded once per process. Fault tests
+name ``txsink.harness.crash_arming``, which kills the process at armed points; nothing of
+it is imported otherwise. Without the variable, :func:`hit` is one comparison.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
-import signal
-from pathlib import Path
+from collections.abc import Callable
 
 from coordinator import steps
 from server_ext import consolidate, publish_steps
@@ -38,43 +32,29 @@ CRASH_POINTS: tuple[str, ...] = (
     BRANCH_AFTER_REGISTER, BRANCH_AFTER_VIEWS, BRANCH_AFTER_STAGING_WRITE, BRANCH_AFTER_SEAL,
     BRANCH_AFTER_CONTRIBUTE, BRANCH_AFTER_PREPARE,
     steps.COMMIT_AFTER_DECISION,
-    *consolidate.STEPS,
-    *publish_steps.STEPS["attach_marked"],
+    *consolidate.COMBINE_STEPS,
+    *publish_steps.PUBLISH_STEPS["attach_marked"],
     *steps.COMMIT_STEPS[1:],
     *steps.ABORT_STEPS,
 )
 
 
-class CrashPointReached(RuntimeError):
-    """Raised at an armed crash point in ``raise`` mode."""
+HOOK_VARIABLE = "TXSINK_STEP_HOOK"
 
 
-def _armed() -> frozenset[str]:
-    names = {n.strip() for n in os.environ.get("TXSINK_CRASH_AT", "").split(",") if n.strip()}
-    unknown = names - set(CRASH_POINTS)
-    if unknown:
-        raise ValueError(f"unknown crash point(s) in TXSINK_CRASH_AT: {', '.join(sorted(unknown))}")
-    return frozenset(names)
+def _load_hook() -> Callable[[str], None] | None:
+    """The step hook ``TXSINK_STEP_HOOK`` names (``module:function``), or None."""
+    spec = os.environ.get(HOOK_VARIABLE, "")
+    if not spec:
+        return None
+    module, _, attribute = spec.partition(":")
+    return getattr(importlib.import_module(module), attribute or "hit")
 
 
-_ARMED = _armed()
+_HOOK = _load_hook()
 
 
 def hit(name: str) -> None:
-    """Crash here if ``name`` is armed; otherwise return at once."""
-    if name not in _ARMED:
-        return
-    once_dir = os.environ.get("TXSINK_CRASH_ONCE_DIR")
-    if once_dir:
-        marker = Path(once_dir) / f"{name}.fired"
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            marker.touch(exist_ok=False)
-        except FileExistsError:
-            return
-    mode = os.environ.get("TXSINK_CRASH_MODE", "group")
-    if mode == "raise":
-        raise CrashPointReached(name)
-    if mode == "exit":
-        os._exit(86)
-    os.killpg(os.getpgid(0), signal.SIGKILL)
+    """The protocol passed step ``name``: call the hook, if the environment named one."""
+    if _HOOK is not None:
+        _HOOK(name)

@@ -22,11 +22,9 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from coordinator import Fenced
 from txsink import driver, keeper
 from txsink.branch import streaming_epoch, write_branch
 from txsink.messages import SkippedMessage
-from txsink.operations import explain_blocked
 from txsink.options import OptionError, parse_options
 from txsink.plan import (
     WritePlan,
@@ -55,7 +53,6 @@ class ClickHouseTxDataSource(DataSource):
             )
         return StreamWriter(self._plan(schema, overwrite, streaming=True))
 
-    @explain_blocked
     def _plan(self, schema: StructType, overwrite: bool, streaming: bool) -> WritePlan:
         options = parse_options(self.options)
         checked = check_target(options, schema)
@@ -73,22 +70,14 @@ class ClickHouseTxDataSource(DataSource):
             driver.open_stream(options, sink_id)
             generation = epoch = None
         else:
-            coord, generation = driver.open_sink(options, sink_id)
-            covered = driver.covered_txn_version(options, coord)
-            if covered is not None:
+            opened = driver.open_xid(options, sink_id, hold="batch driver")
+            generation, epoch = opened.generation, opened.epoch
+            if opened.covered_by_txn is not None:
                 return WritePlan(options, sink_id, generation, checked.strategy, overwrite,
                                  checked.columns, None, checked.layout, checked.table,
-                                 covered_by_txn=covered, views=checked.views,
+                                 covered_by_txn=opened.covered_by_txn, views=checked.views,
                                  view_strategies=checked.view_strategies)
-            epoch = coord.allocate_epoch()
-            try:  # watched: a job killed before its decision is rolled back by gc
-                coord.begin(epoch, generation, hold="batch driver")
-            except Fenced as exc:  # another job of the sink started right after us
-                taken = coord.taken_over(generation, exc)
-                if taken is None:
-                    raise
-                raise taken from exc
-            keeper.hand_over(options, coord, epoch)  # outlives this planner worker
+            keeper.hand_over(options, opened.coord, epoch)  # outlives this planner worker
         return WritePlan(options, sink_id, generation, checked.strategy, overwrite,
                          checked.columns, epoch, checked.layout, checked.table,
                          views=checked.views, view_strategies=checked.view_strategies)

@@ -4,7 +4,9 @@ Contract (Spark's ``BatchWrite``/``StreamingWrite``, made exactly-once):
 
 - :func:`open_sink` runs before any task of a batch job: it bumps the sink's generation
   (fencing every older driver of the same sink) and recovers what an earlier driver
-  left: ``Committing`` xids are published, undecided ones rolled back.
+  left: ``Committing`` xids are published, undecided ones rolled back. :func:`open_xid`
+  then begins the xid; it and :func:`decide` are the one start and the one commit of
+  every batch writer, a job's and ``transaction()``'s alike.
   :func:`open_stream` is its streaming counterpart (see there why it cannot fence).
 - :func:`commit_epoch` may be called more than once for the same epoch (Spark replays a
   micro-batch whose ``commits/N`` file was not written): a committed xid is a no-op.
@@ -15,19 +17,27 @@ Contract (Spark's ``BatchWrite``/``StreamingWrite``, made exactly-once):
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import server_ext
-from coordinator import BranchRecord, Coordinator, Fenced, UnknownXid, XidDecided
-from txsink import connections, payload
+from coordinator import (
+    Coordinator,
+    Fenced,
+    RecoveryIncomplete,
+    UnknownXid,
+    XidDecided,
+    XidRecord,
+)
+from txsink import combine, connections
 from txsink.messages import BranchMessage, SkippedMessage
+from txsink.metrics import EpochMetrics
 from txsink.options import SinkOptions
-from txsink.payload import CombinedBranch, staged_manifest
 from txsink.plan import WritePlan
-from txsink.publisher import BranchPublisher, recorded_strategy, server_of
+from txsink.publisher import BranchPublisher
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +80,91 @@ def open_stream(options: SinkOptions, sink_id: str) -> Coordinator:
 
 
 def _recover(options: SinkOptions, coord: Coordinator, older_than_generation: int | None) -> None:
-    publisher = publisher_for(options, coord)
     try:
-        report = coord.recover(publish=publisher.publish, rollback=publisher.rollback,
-                               older_than_generation=older_than_generation,
-                               wait_for_holders=HOLDER_WAIT_SECONDS)
-    finally:
-        publisher.drain()
+        with publisher_for(options, coord) as publisher:
+            report = coord.recover(publish=publisher.publish, rollback=publisher.rollback,
+                                   older_than_generation=older_than_generation,
+                                   wait_for_holders=HOLDER_WAIT_SECONDS)
+    except RecoveryIncomplete as exc:
+        raise SinkBlocked.of(exc) from exc
     if report.actions:
         log.warning("txsink sink=%s recovered: %s", coord.sink_id, report)
+
+
+class SinkBlocked(RecoveryIncomplete):
+    """A writer cannot start: an xid of its sink is decided and its recovery cannot finish
+    it. The message says what to run instead of a bare ``RecoveryIncomplete``.
+
+    A decided xid is never rolled back, so a writer cannot skip it; only an operator can
+    finish it (see ``docs/operations.md``, "Stuck Committing xids").
+    """
+
+    def __init__(self, message: str, report: object = None) -> None:
+        Exception.__init__(self, message)  # the message is built, not the report's text
+        self.report = report
+
+    @classmethod
+    def of(cls, exc: RecoveryIncomplete) -> SinkBlocked:
+        report = exc.report
+        sink_id = getattr(report, "sink_id", "?")
+        epochs = sorted({a.epoch for a in getattr(report, "failed", [])})
+        where = f" --epoch {epochs[0]}" if epochs else ""
+        return cls(f"{exc}. The sink cannot start while a decided xid of it is unfinished; a "
+                   f"decided xid is never aborted. Run `txsink recover --sink {sink_id}{where}` "
+                   "(with this sink's --zookeeper and --zk-root): it retries the publish and "
+                   "prints what can be done (docs/operations.md, \"Stuck Committing xids\")",
+                   report)
+
+
+@dataclass(frozen=True)
+class OpenedXid:
+    """A batch writer's start: the sink fenced and recovered, its xid begun (``epoch``),
+    or ``covered_by_txn``: the sink's ``txn_version`` covers this writer's, and it writes
+    nothing (``epoch`` None)."""
+
+    coord: Coordinator
+    generation: int
+    epoch: int | None
+    covered_by_txn: int | None = None
+
+
+def open_xid(options: SinkOptions, sink_id: str, hold: str) -> OpenedXid:
+    """The one start of every batch writer (a batch job's planner, ``transaction()``):
+    fence and recover the sink, check its ``txn_version``, allocate the epoch and begin
+    the xid, watched by this process's session under ``hold`` (a writer killed before
+    its decision leaves an xid that ``txsink recover``/``gc`` roll back,
+    ``coordinator/liveness.py``)."""
+    coord, generation = open_sink(options, sink_id)
+    covered = covered_txn_version(options, coord)
+    if covered is not None:
+        return OpenedXid(coord, generation, None, covered)
+    epoch = coord.allocate_epoch()
+    with taken_over_said(coord, generation):  # another writer started right after us
+        coord.begin(epoch, generation, hold=hold)
+    return OpenedXid(coord, generation, epoch)
+
+
+@contextmanager
+def taken_over_said(coord: Coordinator, generation: int) -> Iterator[None]:
+    """Say "taken over by a newer writer" (``Coordinator.taken_over``) for a step a newer
+    writer of the sink refused, instead of the bare ``Fenced``/``XidDecided``."""
+    try:
+        yield
+    except (Fenced, XidDecided) as exc:
+        taken = coord.taken_over(generation, exc)
+        if taken is None:
+            raise
+        raise taken from exc
+
+
+def decide(coord: Coordinator, epoch: int, generation: int, winners: list[str] | None,
+           publisher: BranchPublisher, txn_version: int | None) -> XidRecord:
+    """Decide the xid with ``winners`` (None: those selected by ``transaction()``'s
+    writes) and publish; the record of the ``Committed`` xid. The one commit of every
+    writer; ``publisher`` drains when the caller's ``with`` block ends."""
+    with taken_over_said(coord, generation):
+        return coord.commit(epoch, generation, winners, publish=publisher.publish,
+                            rollback=publisher.rollback, txn_version=txn_version)
 
 
 def covered_txn_version(options: SinkOptions, coord: Coordinator) -> int | None:
@@ -109,76 +195,21 @@ def generation_of(plan: WritePlan, coord: Coordinator, messages: Sequence[object
     return max(claimed) if claimed else coord.generation()
 
 
-def combined_branches(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
-                      winners: Sequence[str], publisher: BranchPublisher) -> list[str]:
-    """The decision's winners: one combined branch per server and table that got several
-    winners (every server, for an overwrite), the task branches elsewhere. The tables are
-    the target and those of the materialized views it feeds (``server_ext.views``).
 
-    A combined branch publishes its sources in one pass (``server_ext.consolidate``; an
-    overwrite: one ``REPLACE PARTITION`` per partition of all of them). It is registered
-    and prepared before the decision like any branch, so the decision stays one
-    compare-and-set over its winners, and its sources become non-winners, rolled back
-    (their staging dropped) after the publish. Its id is derived from its sources, so a
-    repeated commit of the same messages finds it already prepared.
-    """
-    records = coord.branches(epoch, winners)
-    publisher.remember(records)
-    by_table: dict[tuple[str | None, str, str], list[BranchRecord]] = {}
-    for record in records:
-        manifest = staged_manifest(record)
-        key = (server_of(record), manifest.target_database, manifest.target_table)
-        by_table.setdefault(key, []).append(record)
-    chosen = []
-    for (server, _, _), group in sorted(by_table.items(), key=lambda item: str(item[0])):
-        if len(group) == 1 and not plan.overwrite:
-            chosen.append(group[0].branch_id)
-            continue
-        sources = ",".join(sorted(r.branch_id for r in group))
-        branch_id = f"combined-{hashlib.sha1(sources.encode()).hexdigest()[:8]}"
-        staging = server_ext.staging_table_name(plan.sink_id, epoch, branch_id,
-                                                root=plan.options.root_identity)
-        combined = CombinedBranch.of(
-            {r.branch_id: staged_manifest(r) for r in group}, staging=staging,
-            strategy=recorded_strategy(group[0]), server=server, overwrite=plan.overwrite,
-            precombined="" if plan.overwrite else precombined_of(group))
-        coord.register_branch(epoch, branch_id, generation,  # both idempotent
-                              owner={"staging": staging, "server": server})
-        coord.prepare_branch(epoch, branch_id, payload.to_record(combined))
-        chosen.append(branch_id)
-    return chosen
-
-
-def precombined_of(sources: Sequence[BranchRecord]) -> str:
-    """The pre-combined table every source with rows contributed to; "" if some did
-    not, or not to the same table (``server_ext.consolidate`` then reads the sources)."""
-    staged = [p for p in (payload.from_record(r.manifest) for r in sources)
-              if isinstance(p, payload.StagedBranch) and p.manifest.partitions]
-    tables = {p.contributed for p in staged}
-    return tables.pop() if len(tables) == 1 else ""
 
 
 def epoch_metrics(messages: Sequence[BranchMessage], commit_started: float,
-                  committed_at: float | None = None) -> dict:
-    """The epoch's figures. ``commit_ms`` runs from the start of the commit to the xid's
-    ``Committed`` write (rows visible, decision final); ``cleanup_ms`` is what the commit
-    spent afterwards, dropping the non-winners' staging."""
-    now = time.time()
-    committed_at = min(max(committed_at or now, commit_started), now)
-    first_write = min((m.started_at for m in messages), default=commit_started)
-    return {
-        "rows": sum(m.rows for m in messages),
-        "bytes": sum(m.bytes for m in messages),
-        "branches": sum(len(m.branch_ids) for m in messages),
-        "partitions": sum(m.partitions for m in messages),
-        "stage_ms": round(max((m.stage_ms for m in messages), default=0.0), 1),
-        "seal_ms": round(max((m.seal_ms for m in messages), default=0.0), 1),
-        "commit_ms": round((committed_at - commit_started) * 1000, 1),
-        "cleanup_ms": round((now - committed_at) * 1000, 1),
-        "latency_ms": round((committed_at - first_write) * 1000, 1),
-        "committed_at": now,
-        "finished_by": "writer",
-    }
+                  committed_at: float | None = None) -> EpochMetrics:
+    """The epoch's figures, from its tasks' messages (``EpochMetrics`` says what each
+    timing spans); ``committed_at``: the xid's ``Committed`` write."""
+    return EpochMetrics.timed(
+        commit_started, committed_at or time.time(),
+        min((m.started_at for m in messages), default=commit_started),
+        rows=sum(m.rows for m in messages), bytes=sum(m.bytes for m in messages),
+        branches=sum(len(m.branch_ids) for m in messages),
+        partitions=sum(m.partitions for m in messages),
+        stage_ms=round(max((m.stage_ms for m in messages), default=0.0), 1),
+        seal_ms=round(max((m.seal_ms for m in messages), default=0.0), 1))
 
 
 def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> None:
@@ -191,32 +222,25 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> Non
         return
     started = time.time()
     generation = generation_of(plan, coord, messages)
-    publisher = publisher_for(plan.options, coord, plan.tables)
-    try:
-        coord.begin(epoch, generation)  # a micro-batch with no task still gets its xid
-        winners = [b for m in branch_messages for b in m.branch_ids]
-        if winners:
-            winners = combined_branches(plan, coord, epoch, generation, winners, publisher)
-        if plan.options.in_transaction():
-            coord.select(epoch, generation, winners)
-            return
-        final = coord.commit(epoch, generation, winners, publish=publisher.publish,
-                             rollback=publisher.rollback, txn_version=plan.options.txn_version)
-    except (Fenced, XidDecided) as exc:
-        taken = coord.taken_over(generation, exc)
-        if taken is None:
-            raise
-        raise taken from exc
-    finally:
-        publisher.drain()
+    with publisher_for(plan.options, coord, plan.tables) as publisher:
+        with taken_over_said(coord, generation):
+            coord.begin(epoch, generation)  # a micro-batch with no task still gets its xid
+            winners = [b for m in branch_messages for b in m.branch_ids]
+            if winners:
+                winners = combine.combined_branches(plan, coord, epoch, generation, winners,
+                                                    publisher)
+            if plan.options.in_transaction():
+                coord.select(epoch, generation, winners)
+                return
+        final = decide(coord, epoch, generation, winners, publisher, plan.options.txn_version)
     metrics = epoch_metrics(branch_messages, started, final.updated)
-    coord.record_metrics(epoch, metrics)
+    coord.record_metrics(epoch, metrics.to_dict())
     log.info(
         "txsink sink=%s epoch=%d committed rows=%d branches=%d partitions=%d "
         "stage_ms=%.0f seal_ms=%.0f commit_ms=%.0f cleanup_ms=%.0f latency_ms=%.0f",
-        plan.sink_id, epoch, metrics["rows"], metrics["branches"], metrics["partitions"],
-        metrics["stage_ms"], metrics["seal_ms"], metrics["commit_ms"], metrics["cleanup_ms"],
-        metrics["latency_ms"],
+        plan.sink_id, epoch, metrics.rows, metrics.branches, metrics.partitions,
+        metrics.stage_ms, metrics.seal_ms, metrics.commit_ms, metrics.cleanup_ms,
+        metrics.latency_ms,
     )
 
 
@@ -229,9 +253,9 @@ def finish_clean_up(plan: WritePlan, coord: Coordinator, epoch: int) -> None:
     ``Committed`` no branch's staging is needed any more, and a drop of a table that is
     gone costs one ``DROP TABLE IF EXISTS``.
     """
-    publisher = publisher_for(plan.options, coord)
-    for record in coord.branches(epoch):
-        publisher.rollback(record)
+    with publisher_for(plan.options, coord) as publisher:
+        for record in coord.branches(epoch):
+            publisher.rollback(record)
 
 
 def abort_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> None:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from server_ext.capabilities import SqlClient, known_settings
+from server_ext.capabilities import known_settings
+from server_ext.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError
 
 PREFIX = "settings."

@@ -16,15 +16,19 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
+from typing import Literal
 
 from coordinator.auth import DigestAuth
 from coordinator.layout import check_root
+from server_ext.capabilities import STRATEGIES as server_strategies
+from server_ext.capabilities import Strategy
 from server_ext.client import header_problem
 from server_ext.compression import ENCODINGS
 from server_ext.sharding import ShardingError, parse_shard_urls, shown_url, url_problem
 from txsink import insert_settings
 
-STRATEGIES = ("auto", "move", "attach_replicated", "attach_marked")
+AUTO = "auto"  # the strategy option's default: the server picks (capabilities.choose_strategy)
+STRATEGIES = (AUTO, *server_strategies)
 REPLICA_CHOICES = ("round_robin", "random")
 #: What happens to the materialized views the target feeds: staged and published with
 #: the target's rows (``server_ext.views``), or left without them (logged at WARNING).
@@ -55,7 +59,7 @@ class SinkOptions:
     zookeeper_auth: str | None = field(default=None, repr=False)  # user:password (digest)
     sink_id: str | None = None
     zk_root: str = "/txsink"
-    strategy: str = "auto"
+    strategy: Strategy | Literal["auto"] = AUTO
     insert_block_rows: int = 1_048_576
     timeout: float = 30.0
     retries: int = 5
@@ -224,6 +228,7 @@ def parse_options(
     strategy = str(values.get("strategy", "auto"))
     if strategy not in STRATEGIES:
         raise OptionError(f"option strategy={strategy!r} is not one of {', '.join(STRATEGIES)}")
+    values["strategy"] = strategy if strategy == AUTO else Strategy(strategy)
     for name, value in credentials_from(env).items():
         values.setdefault(name, value)
     for name in ("user", "password"):

@@ -20,16 +20,21 @@ both; a payload of an unknown newer format is refused by name, never guessed at.
 reader does not know are ignored: they may only carry what a publish can do without
 (``contributed``/``precombined``, the pre-combined table, are such keys; so is ``view``,
 the staging view of a materialized view's share, which a rollback drops with the share's
-staging table).
+staging table). Content digests (``server_ext.digest``) are such keys too: a staged
+branch's travel in its manifest's partitions, a combined branch's (the sum of its
+sources', per partition) under ``digests``; a payload without them (older releases)
+is judged by ``verify`` by its row counts alone.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from coordinator import BranchRecord
 from server_ext import Manifest
+from server_ext.capabilities import Strategy
+from server_ext.digest import ContentDigest, combine
 
 FORMAT = 2
 
@@ -43,7 +48,7 @@ class StagedBranch:
     """A task attempt's sealed staging table on one server."""
 
     manifest: Manifest
-    strategy: str
+    strategy: Strategy
     staging: str
     server: str | None
     rows: int
@@ -65,7 +70,7 @@ class CombinedBranch:
 
     sources: tuple[str, ...]
     staging: str
-    strategy: str
+    strategy: Strategy
     server: str | None
     rows: int
     overwrite: bool = False
@@ -73,6 +78,7 @@ class CombinedBranch:
     partitions: tuple[tuple[str, str, int], ...] = ()
     embedded: tuple[Manifest, ...] = ()
     precombined: str = ""
+    digests: tuple[tuple[str, ContentDigest], ...] = ()  # (partition id, sum of sources')
 
     @classmethod
     def of(cls, sources: dict[str, Manifest], **fields: object) -> CombinedBranch:
@@ -80,17 +86,78 @@ class CombinedBranch:
         partitions: dict[str, list] = {}
         for manifest in sources.values():
             for partition in manifest.partitions:
-                entry = partitions.setdefault(partition.partition_id, [partition.value, 0])
+                entry = partitions.setdefault(partition.partition_id, [partition.value, 0, []])
                 entry[1] += partition.rows
+                entry[2].append(partition.digest)
         first = next(iter(sources.values()))
+        digests = ((pid, combine(entry[2])) for pid, entry in sorted(partitions.items()))
         return cls(sources=tuple(sorted(sources)),
                    rows=sum(m.rows for m in sources.values()),
                    target=(first.target_database, first.target_table),
-                   partitions=tuple((pid, value, rows) for pid, (value, rows)
-                                    in sorted(partitions.items())), **fields)  # type: ignore[arg-type]
+                   partitions=tuple((pid, value, rows) for pid, (value, rows, _)
+                                    in sorted(partitions.items())),
+                   digests=tuple((pid, d) for pid, d in digests if d is not None),
+                   **fields)  # type: ignore[arg-type]
 
 
 Payload = StagedBranch | CombinedBranch
+
+
+@dataclass(frozen=True)
+class BranchOwner:
+    """The owner record of a branch, written when it is registered, before its staging
+    exists: where the staging is (what a rollback of a branch that never got prepared
+    needs) and which task attempt registered it (for operators).
+
+    Format 1: these keys, with or without ``format``; keys a reader does not know are
+    ignored.
+    """
+
+    staging: str
+    server: str | None = None
+    view: str = ""  # the staging view filling it (a materialized view's share)
+    shard: int | None = None
+    task: dict[str, Any] = field(default_factory=dict)  # host, pid, stage, partition, ...
+
+    def to_record(self) -> dict[str, Any]:
+        return {**self.task, "format": 1, "staging": self.staging, "server": self.server,
+                **({"view": self.view} if self.view else {}),
+                **({"shard": self.shard} if self.shard is not None else {})}
+
+    @classmethod
+    def from_record(cls, raw: dict[str, Any] | None) -> BranchOwner | None:
+        if not raw or not raw.get("staging"):
+            return None
+        own = ("format", "staging", "server", "view", "shard")
+        shard = raw.get("shard")
+        return cls(staging=raw["staging"], server=raw.get("server"), view=raw.get("view") or "",
+                   shard=None if shard is None else int(shard),
+                   task={k: v for k, v in raw.items() if k not in own})
+
+
+@dataclass(frozen=True)
+class StagingPlace:
+    """Where a branch's staging is: its table, the staging view filling it ("" for
+    none), and the server (None: the sink's default server)."""
+
+    staging: str
+    view: str
+    server: str | None
+
+
+def staging_place(record: BranchRecord) -> StagingPlace | None:
+    """Where the branch's staging is, from its payload once prepared, else from its owner
+    record; None for a branch that recorded none."""
+    try:
+        prepared = from_record(record.manifest)
+    except (UnknownPayload, KeyError, TypeError, ValueError):
+        prepared = None
+    owner = BranchOwner.from_record(record.owner)
+    if prepared is not None:
+        view = prepared.view if isinstance(prepared, StagedBranch) else ""
+        return StagingPlace(prepared.staging, view or (owner.view if owner else ""),
+                            prepared.server or (owner.server if owner else None))
+    return None if owner is None else StagingPlace(owner.staging, owner.view, owner.server)
 
 
 def to_record(payload: Payload) -> dict[str, Any]:
@@ -105,7 +172,9 @@ def to_record(payload: Payload) -> dict[str, Any]:
         raise ValueError("a combined payload is written with sources, not manifests")
     return {**common, "kind": "combined", "sources": list(payload.sources),
             "target": list(payload.target), "partitions": [list(p) for p in payload.partitions],
-            **({"precombined": payload.precombined} if payload.precombined else {})}
+            **({"precombined": payload.precombined} if payload.precombined else {}),
+            **({"digests": {pid: d.to_json() for pid, d in payload.digests}}
+               if payload.digests else {})}
 
 
 def from_record(raw: dict[str, Any] | None) -> Payload | None:
@@ -117,7 +186,12 @@ def from_record(raw: dict[str, Any] | None) -> Payload | None:
         raise UnknownPayload(
             f"branch payload format {version} is newer than this release reads ({FORMAT}); "
             "finish it with the release that wrote it")
-    common = {"staging": raw["staging"], "strategy": raw.get("strategy") or "",
+    try:
+        strategy = Strategy(raw["strategy"])
+    except (KeyError, ValueError):
+        raise UnknownPayload(f"branch payload with publish strategy {raw.get('strategy')!r}, "
+                             "which this release does not know") from None
+    common = {"staging": raw["staging"], "strategy": strategy,
               "server": raw.get("server"), "rows": int(raw.get("rows", 0))}
     if version == 1:
         if raw.get("overwrite_of") is not None:
@@ -136,21 +210,35 @@ def from_record(raw: dict[str, Any] | None) -> Payload | None:
             sources=tuple(raw["sources"]), overwrite=bool(raw.get("overwrite")),
             precombined=str(raw.get("precombined") or ""),
             target=(raw["target"][0], raw["target"][1]),
-            partitions=tuple((p[0], p[1], int(p[2])) for p in raw["partitions"]), **common)
+            partitions=tuple((p[0], p[1], int(p[2])) for p in raw["partitions"]),
+            digests=tuple((pid, ContentDigest.from_json(d))
+                          for pid, d in sorted((raw.get("digests") or {}).items())), **common)
     raise UnknownPayload(f"branch payload of unknown kind {kind!r}")
 
 
-def contributions(payload: Payload) -> list[tuple[str, str, str, str, int]]:
-    """(target database, target table, partition id, partition value, rows) per
-    partition a winner makes visible."""
+class Share(NamedTuple):
+    """What a winner makes visible in one partition of one target table."""
+
+    database: str
+    table: str
+    partition_id: str
+    value: str
+    rows: int
+    digest: ContentDigest | None  # None: not recorded (an older release)
+
+
+def contributions(payload: Payload) -> list[Share]:
+    """One :class:`Share` per partition a winner makes visible."""
     if isinstance(payload, StagedBranch):
         manifests: tuple[Manifest, ...] = (payload.manifest,)
     elif payload.embedded:
         manifests = payload.embedded
     else:
         database, table = payload.target
-        return [(database, table, pid, value, rows) for pid, value, rows in payload.partitions]
-    return [(m.target_database, m.target_table, p.partition_id, p.value, p.rows)
+        digests = dict(payload.digests)
+        return [Share(database, table, pid, value, rows, digests.get(pid))
+                for pid, value, rows in payload.partitions]
+    return [Share(m.target_database, m.target_table, p.partition_id, p.value, p.rows, p.digest)
             for m in manifests for p in m.partitions]
 
 

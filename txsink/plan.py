@@ -21,6 +21,7 @@ import pyarrow as pa
 
 import server_ext
 from server_ext.capabilities import (
+    Strategy,
     StrategyProblem,
     engine_problem,
     strategy_problem,
@@ -48,7 +49,7 @@ class WritePlan:
     options: SinkOptions
     sink_id: str
     generation: int | None  # None for streaming: each run's tasks claim one
-    strategy: str
+    strategy: Strategy
     overwrite: bool
     columns: tuple[str, ...]
     epoch: int | None = None  # None for streaming: the micro-batch id arrives per task
@@ -56,7 +57,7 @@ class WritePlan:
     table: server_ext.TargetTable | None = None  # the local table as the driver saw it
     covered_by_txn: int | None = None  # the sink's txn_version that makes this job a no-op
     views: tuple[ViewNode, ...] = ()  # the materialized views the target feeds, staged too
-    view_strategies: tuple[str, ...] = ()  # the publish strategy of each view's table
+    view_strategies: tuple[Strategy, ...] = ()  # the publish strategy of each view's table
 
     @property
     def target(self) -> str:
@@ -95,11 +96,11 @@ class CheckedTarget:
 
     table: server_ext.TargetTable
     columns: tuple[str, ...]
-    strategy: str
+    strategy: Strategy
     layout: ShardLayout
     shard_tables: tuple[tuple[server_ext.TargetTable, str], ...] = ()
     views: tuple[ViewNode, ...] = ()  # shard 1's view tree (every shard has the same)
-    view_strategies: tuple[str, ...] = ()  # the publish strategy of each view's table
+    view_strategies: tuple[Strategy, ...] = ()  # the publish strategy of each view's table
 
 
 def single_server(options: SinkOptions) -> ShardLayout:

@@ -18,18 +18,24 @@ import server_ext
 from coordinator import BranchRecord, Coordinator, CoordinatorError
 from server_ext.client import ClickHouseClient
 from server_ext.consolidate import (
-    COMBINED,
     DEFAULT_LIMITS,
     SizeLimits,
     combine_key,
     publish_combined,
 )
+from server_ext.ledger import COMBINED, PublishRecord
 from txsink import crashpoints
-from txsink.payload import CombinedBranch, StagedBranch, from_record, staged_manifest
+from txsink.operator_records import StrategySwitch
+from txsink.payload import (
+    CombinedBranch,
+    StagedBranch,
+    from_record,
+    staged_manifest,
+    staging_place,
+)
 
 log = logging.getLogger(__name__)
 
-SWITCH_KEY = "operator.strategy_switch"  # ledger key of a winner's strategy switch
 RELEASE_WORKERS = 2  # published winners' staging drops in flight at once
 
 
@@ -45,12 +51,10 @@ class BranchPublisher:
     the branches' staging tables were created; a combined table is created from its
     table's description (a publisher without it, as in recovery, describes the table).
 
-    Usage::
+    Usage (leaving the block waits for the background drops, as ``drain`` does)::
 
-        publisher = BranchPublisher(lambda url: ClickHouseClient(url or default_url), coord)
-        coord.commit(epoch, generation, winners, publish=publisher.publish,
-                     rollback=publisher.rollback)
-        publisher.drain()
+        with BranchPublisher(lambda url: ClickHouseClient(url or default_url), coord) as p:
+            coord.commit(epoch, generation, winners, publish=p.publish, rollback=p.rollback)
     """
 
     def __init__(self, client_for: Callable[[str | None], ClickHouseClient],
@@ -63,6 +67,12 @@ class BranchPublisher:
         self._known: dict[tuple[int, str], BranchRecord] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._pending: list[tuple[BranchRecord, Future[None]]] = []
+
+    def __enter__(self) -> BranchPublisher:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.drain()
 
     def remember(self, records: Iterable[BranchRecord]) -> None:
         """Branch records the caller has just read (spares reading sources again)."""
@@ -104,7 +114,7 @@ class BranchPublisher:
 
     def drain(self) -> None:
         """Wait for the staging drops ``publish`` started; a failed one is logged and its
-        staging left to ``txsink gc``. Call it after ``commit``/``recover`` returns."""
+        staging left to ``txsink gc``. Leaving the publisher's ``with`` block calls it."""
         pending, self._pending = self._pending, []
         for record, future in pending:
             try:
@@ -135,29 +145,28 @@ class BranchPublisher:
         would keep a decided xid ``Committing`` (and fail the job) for as long as one
         replica that a failed task attempt chose stays down.
         """
-        staging = (record.manifest or {}).get("staging") or (record.owner or {}).get("staging")
-        view = (record.manifest or {}).get("view") or (record.owner or {}).get("view") or ""
-        server = server_of(record)
-        if not staging:
+        place = staging_place(record)
+        if place is None:
             return
         try:
-            server_ext.rollback(self.client_for(server), staging, view=view)
+            server_ext.rollback(self.client_for(place.server), place.staging, view=place.view)
         except server_ext.ServerUnreachable as exc:
             log.warning("xid %s: staging %s of branch %s left for txsink gc: %s",
-                        record.xid, staging, record.branch_id, exc)
+                        record.xid, place.staging, record.branch_id, exc)
 
 
 def switched_strategy(coord: Coordinator, record: BranchRecord) -> str | None:
     """The strategy an operator switched a winner to (``txsink recover --strategy``, see
     txsink.operations for when a switch is safe), None for a winner never switched. Every
     publisher honours it: a job's recovery as much as the operator's."""
-    entry = coord.ledger(record.epoch, record.branch_id).get(SWITCH_KEY)
-    return entry.get("to") if entry else None
+    switch = StrategySwitch.load(coord.ledger(record.epoch, record.branch_id))
+    return switch.to if switch else None
 
 
 def server_of(record: BranchRecord) -> str | None:
     """The URL of the server holding the branch's staging (None: the default server)."""
-    return (record.manifest or {}).get("server") or (record.owner or {}).get("server")
+    place = staging_place(record)
+    return place.server if place else None
 
 
 def publish_manifest(coord: Coordinator, record: BranchRecord) -> server_ext.Manifest | None:
@@ -173,9 +182,10 @@ def publish_manifest(coord: Coordinator, record: BranchRecord) -> server_ext.Man
         return None
     if isinstance(payload, StagedBranch):
         return payload.manifest
-    entry = coord.ledger(record.epoch, record.branch_id).get(combine_key(payload.staging))
-    if entry and entry.get("state") == COMBINED:
-        return server_ext.Manifest.from_dict(entry["manifest"])
+    entry = PublishRecord.load(coord.ledger(record.epoch, record.branch_id),
+                               combine_key(payload.staging))
+    if entry is not None and entry.state == COMBINED and entry.manifest is not None:
+        return entry.manifest
     sources = [from_record(r.manifest) for r in coord.branches(record.epoch, payload.sources)]
     manifests = [s.manifest for s in sources if isinstance(s, StagedBranch)]
     if not manifests:

@@ -29,7 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from coordinator import XidRecord
 from txsink import driver
-from txsink.operations import explain_blocked
+from txsink.metrics import EpochMetrics
 from txsink.options import (
     TX_EPOCH,
     TX_GENERATION,
@@ -39,6 +39,7 @@ from txsink.options import (
 )
 from txsink.payload import CombinedBranch, from_record
 from txsink.plan import check_server_options
+from txsink.registration import register
 
 log = logging.getLogger(__name__)
 
@@ -46,31 +47,27 @@ log = logging.getLogger(__name__)
 class Transaction:
     """One xid spanning several writes; created by :func:`transaction`."""
 
-    @explain_blocked
     def __init__(self, spark: SparkSession, options: dict[str, str], sink_id: str) -> None:
         self.spark = spark
         self.options = options
         self.sink_id = sink_id
         parsed = parse_options({**options, TX_SINK_ID: sink_id}, require_table=False)
         check_server_options(parsed)  # before the sink is fenced and the xid begun
-        self.coord, self.generation = driver.open_sink(parsed, sink_id)
         self._parsed = parsed
         self.tables: list[str] = []
-        #: the sink's txn_version when it covers this transaction's: then nothing is written
-        self.covered_by_txn = driver.covered_txn_version(parsed, self.coord)
-        self.epoch = -1
-        if self.covered_by_txn is not None:
-            return
-        self.epoch = self.coord.allocate_epoch()
         # watched by this process's session: a caller killed before the decision leaves
         # an xid that txsink recover / gc roll back (coordinator/liveness.py)
-        self.coord.begin(self.epoch, self.generation, hold="transaction")
+        opened = driver.open_xid(parsed, sink_id, hold="transaction")
+        self.coord, self.generation = opened.coord, opened.generation
+        #: None when the sink's txn_version covers this transaction's: nothing is written
+        self.epoch = opened.epoch
+        self.covered_by_txn = opened.covered_by_txn
 
     def write(self, df: DataFrame, table: str, mode: str = "append") -> None:
         """Stage ``df`` for ``table``; visible only when the whole transaction commits."""
         if mode not in ("append", "overwrite"):
             raise ValueError(f"mode must be append or overwrite, got {mode!r}")
-        if self.covered_by_txn is not None:
+        if self.epoch is None:
             return
         (df.write.format("clickhouse_tx").options(**self.options)
             .option("table", table).option(TX_SINK_ID, self.sink_id)
@@ -79,51 +76,42 @@ class Transaction:
         self.tables.append(table)
 
     def commit(self) -> None:
-        if self.covered_by_txn is not None:
+        if self.epoch is None:
             driver.log_covered(self.sink_id, self._parsed.txn_version, self.covered_by_txn)
             return
-        publisher = driver.publisher_for(self._parsed, self.coord)
         started = time.time()
         try:
-            final = self.coord.commit(self.epoch, self.generation, None,
-                                      publish=publisher.publish, rollback=publisher.rollback,
-                                      txn_version=self._parsed.txn_version)
+            with driver.publisher_for(self._parsed, self.coord) as publisher:
+                final = driver.decide(self.coord, self.epoch, self.generation, None, publisher,
+                                      self._parsed.txn_version)
         finally:
-            publisher.drain()
             self.coord.release(self.epoch)
-        metrics = self._metrics(final, started)
-        self.coord.record_metrics(self.epoch, metrics)
+        metrics = self._metrics(self.epoch, final, started)
+        self.coord.record_metrics(self.epoch, metrics.to_dict())
         log.info("txsink sink=%s epoch=%d committed tables=%s rows=%d branches=%d "
                  "commit_ms=%.0f cleanup_ms=%.0f latency_ms=%.0f", self.sink_id, self.epoch,
-                 ",".join(self.tables), metrics["rows"], metrics["branches"],
-                 metrics["commit_ms"], metrics["cleanup_ms"], metrics["latency_ms"])
+                 ",".join(self.tables), metrics.rows, metrics.branches,
+                 metrics.commit_ms, metrics.cleanup_ms, metrics.latency_ms)
 
-    def _metrics(self, final: XidRecord, started: float) -> dict:
+    def _metrics(self, epoch: int, final: XidRecord, started: float) -> EpochMetrics:
         """The epoch's figures, as a batch job records them (``driver.epoch_metrics``):
         the writes' messages stayed in their own Spark jobs, so rows and branches come
         from the winners' records, and latency runs from the xid's begin."""
-        now = time.time()
-        committed_at = min(max(final.updated, started), now)
         winners = [from_record(b.manifest)
-                   for b in self.coord.branches(self.epoch, final.winners)]
-        return {
-            "rows": sum(p.rows for p in winners if p is not None),
-            "branches": sum(len(p.sources) if isinstance(p, CombinedBranch) and p.sources
-                            else 1 for p in winners if p is not None),
-            "tables": len(self.tables),
-            "commit_ms": round((committed_at - started) * 1000, 1),
-            "cleanup_ms": round((now - committed_at) * 1000, 1),
-            "latency_ms": round((committed_at - final.created) * 1000, 1),
-            "committed_at": now,
-            "finished_by": "writer",
-        }
+                   for b in self.coord.branches(epoch, final.winners)]
+        return EpochMetrics.timed(
+            started, final.updated, final.created,
+            rows=sum(p.rows for p in winners if p is not None),
+            branches=sum(len(p.sources) if isinstance(p, CombinedBranch) and p.sources
+                         else 1 for p in winners if p is not None),
+            tables=len(self.tables))
 
     def abort(self) -> None:
-        if self.covered_by_txn is not None:
+        if self.epoch is None:
             return
-        publisher = driver.publisher_for(self._parsed, self.coord)
         try:
-            self.coord.abort(self.epoch, self.generation, rollback=publisher.rollback)
+            with driver.publisher_for(self._parsed, self.coord) as publisher:
+                self.coord.abort(self.epoch, self.generation, rollback=publisher.rollback)
         finally:
             self.coord.release(self.epoch)
         log.warning("txsink sink=%s epoch=%d aborted", self.sink_id, self.epoch)
@@ -141,8 +129,6 @@ def transaction(spark: SparkSession, *, url: str, zookeeper: str, sink_id: str,
     here, in the caller's process, and passed to every write as options: Spark's workers
     only see the environment the session started with (and what ``register`` hands them).
     """
-    from txsink import register
-
     register(spark)
     opts = {"url": url, "zookeeper": zookeeper, **credentials_from(os.environ),
             **{k: str(v) for k, v in options.items()}}

@@ -16,12 +16,20 @@ What it claims, per (table, partition id) touched by a retained decided xid of t
   the sinks under this root are the table's only writers (``exclusive``),
   ``unexplained_rows`` when nobody said (``unknown``: another writer, or a duplicate),
   not judged when the table is known to have other writers (``shared``).
+- **content**: where every such xid recorded content digests (``server_ext.digest``)
+  of the table's current columns, the partition's digest is compared too: equal counts
+  with another content → ``altered_rows``; extra rows that are exactly one committed
+  xid's → ``duplicate_rows``, exactly a never-published branch's → ``aborted_rows``
+  (whatever the operator said of other writers, except ``shared``); missing rows that are
+  exactly one xid's are named. Otherwise the partition is judged by count.
 
 It does not judge (and says why) a partition that:
 
 - a ``Committing`` xid is publishing, or that an xid decided while the check ran;
-- lives in a table whose row count is not the rows published (an engine that merges rows
-  away, a table TTL), on a server that cannot be read, or whose replicas disagree;
+- lives in a table whose engine merges rows away (or has a TTL) and no longer holds
+  exactly what was committed (judged before the merges; more rows are extra rows
+  whatever the engine, as merges only take rows away), on a server that cannot be read,
+  or whose replicas disagree;
 - any sink under the root may have written in a committed xid whose record is gone
   (retention pruned it, or a winner's record is missing): what it wrote is unknown.
   Exception: a dynamic overwrite of the partition by that same sink after its last
@@ -46,10 +54,18 @@ from kazoo.client import KazooClient
 
 import server_ext
 from coordinator import Coordinator, XidState
-from coordinator.audit import DecidedXid, SinkHistory, changed_since, read_history
-from server_ext.capabilities import SqlClient
+from coordinator.audit import (
+    DecidedXid,
+    SinkHistory,
+    changed_since,
+    read_all_branches,
+    read_history,
+)
+from server_ext.client_protocol import SqlClient
+from server_ext.digest import MODULUS, ContentDigest, combine
 from server_ext.target_rows import TableRows, table_rows
-from txsink.payload import contributions, from_record
+from txsink.metrics import EpochMetrics
+from txsink.payload import CombinedBranch, Payload, contributions, from_record
 from txsink.publisher import server_of
 
 Writers = Literal["exclusive", "unknown", "shared"]
@@ -74,6 +90,7 @@ class Contribution:
     value: str
     rows: int
     overwrite: bool
+    digest: ContentDigest | None = None  # None: a branch sealed without one
 
     @property
     def xid(self) -> str:
@@ -149,13 +166,20 @@ def check_targets(zk: KazooClient, root: str, sinks: Iterable[str],
              for c in facts[s].committed + facts[s].in_flight}
     keys = {c.table_key for f in facts.values() for c in f.committed + f.in_flight
             if (c.database, c.table) in names}
-    tables = {key: _read_table(client_for, key) for key in sorted(keys)}
+    digested: dict[tuple[str, str], set[str]] = {}  # (database, table): partitions
+    for f in facts.values():
+        for c in f.committed:
+            if c.digest is not None:
+                digested.setdefault((c.database, c.table), set()).add(c.partition_id)
+    tables = {key: _read_table(client_for, key, digested.get(key[1:], set()))
+              for key in sorted(keys)}
     for sink_id, history in histories.items():  # decided while the tables were read
         epochs = changed_since(zk, root, history)
         late = _facts(read_history(zk, root, sink_id, epochs), default_url, pruned=False)
         facts[sink_id].in_flight += late.committed + late.in_flight
         facts[sink_id].unknown += late.unknown
     groups = _groups(tables, facts)
+    unpublished = _Unpublished(zk, root, list(histories), default_url)
     reports = {}
     for sink_id in scope:
         own = facts.get(sink_id, _SinkFacts())
@@ -164,7 +188,7 @@ def check_targets(zk: KazooClient, root: str, sinks: Iterable[str],
         mine = [g for g in groups.values() if g.identity in identities and (
             not (g.committed or g.in_flight)
             or any(c.sink_id == sink_id for c in g.committed + g.in_flight))]
-        reports[sink_id] = _report(mine, facts, writers)
+        reports[sink_id] = _report(mine, facts, writers, unpublished)
         reports[sink_id]["unknown_history"] = [
             {"first": lo, "last": hi, "reason": why} for lo, hi, why in own.unknown]
     return reports
@@ -199,8 +223,7 @@ def _contributions(decided: DecidedXid, default_url: str | None) -> list[Contrib
         raise _Unreadable(f"winner {decided.missing[0]} has no record")
     totals: dict[tuple[str, str, str, str], list[Any]] = {}
     # partitions an operator gave up (txsink resolve --give-up) were never published
-    given_up = {(g.get("branch"), g.get("partition"))
-                for g in record.metrics.get("given_up", [])}
+    given_up = {(g.branch, g.partition) for g in EpochMetrics.from_dict(record.metrics).given_up}
     for branch in decided.winners:
         server = server_of(branch) or default_url
         try:
@@ -211,23 +234,26 @@ def _contributions(decided: DecidedXid, default_url: str | None) -> list[Contrib
             raise _Unreadable(f"winner {branch.branch_id} has no readable manifest")
         if server is None:
             raise _Unreadable(f"winner {branch.branch_id} names no server (pass --url)")
-        for database, table, pid, value, rows in contributions(found):
-            if (branch.branch_id, pid) in given_up:
+        for share in contributions(found):
+            if (branch.branch_id, share.partition_id) in given_up:
                 continue
-            entry = totals.setdefault((server, database, table, pid),
-                                      [value, 0, found.overwrite])
-            entry[1] += rows
+            entry = totals.setdefault(
+                (server, share.database, share.table, share.partition_id),
+                [share.value, 0, found.overwrite, []])
+            entry[1] += share.rows
+            entry[3].append(share.digest)
     decided_at = record.decided_at or record.updated
     return [Contribution(record.sink_id, record.epoch, decided_at, server, database, table,
-                         pid, value, rows, overwrite)
-            for (server, database, table, pid), (value, rows, overwrite) in totals.items()]
+                         pid, value, rows, overwrite, combine(digests))
+            for (server, database, table, pid), (value, rows, overwrite, digests)
+            in totals.items()]
 
 
-def _read_table(client_for: Callable[[str | None], SqlClient], key: TableKey
-                ) -> TableRows | tuple[TableKey, str]:
+def _read_table(client_for: Callable[[str | None], SqlClient], key: TableKey,
+                digest_partitions: set[str]) -> TableRows | tuple[TableKey, str]:
     server, database, table = key
     try:
-        return table_rows(client_for(server), database, table)
+        return table_rows(client_for(server), database, table, digest_partitions)
     except (server_ext.ClickHouseError, ValueError) as exc:
         return (key, f"{type(exc).__name__}: {exc}")
 
@@ -266,14 +292,66 @@ def _groups(tables: dict[TableKey, TableRows | tuple[TableKey, str]],
     return groups
 
 
+class _Unpublished:
+    """The digests of branches that were never to be published, per target partition:
+    (xid, branch, xid state, digest). Read on first use only (it reads every branch)."""
+
+    def __init__(self, zk: KazooClient, root: str, sinks: list[str],
+                 default_url: str | None) -> None:
+        self.zk, self.root, self.sinks, self.default_url = zk, root, sinks, default_url
+        self._found: dict[tuple[str, str, str], list[tuple[str, str, str, ContentDigest]]] \
+            | None = None
+
+    def __call__(self, database: str, table: str, partition_id: str
+                 ) -> list[tuple[str, str, str, ContentDigest]]:
+        if self._found is None:
+            self._found = self._read()
+        return self._found.get((database, table, partition_id), [])
+
+    def _read(self) -> dict[tuple[str, str, str], list[tuple[str, str, str, ContentDigest]]]:
+        found: dict[tuple[str, str, str], list[tuple[str, str, str, ContentDigest]]] = {}
+        for sink in self.sinks:
+            pairs = read_all_branches(self.zk, self.root, sink)
+            published = set()  # winners, and the sources of a combined winner
+            for record, branch in pairs:
+                if record.state in (XidState.COMMITTING, XidState.COMMITTED) \
+                        and branch.branch_id in record.winners:
+                    published.add((record.epoch, branch.branch_id))
+                    combined = _payload(branch.manifest)
+                    if isinstance(combined, CombinedBranch):
+                        published.update((record.epoch, s) for s in combined.sources)
+            for record, branch in pairs:
+                payload = _payload(branch.manifest)
+                if payload is None or (record.epoch, branch.branch_id) in published:
+                    continue
+                for share in contributions(payload):
+                    if share.digest is not None:
+                        found.setdefault((share.database, share.table, share.partition_id),
+                                         []).append((f"{sink}/{record.epoch}",
+                                                     branch.branch_id, record.state.value,
+                                                     share.digest))
+        return found
+
+
+def _payload(raw: dict[str, Any] | None) -> Payload | None:
+    try:
+        return from_record(raw)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        return None
+
+
+Unpublished = Callable[[str, str, str], list[tuple[str, str, str, ContentDigest]]]
+
+
 def _report(groups: list[_Group], facts: dict[str, _SinkFacts],
-            writers: Writers) -> dict[str, Any]:
+            writers: Writers, unpublished: Unpublished) -> dict[str, Any]:
     report: dict[str, Any] = {"checked": True, "writers": writers, "partitions_ok": 0,
-                              "anomalies": [], "not_judged": []}
+                              "partitions_ok_by_count": 0, "anomalies": [], "not_judged": []}
     for g in sorted(groups, key=lambda g: (g.name, g.partition_id, g.identity)):
-        verdict = _judge(g, facts, writers)
-        if verdict is None:
+        verdict = _judge(g, facts, writers, unpublished)
+        if verdict is None or verdict["kind"] == "ok_by_count":
             report["partitions_ok"] += 1
+            report["partitions_ok_by_count"] += verdict is not None
         elif verdict["kind"] == "not_judged":
             report["not_judged"].append(verdict)
         else:
@@ -281,7 +359,40 @@ def _report(groups: list[_Group], facts: dict[str, _SinkFacts],
     return report
 
 
-def _judge(g: _Group, facts: dict[str, _SinkFacts], writers: Writers) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class _Content:
+    """A partition's content as held and as the committed xids' digests sum it."""
+
+    held: ContentDigest
+    expected: ContentDigest
+
+    @property
+    def equal(self) -> bool:
+        return self.held == self.expected
+
+    def difference(self, sign: int) -> tuple[int, int]:
+        """(rows, sum) of held minus expected (``sign`` 1) or expected minus held (-1)."""
+        rows = (self.held.rows - self.expected.rows) * sign
+        return rows, (self.held.sum - self.expected.sum) * sign % MODULUS
+
+
+def _content(g: _Group, readable: list[TableRows], relevant: list[Contribution]
+             ) -> tuple[_Content | None, str]:
+    """The partition's content to compare, or None and why it is compared by count."""
+    table = readable[0]
+    if table.digest_scheme is None:
+        return None, table.digest_note or "the table was not hashed"
+    held = table.digests.get(g.partition_id) or ContentDigest(0, 0, table.digest_scheme)
+    if any(c.digest is None for c in relevant):
+        return None, "an xid that wrote it recorded no content digest (an older release)"
+    expected = combine([ContentDigest(0, 0, held.scheme)] + [c.digest for c in relevant])
+    if expected is None or expected.scheme != held.scheme:
+        return None, "the table's columns changed since an xid that wrote it was sealed"
+    return _Content(held, expected), ""
+
+
+def _judge(g: _Group, facts: dict[str, _SinkFacts], writers: Writers,
+           unpublished: Unpublished) -> dict[str, Any] | None:
     """None when the partition holds what was committed; else a finding (see module doc)."""
     readable = [t for t in g.tables if isinstance(t, TableRows)]
     where = f"{g.name} partition {g.partition_id} on {', '.join(g.servers)}"
@@ -289,8 +400,6 @@ def _judge(g: _Group, facts: dict[str, _SinkFacts], writers: Writers) -> dict[st
         errors = "; ".join(t[1] for t in g.tables if not isinstance(t, TableRows))
         return _not_judged(g, where, f"cannot read the target ({errors})", cause="unreadable")
     inexact = next((t.exact for t in readable if t.exists and t.exact), None)
-    if inexact:
-        return _not_judged(g, where, inexact)
     if g.in_flight:
         xids = sorted({c.xid for c in g.in_flight})
         return _not_judged(g, where, f"xid {', '.join(xids)} is being published or was decided "
@@ -308,6 +417,8 @@ def _judge(g: _Group, facts: dict[str, _SinkFacts], writers: Writers) -> dict[st
     expected = sum(c.rows for c in relevant)
     lost = {s: f.unknown for s, f in facts.items() if f.unknown}
     if lost and not _history_covers(relevant, lost):
+        if inexact:
+            return _not_judged(g, where, inexact, cause="merges")
         gone = "; ".join(f"{s} epochs " + ", ".join(
             f"{lo}..{hi} ({why})" if lo != hi else f"{lo} ({why})" for lo, hi, why in u)
             for s, u in sorted(lost.items()))
@@ -319,25 +430,78 @@ def _judge(g: _Group, facts: dict[str, _SinkFacts], writers: Writers) -> dict[st
         return _not_judged(g, where, f"committed history is incomplete: {gone}; what those "
                            f"xids wrote is unknown (holds {held} rows, retained xids "
                            f"account for {expected})", held, expected)
+    content, by_count = _content(g, readable, relevant) if not missing_table else (None, "")
+    if inexact and not (content and content.equal) and held <= expected:
+        # merges only ever take rows away: fewer (or changed) rows may be theirs
+        return _not_judged(g, where, f"{inexact}; holds {held} rows, committed xids put "
+                           f"{expected} there", held, expected, cause="merges")
     if held == expected:
-        return None
+        if content is None:
+            return {"kind": "ok_by_count", "reason": by_count}
+        if content.equal:
+            return None
+        return _finding("altered_rows", g, where, held, expected, relevant,
+                        f"holds the {held} rows committed xids put there by count, but "
+                        "not their content: rows were changed in place, or as many rows "
+                        "lost as duplicated", content=content)
     if held < expected:
         cause = ("the table does not exist" if missing_table else
                  "the partition is gone" if held == 0 else "rows were deleted")
+        hint = _same_rows(content, -1, relevant, "the missing rows are exactly what")
         return _finding("missing_rows", g, where, held, expected, relevant,
-                        f"holds {held} rows, committed xids put {expected} there ({cause})")
+                        f"holds {held} rows, committed xids put {expected} there ({cause})"
+                        + hint, content=content)
     extra = held - expected
+    duplicate = _same_rows(content, 1, relevant, "the extra rows are exactly a second copy "
+                           "of what")
+    if duplicate and writers != "shared":
+        return _finding("duplicate_rows", g, where, held, expected, relevant,
+                        f"holds {held} rows, committed xids put {expected} there{duplicate}",
+                        content=content)
+    staged = _unpublished_rows(content, g, unpublished)
+    if staged and writers != "shared":
+        return _finding("aborted_rows", g, where, held, expected, relevant,
+                        f"holds {held} rows, committed xids put {expected} there{staged}",
+                        content=content)
     same = [c.xid for c in relevant if c.rows == extra]
-    hint = f"; the {extra} extra rows equal what {', '.join(same)} put there" if same else ""
+    hint = duplicate or staged or (
+        f"; the {extra} extra rows equal what {', '.join(same)} put there" if same else "")
     sentence = f"holds {held} rows, committed xids put {expected} there{hint}"
     if writers == "exclusive":
-        return _finding("duplicate_rows", g, where, held, expected, relevant, sentence)
+        return _finding("duplicate_rows", g, where, held, expected, relevant, sentence,
+                        content=content)
     if writers == "unknown":
         return _finding("unexplained_rows", g, where, held, expected, relevant,
                         sentence + " (another writer, or a duplicate: --exclusive-target "
-                        "or --shared-target says which)")
+                        "or --shared-target says which)", content=content)
     return _not_judged(g, where, f"{sentence}; the table has other writers "
                        "(--shared-target)", held, expected)
+
+
+def _same_rows(content: _Content | None, sign: int, relevant: list[Contribution],
+               lead: str) -> str:
+    """"; <lead> <xid> put there" when the difference is exactly one xid's rows."""
+    if content is None:
+        return ""
+    rows, total = content.difference(sign)
+    same = [c.xid for c in relevant
+            if c.digest is not None and (c.digest.rows, c.digest.sum) == (rows, total)]
+    return f"; {lead} {', '.join(same)} put there" if same else ""
+
+
+def _unpublished_rows(content: _Content | None, g: _Group, unpublished: Unpublished) -> str:
+    """"; the extra rows are exactly what branch B of xid X staged ..." when they are."""
+    if content is None:
+        return ""
+    rows, total = content.difference(1)
+    table = g.tables[0]
+    database, name = (table.database, table.table) if isinstance(table, TableRows) \
+        else table[0][1:]
+    for xid, branch, state, digest in unpublished(database, name, g.partition_id):
+        if (digest.rows, digest.sum) == (rows, total):
+            return (f"; the extra rows are exactly what branch {branch} of {xid} ({state}) "
+                    "staged, which was never to be published")
+    return ""
 
 
 def _history_covers(relevant: list[Contribution], lost: dict[str, list]) -> bool:
@@ -369,7 +533,8 @@ def _xids(contributions: list[Contribution]) -> dict[str, Any]:
 
 
 def _finding(kind: str, g: _Group, where: str, held: int, expected: int,
-             relevant: list[Contribution], sentence: str) -> dict[str, Any]:
+             relevant: list[Contribution], sentence: str,
+             content: _Content | None = None) -> dict[str, Any]:
     shown = ", ".join(f"{c.xid}: {c.rows}{' (overwrite)' if c.overwrite else ''}"
                       for c in relevant[-XIDS_SHOWN:])
     if len(relevant) > XIDS_SHOWN:
@@ -377,20 +542,24 @@ def _finding(kind: str, g: _Group, where: str, held: int, expected: int,
     detail = f"{kind} at {where}: {sentence} [{shown or 'no retained xid wrote it'}]"
     return {"kind": kind, "table": g.name, "partition_id": g.partition_id,
             "partition": g.value, "servers": g.servers, "rows": held, "expected": expected,
-            **_xids(relevant), "detail": detail}
+            "judged_by": "content" if content else "count", **_xids(relevant),
+            "detail": detail}
 
 
 #: Why a partition was not judged when a later run may judge it: the server could not
 #: be read (down, wrong credentials), an xid was publishing, replicas were catching up.
 #: ``txsink verify`` fails (exit 4) on these: it did not check what it was asked to.
 RETRYABLE_CAUSES = frozenset({"unreadable", "in_flight", "replicas"})
+#: ... and those that fail it for good: rows an engine's merges or a TTL may have taken
+#: away (the partition was not judged before they did), which the operator must look at.
+FAILING_CAUSES = RETRYABLE_CAUSES | {"merges"}
 
 
 def _not_judged(g: _Group, where: str, reason: str, held: int | None = None,
                 expected: int | None = None, cause: str = "by_design") -> dict[str, Any]:
     """A partition verify says it cannot judge; ``cause`` is one of
-    :data:`RETRYABLE_CAUSES`, or ``by_design`` (pruned history, an engine that merges
-    rows away, a table shared with other writers: reported, never judgeable)."""
+    :data:`FAILING_CAUSES`, or ``by_design`` (pruned history, a table shared with other
+    writers: reported, never judgeable)."""
     return {"kind": "not_judged", "table": g.name, "partition_id": g.partition_id,
             "partition": g.value, "servers": g.servers, "rows": held, "expected": expected,
             "reason": reason, "cause": cause, "detail": f"{where}: {reason}"}

@@ -43,7 +43,7 @@ STEPS = (
     ("txsink.driver", "generation_of", "zk: before decision"),
     ("coordinator.coordinator", "Coordinator.begin", "zk: before decision"),
     ("coordinator.coordinator", "Coordinator.is_committed", "zk: is_committed (not in commit_ms)"),
-    ("txsink.driver", "combined_branches", "combined branch: read winners, register, prepare"),
+    ("txsink.combine", "combined_branches", "combined branch: read winners, register, prepare"),
     ("coordinator.coordinator", "Coordinator.commit", "zk: decision, lease, reads"),
     ("coordinator.completion", "Completion._write_committed", "zk: Committed write (end multi)"),
     ("coordinator.completion", "Completion._clean_up",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Protocol
 
+from server_ext.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError
 from server_ext.sharding.engine_args import engine_arguments, name_value
 from server_ext.sharding.errors import ShardingError
@@ -20,13 +20,6 @@ from server_ext.sharding.urls import check_url, reject_duplicates, url_host
 from server_ext.sql import identifier_text, split_table_name, sql_string, table_filter
 
 _MACRO_RE = re.compile(r"\{([A-Za-z0-9_]+)\}")
-
-
-class SqlClient(Protocol):
-    url: str
-
-    def query_rows(self, sql: str, *, purpose: str, settings: dict | None = None
-                   ) -> list[dict]: ...
 
 
 def layout_from_distributed(client: SqlClient, table: str,

@@ -6,6 +6,7 @@
 - ``demo`` is the README's fault-injection demo.
 
 Only ``txsink services`` and ``txsink demo`` load this package; what runs in Spark
-drivers, executors and the operator commands does not (``tests/test_layers.py``).
+drivers, executors and the operator commands does not (the import-linter contract "the
+sink never imports its test harness" in ``pyproject.toml``, checked by ``./run test``).
 Its extra dependencies come with ``pip install 'txsink[harness]'``.
 """

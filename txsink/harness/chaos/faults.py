@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from txsink.crashpoints import CRASH_POINTS
+from txsink.harness.crash_arming import arm_env
 from txsink.harness.services import ClickHouse, Services, ZooKeeper, port_open
 
 SERVER_KINDS = ("clickhouse", "zookeeper")
@@ -178,11 +179,7 @@ class CrashArming:
 
     def env(self) -> dict[str, str]:
         """Environment for a driver that may be crashed at any named point."""
-        return {
-            "TXSINK_CRASH_AT": ",".join(CRASH_POINTS),
-            "TXSINK_CRASH_MODE": "group",
-            "TXSINK_CRASH_ONCE_DIR": str(self.once_dir),
-        }
+        return arm_env(CRASH_POINTS, "group", self.once_dir)
 
     def _marker(self, name: str) -> Path:
         if name not in CRASH_POINTS:

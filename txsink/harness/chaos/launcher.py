@@ -24,6 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from txsink.crashpoints import HOOK_VARIABLE
 from txsink.harness.chaos import jvm
 from txsink.harness.chaos.faults import kill_session
 from txsink.harness.chaos.pipeline import RECOVERED_LINE, RUNNING_LINE, STANDBY_LINE
@@ -108,7 +109,8 @@ class DriverProcess:
     def _spawn(self, go_file: Path | None) -> tuple[subprocess.Popen, Path]:
         if self._jvm_env is None:
             self._jvm_env = jvm.submit_env()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TXSINK_CRASH_")}
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("TXSINK_CRASH_") and k != HOOK_VARIABLE}
         env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                    **self._jvm_env, **self.extra_env)
         self._spawned += 1

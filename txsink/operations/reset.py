@@ -1,0 +1,38 @@
+"""``txsink reset``: the way out of a stream state mismatch (``coordinator/stream.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from txsink.operations.session import Session
+
+
+class ResetCommand(Session):
+    def reset(self, sink_id: str, forget_epochs: bool = False,
+              committed_through: int | None = None) -> dict[str, Any]:
+        """The way out of a stream state mismatch (``coordinator/stream.py``).
+
+        ``forget_epochs``: a new query (new or deleted checkpoint) takes the sink over,
+        its micro-batches counted from 0. ``committed_through=N``: the sink's state was
+        lost and micro-batches ``0..N`` are in the target; the query goes on at ``N+1``.
+        Refused while the sink has open xids. Stop the query first.
+        """
+        if not forget_epochs and committed_through is None:
+            raise ValueError("reset needs --forget-epochs, --committed-through N, or both")
+        outcome = self._coordinator(sink_id).reset_stream(forget_epochs, committed_through)
+        return {"sinks": [outcome.to_dict()]}
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = []
+    for sink in result["sinks"]:
+        done = []
+        if sink["forget_epochs"]:
+            done.append(f"forgot {sink['forgotten_epochs']} xid(s) (last committed epoch "
+                        f"was {sink['last_committed_before']})")
+        if sink["committed_through"] is not None:
+            done.append(f"micro-batches 0..{sink['committed_through']} count as committed")
+        lines.append(f"{sink['sink_id']}: " + "; ".join(done) + f"; generation "
+                     f"{sink['generation']}; the next streaming query to write adopts the "
+                     f"sink (was {sink['previous_owner'] or 'not recorded'})")
+    return "\n".join(lines)
