@@ -35,9 +35,10 @@ On servers that read ArrowStream (``to_arrow_stream_batch`` + ``arrow_stream_chu
 batch is cast to the Arrow types matching the columns (``stream_array``) and sent as an IPC
 stream; the server parses text types and widens integers (exact after the checks).
 
-Contract: the batch must have passed ``schema.check_batch`` for the same columns (values
-are converted without further range checks). Each call encodes exactly the rows it is
-given; several Native blocks may follow each other in one INSERT body.
+Contract: the batch must be what ``prepare.checked_batch`` returned for the same columns
+(prepared and checked: values are converted without further range checks). Each call
+encodes exactly the rows it is given; several Native blocks may follow each other in one
+INSERT body.
 """
 
 from __future__ import annotations
