@@ -153,13 +153,15 @@ class ValueRanges:
         """
         low, high = self.datetime64_seconds
         zone = str(ch.params[1]) if len(ch.params) > 1 else self.timezone
-        if zone not in ("UTC", "Etc/UTC", "UTC0", "Zulu"):
+        if zone not in UTC_ZONES:
             low, high = low + _MAX_OFFSET, high - _MAX_OFFSET
         ticks = 10 ** int(ch.params[0]) if ch.params else 1_000
         return max(low, -(2**63) // ticks + 1), min(high, (2**63 - 1) // ticks - 1)
 
 
 STORAGE_RANGES = ValueRanges()
+# Zone names that are UTC at every instant: no offset to allow for, nothing to convert.
+UTC_ZONES = frozenset({"UTC", "Etc/UTC", "UTC0", "Zulu", "Etc/Zulu", "GMT", "Etc/GMT"})
 # UTC offsets lie within -12 h .. +14 h: a wall-clock bound is within this of its instant.
 _MAX_OFFSET = 15 * 3600
 

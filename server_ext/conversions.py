@@ -17,6 +17,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from server_ext.chtypes import UTC_ZONES
+
 MILLIS_PER_DAY = 86_400_000
 SECONDS_PER_DAY = 86_400
 _PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
@@ -62,9 +64,6 @@ def instant_text(seconds: int) -> str:
     """``YYYY-MM-DD hh:mm:ss`` in UTC of seconds since the epoch, for messages."""
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
-
-# Zone names the server and zoneinfo read as UTC: no conversion needed.
-UTC_ZONES = frozenset({"UTC", "Etc/UTC", "UTC0", "Zulu", "Etc/Zulu", "GMT", "Etc/GMT"})
 
 
 def wall_clock_instants(array: pa.Array, zone: str) -> tuple[pa.Array, np.ndarray]:

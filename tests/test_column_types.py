@@ -381,6 +381,12 @@ def test_nested_sub_columns_of_unequal_lengths_are_refused_naming_the_row() -> N
     assert caught.value.row == 1 and caught.value.column == "n.b"
 
 
+def test_array_columns_with_two_dots_in_the_name_are_no_nested_sub_columns() -> None:
+    batch = pa.record_batch({"p.q.r": pa.array([[1, 2]], pa.list_(pa.int32())),
+                             "p.s": pa.array([[3]], pa.list_(pa.int32()))})
+    check_batch([Column("p.q.r", "Array(Int32)"), Column("p.s", "Array(Int32)")], batch)
+
+
 def test_an_array_of_structs_whose_fields_miss_a_nested_sub_column_is_refused() -> None:
     target = _table(Column("n.a", "Array(Int32)"), Column("n.b", "Array(String)"))
     schema = pa.schema([("n", pa.list_(pa.struct([("a", pa.int32()), ("c", pa.string())])))])
