@@ -30,6 +30,7 @@ from server_ext.errors import (
 from server_ext.ledger import Ledger, MemoryLedger, resolve_partition
 from server_ext.manifest import Manifest, PartitionManifest, StagedPart
 from server_ext.overwrite import publish_overwrite
+from server_ext.prepare import checked_batch, prepare_batch
 from server_ext.publish import publish
 from server_ext.publish_steps import PUBLISH_STEPS, PublishReport
 from server_ext.schema import (
@@ -84,6 +85,8 @@ __all__ = [
     "ViewProblem",
     "arrow_stream_chunks",
     "check_arrow_schema",
+    "checked_batch",
+    "prepare_batch",
     "check_batch",
     "choose_strategy",
     "describe_table",

@@ -37,7 +37,7 @@ WIDE_INTEGER_TYPES: dict[str, tuple[int, int]] = {
 FLOAT_TYPES: dict[str, str] = {"Float32": "<f4", "Float64": "<f8"}
 WRAPPERS = ("Nullable", "Array", "LowCardinality")
 # Types whose arguments are types (``Tuple(a Int32, String)``, ``Map(K, V)``).
-COMPOSITES = ("Tuple", "Map", "Nested")
+COMPOSITES = ("Tuple", "Map", "Nested", "Variant")
 # Date is stored as UInt16 days and DateTime as UInt32 seconds since 1970-01-01 on every
 # server version; which of those values a server reads back is narrower (``ValueRanges``).
 DATE_MAX_DAYS = 2**16 - 1
@@ -153,13 +153,15 @@ class ValueRanges:
         """
         low, high = self.datetime64_seconds
         zone = str(ch.params[1]) if len(ch.params) > 1 else self.timezone
-        if zone not in ("UTC", "Etc/UTC", "UTC0", "Zulu"):
+        if zone not in UTC_ZONES:
             low, high = low + _MAX_OFFSET, high - _MAX_OFFSET
         ticks = 10 ** int(ch.params[0]) if ch.params else 1_000
         return max(low, -(2**63) // ticks + 1), min(high, (2**63 - 1) // ticks - 1)
 
 
 STORAGE_RANGES = ValueRanges()
+# Zone names that are UTC at every instant: no offset to allow for, nothing to convert.
+UTC_ZONES = frozenset({"UTC", "Etc/UTC", "UTC0", "Zulu", "Etc/Zulu", "GMT", "Etc/GMT"})
 # UTC offsets lie within -12 h .. +14 h: a wall-clock bound is within this of its instant.
 _MAX_OFFSET = 15 * 3600
 
@@ -232,9 +234,12 @@ def _parse(text: str) -> tuple[ChType, str]:
     text = f"{name}({args_text})"
     if name in COMPOSITES:
         named = [_element(arg) for arg in _split_args(args_text)]
-        names = tuple(n for n, _ in named)
-        return ChType(name, elements=tuple(t for _, t in named),
-                      names=names if all(names) else (), text=text), rest
+        elements = tuple(t for _, t in named)
+        names = tuple(n for n, _ in named) if all(n for n, _ in named) else ()
+        if name == "Nested":  # unflattened (flatten_nested = 0): an Array of named Tuples
+            inner = ChType("Tuple", elements=elements, names=names, text=f"Tuple({args_text})")
+            return ChType("Array", inner=inner, text=text), rest
+        return ChType(name, elements=elements, names=names, text=text), rest
     if name in ("Enum8", "Enum16"):
         labels = tuple(_enum_pair(arg) for arg in _split_args(args_text))
         return ChType(name, labels=labels, text=text), rest

@@ -10,10 +10,14 @@ caller handles them through the validity bitmap.
 from __future__ import annotations
 
 from datetime import UTC, date, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from server_ext.chtypes import UTC_ZONES
 
 MILLIS_PER_DAY = 86_400_000
 SECONDS_PER_DAY = 86_400
@@ -59,3 +63,28 @@ def day_text(days: int) -> str:
 def instant_text(seconds: int) -> str:
     """``YYYY-MM-DD hh:mm:ss`` in UTC of seconds since the epoch, for messages."""
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+
+def wall_clock_instants(array: pa.Array, zone: str) -> tuple[pa.Array, np.ndarray]:
+    """The instants at which a clock in ``zone`` shows the wall-clock times of ``array``
+    (an Arrow timestamp without zone), as a UTC timestamp of the same unit, and a mask of
+    the times that do not exist in ``zone`` (skipped by a daylight-saving change).
+
+    A time shown twice (the hour repeated when clocks go back) gets the earlier instant,
+    as Java's ``ZonedDateTime.of`` and so Spark give it. pandas does the localization:
+    pyarrow's ``assume_timezone`` was measured to ignore daylight saving after 2037
+    (it reads only the transitions listed in the zone file), which the server applies.
+    """
+    unit = array.type.unit
+    wanted = pa.timestamp(unit, tz="UTC")
+    if zone in UTC_ZONES:
+        return array.cast(wanted), np.zeros(len(array), bool)
+    local = pd.Series(array.to_pandas(date_as_object=False), copy=False)
+    if local.dtype != f"datetime64[{unit}]":
+        local = local.astype(f"datetime64[{unit}]")
+    placed = local.dt.tz_localize(ZoneInfo(zone), ambiguous=np.ones(len(local), bool),
+                                  nonexistent="NaT")
+    instants = pa.array(placed.dt.tz_convert("UTC"), wanted)
+    missing = pc.and_(pc.is_null(instants), pc.is_valid(array))
+    return instants, missing.to_numpy(zero_copy_only=False)

@@ -35,9 +35,10 @@ On servers that read ArrowStream (``to_arrow_stream_batch`` + ``arrow_stream_chu
 batch is cast to the Arrow types matching the columns (``stream_array``) and sent as an IPC
 stream; the server parses text types and widens integers (exact after the checks).
 
-Contract: the batch must have passed ``schema.check_batch`` for the same columns (values
-are converted without further range checks). Each call encodes exactly the rows it is
-given; several Native blocks may follow each other in one INSERT body.
+Contract: the batch must be what ``prepare.checked_batch`` returned for the same columns
+(prepared and checked: values are converted without further range checks). Each call
+encodes exactly the rows it is given; several Native blocks may follow each other in one
+INSERT body.
 """
 
 from __future__ import annotations
@@ -452,7 +453,8 @@ def arrow_type_for(ch: ChType) -> pa.DataType:
 
 # Sent as the caller's Arrow values; the server converts them (measured exact on 26.x for
 # what ``schema.check_batch`` lets through: canonical text, existing labels or codes).
-_PARSED_BY_SERVER = frozenset({"UUID", "IPv4", "IPv6", "JSON", "Enum8", "Enum16"})
+_PARSED_BY_SERVER = frozenset({"UUID", "IPv4", "IPv6", "JSON", "Enum8", "Enum16", "Variant",
+                               "Dynamic"})
 
 
 def _unit_for(precision: int) -> str:

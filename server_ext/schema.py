@@ -15,7 +15,9 @@ reject it rejects one problem at a time, after staging already exists. So:
   FixedString(N), a Date/DateTime/Date32/DateTime64 outside what the server can store, a
   timestamp finer than DateTime64(p), a decimal that does not fit Decimal(P, S) exactly,
   an Enum label or code not in the type, a UUID or IP address not in canonical text, a
-  Map or Tuple element that fails these checks (named ``col (value)`` / ``col.element``).
+  JSON text that is no object the server stores as written, Nested sub-columns of unequal
+  lengths, a Map or Tuple element that fails these checks (named ``col (value)`` /
+  ``col.element``).
   The server would convert some of these silently (a struct field of another name into a
   Tuple becomes the element's default, a null Map value 0, -1 into UInt256 wraps) and the
   others it refuses for the whole INSERT, without the row.
@@ -28,8 +30,10 @@ Conventions (stated once, relied on by the encoder): a missing Nullable column i
 with NULL by the server, so it needs no default; timestamps are instants (a timestamp
 without a time zone is taken as UTC) and lose their sub-second part in DateTime, while a
 timestamp with digits DateTime64(p) cannot hold is rejected; a value that would need
-rounding to fit Decimal(P, S) is rejected, never rounded. JSON text is left to the server.
-All checks are vectorised (pyarrow compute), never a Python loop over rows.
+rounding to fit Decimal(P, S) is rejected, never rounded. The checks run on a prepared
+batch (``prepare``): Nested sub-columns split out, wall-clock timestamps made instants.
+All checks are vectorised (pyarrow compute), never a Python loop over rows, except JSON
+text, which no vectorised parser checks (``json_values``).
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ from server_ext.conversions import (
     to_ticks,
 )
 from server_ext.errors import ClickHouseError, InvalidValue, SchemaMismatch
+from server_ext.json_values import is_spark_variant, json_source_problem, json_text_problem
+from server_ext.nested import check_sibling_lengths, flatten_schema
 from server_ext.sql import qualified_name, split_table_name, sql_string, table_filter
 
 UNWRITABLE_DEFAULT_KINDS = ("MATERIALIZED", "ALIAS", "EPHEMERAL")
@@ -186,7 +192,7 @@ def check_arrow_schema(target: TargetTable, schema: pa.Schema) -> list[Column]:
     Nullability of the Arrow fields is not judged here (Spark marks most fields nullable):
     nulls are checked per batch by ``check_batch``.
     """
-    problems: list[str] = []
+    schema, problems = flatten_schema([(c.name, c.chtype) for c in target.columns], schema)
     incoming = {f.name: f for f in schema}
     known = {c.name for c in target.columns}
     for arrow_field in schema:
@@ -223,6 +229,9 @@ def type_problem(arrow_type: pa.DataType, target: ChType) -> str | None:
     """Why values of ``arrow_type`` cannot be written to ``target``, or None if they can."""
     if pa.types.is_dictionary(arrow_type):
         arrow_type = arrow_type.value_type
+    if is_spark_variant(arrow_type):
+        return ("Spark's VariantType is not written (no ClickHouse type takes its binary "
+                "encoding): turn it into JSON text with to_json() in Spark")
     ch = target.unwrap_low_cardinality()
     if ch.is_nullable and ch.inner is not None:
         ch = ch.inner.unwrap_low_cardinality()
@@ -243,11 +252,41 @@ def type_problem(arrow_type: pa.DataType, target: ChType) -> str | None:
         return f"key: {key}" if key else f"value: {value}" if value else None
     if ch.base == "Tuple":
         return _tuple_problem(arrow_type, ch)
+    if ch.base == "JSON" and (pa.types.is_struct(arrow_type) or pa.types.is_map(arrow_type)):
+        problem = json_source_problem(arrow_type)
+        return f"{problem} (into {target})" if problem else None
+    if ch.base in ("Variant", "Dynamic"):
+        return _variant_problem(arrow_type, ch)
     accepts = _ACCEPTS.get(_family(ch))
     if accepts is None:
         return f"type {target} is not supported by the writer"
     if not any(test(arrow_type) for test in accepts):
         return f"cannot convert {arrow_type} to {target}"
+    return None
+
+
+# The type the server gives an Arrow column of each type (ArrowStream input), for Variant
+# and Dynamic, which store values under that type (measured on 26.9: int32 -> Int32).
+_SERVER_TYPE_OF = {
+    **{f"int{b}": f"Int{b}" for b in (8, 16, 32, 64)},
+    **{f"uint{b}": f"UInt{b}" for b in (8, 16, 32, 64)},
+    "float": "Float32", "double": "Float64", "bool": "Bool",
+    "string": "String", "large_string": "String",
+}
+
+
+def _variant_problem(arrow_type: pa.DataType, ch: ChType) -> str | None:
+    """Dynamic takes the scalars the server types by themselves; Variant those of them
+    whose type is one of its own (the server refuses any other: CANNOT_CONVERT_TYPE).
+    Nulls are refused per batch like any null into a non-Nullable column: the server's
+    Arrow reader stores the type's default for them ('' or false, measured on 26.9)."""
+    stored = _SERVER_TYPE_OF.get(str(arrow_type))
+    if stored is None:
+        return (f"cannot convert {arrow_type} to {ch}: it takes integers, floats, booleans "
+                "and strings")
+    if ch.base == "Variant" and stored not in [str(e) for e in ch.elements]:
+        return (f"{arrow_type} is stored as {stored}, which is none of the types of {ch}; "
+                "cast it to one of them in Spark")
     return None
 
 
@@ -354,6 +393,8 @@ def check_batch(target_columns: list[Column], batch: pa.RecordBatch,
     for column in target_columns:
         array = batch.column(column.name)
         _check_array(column.name, array, column.chtype, _identity_rows, ranges)
+    check_sibling_lengths([(c.name, c.chtype) for c in target_columns], batch,
+                          _identity_rows)
 
 
 def _identity_rows(index: int) -> int:
@@ -371,6 +412,35 @@ def _check_array(name: str, array: pa.Array, target: ChType, row_of: RowOf,
     check = _VALUE_CHECKS.get(_family(ch))
     if check is not None:
         check(name, array, ch, row_of, ranges)
+
+
+def _check_json(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
+                ranges: ValueRanges) -> None:
+    """Texts: each one JSON object the server stores as written (``json_values``; a
+    Python loop, see there). Structs and maps: no NaN or infinity, which JSON lacks."""
+    if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
+        _check_finite(name, array, row_of)
+        return
+    for index, text in enumerate(array.to_pylist()):
+        problem = None if text is None else json_text_problem(text)
+        if problem:
+            raise InvalidValue(name, row_of(index), _shown(array, index), problem)
+
+
+def _check_finite(name: str, array: pa.Array, row_of: RowOf) -> None:
+    if pa.types.is_floating(array.type):
+        bad = pc.and_(pc.is_valid(array), pc.invert(pc.is_finite(array)))
+        if pc.any(bad).as_py():
+            _fail(name, array, bad, row_of, "NaN or infinity, which JSON has no number for")
+    elif pa.types.is_struct(array.type):
+        for field, child in zip(array.type, array.flatten(), strict=True):
+            _check_finite(f"{name}.{field.name}", child, row_of)
+    elif pa.types.is_map(array.type) and len(array):
+        values, element_row = list_values(array, row_of)
+        _check_finite(f"{name} (value)", values.field(1), element_row)
+    elif (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)) and len(array):
+        values, element_row = list_values(array, row_of)
+        _check_finite(name, values, element_row)
 
 
 def _check_integer(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
@@ -538,6 +608,7 @@ _VALUE_CHECKS: dict[str, Callable[[str, pa.Array, ChType, RowOf, ValueRanges], N
     "IPv4": _check_text_form,
     "IPv6": _check_text_form,
     "Enum": _check_enum,
+    "JSON": _check_json,
 }
 
 

@@ -2,8 +2,9 @@
 
 Contract (like Spark's ``DataWriter``: one writer per task attempt, used from one thread):
 - ``write(batch)`` first checks the batch (schema once per distinct schema, then every
-  value: ``schema.check_arrow_schema`` / ``schema.check_batch``) and raises
-  ``SchemaMismatch`` or ``InvalidValue`` before any row of that batch is buffered or sent.
+  value of the batch prepared for its columns: ``schema.check_arrow_schema`` /
+  ``prepare.checked_batch``) and raises ``SchemaMismatch`` or ``InvalidValue`` before any
+  row of that batch is buffered or sent; what it buffers is the prepared batch.
   It then buffers the batch; every full block of ``block_rows`` rows is handed to one
   background thread that sends it while the caller goes on producing batches (at most one
   INSERT in flight: ``write`` waits when the next block is full before the last is done).
@@ -65,7 +66,8 @@ from server_ext.encoder import (
     to_arrow_stream_batch,
 )
 from server_ext.errors import ClickHouseError, SchemaMismatch
-from server_ext.schema import Column, TargetTable, check_arrow_schema, check_batch
+from server_ext.prepare import checked_batch
+from server_ext.schema import Column, TargetTable, check_arrow_schema
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +140,7 @@ class BranchWriter:
         """Check ``batch``, buffer it, and hand every full block to the sending thread."""
         self._ensure_usable()
         columns = self._columns_for(batch.schema)
-        check_batch(columns, batch, self.value_ranges)
+        batch = checked_batch(columns, batch, self.value_ranges)
         if batch.num_rows == 0:
             return
         self._pending.append(batch)

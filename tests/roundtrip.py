@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import numpy as np
 import pyarrow as pa
@@ -52,9 +53,16 @@ def _days(value: dt.date | None) -> int | None:
 def _seconds(value: dt.datetime | None) -> int | None:
     if value is None:
         return None
-    if value.tzinfo is None:  # a timestamp without zone is an instant in UTC
+    if value.tzinfo is None:  # a timestamp without zone into a column in UTC
         return calendar.timegm(value.timetuple())
     return math.floor(value.timestamp())
+
+
+def _tokyo_seconds(value: dt.datetime | None) -> int | None:
+    """A timestamp without zone is a wall-clock time in the column's zone (Tokyo)."""
+    if value is None:
+        return None
+    return math.floor(value.replace(tzinfo=ZoneInfo("Asia/Tokyo")).timestamp())
 
 
 def _decimal(value: Any) -> Decimal | None:
@@ -141,9 +149,9 @@ SPECS: list[Spec] = [
     Spec("d", "Date", pa.date32(), _DATES, select="toUInt16({})", expect=_days, got=_int),
     Spec("t", "DateTime", pa.timestamp("us", tz="UTC"), _UTC_DATETIMES,
          select="toUInt32({})", expect=_seconds, got=_int),
-    Spec("tz", "DateTime('Asia/Tokyo')", pa.timestamp("ms"),
-         st.datetimes(min_value=dt.datetime(1970, 1, 1), max_value=dt.datetime(2100, 1, 1)),
-         select="toUInt32({})", expect=_seconds, got=_int),
+    Spec("tz", "DateTime('Asia/Tokyo')", pa.timestamp("ms"),  # wall-clock times in Tokyo
+         st.datetimes(min_value=dt.datetime(1970, 1, 2), max_value=dt.datetime(2100, 1, 1)),
+         select="toUInt32({})", expect=_tokyo_seconds, got=_int),
     Spec("dec9", "Decimal(9, 3)", pa.decimal128(38, 18), _decimals(9, 3),
          select=_DECIMAL_BYTES, expect=_decimal, got=_decimal_from_hex(4, 3)),
     Spec("dec18", "Decimal(18, 6)", pa.decimal128(18, 6), _decimals(18, 6),

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pyarrow as pa
 import pytest
@@ -30,9 +31,17 @@ from hypothesis import strategies as st
 
 import txsink
 from server_ext.capabilities import detect_capabilities
+from server_ext.chtypes import STORAGE_RANGES
 from server_ext.client import ClickHouseClient
 from server_ext.errors import InvalidValue, SchemaMismatch
-from server_ext.schema import Column, check_arrow_schema, check_batch, describe_table
+from server_ext.prepare import checked_batch
+from server_ext.schema import (
+    Column,
+    TargetTable,
+    check_arrow_schema,
+    check_batch,
+    describe_table,
+)
 from server_ext.writer import BranchWriter
 from tests.conftest import run_sql
 
@@ -67,6 +76,49 @@ _ENUM8 = "Enum8(" + ", ".join(f"'{label.replace(chr(39), chr(92) + chr(39))}' = 
 _WORDS = st.text(max_size=8)
 _KEYS = st.text("abcxyz", min_size=1, max_size=4)
 _QUARTERS = st.integers(-(10**9), 10**9).map(lambda n: n / 4)  # exact in any float text
+# Nested(a, b) from a Spark array of structs whose fields come in another order
+_NESTED = "Nested(a Int32, b Nullable(String))"
+_NESTED_ARROW = pa.list_(pa.struct([("b", pa.string()), ("a", pa.int32())]))
+_NESTED_VALUES = st.lists(st.fixed_dictionaries(
+    {"a": st.integers(-(2**31), 2**31 - 1), "b": st.none() | _WORDS}), max_size=3)
+_NESTED_SELECT = "arrayMap((a, b) -> [toString(a), b], `{0}.a`, `{0}.b`)"
+
+
+_JSON_STRUCT = pa.struct([("n", pa.int64()), ("s", pa.string()), ("l", pa.list_(pa.float64())),
+                          ("m", pa.map_(pa.string(), pa.bool_()))])
+_JSON_STRUCT_VALUES = st.fixed_dictionaries({
+    "n": st.integers(-(2**63), 2**63 - 1), "s": st.none() | _WORDS,
+    "l": st.lists(_QUARTERS, min_size=1, max_size=3),
+    "m": st.dictionaries(_KEYS, st.booleans(), min_size=1, max_size=3)})
+
+
+def _json_of_struct(value: dict) -> dict:
+    """What the server stores for a struct: a null field is left out (JSON keeps no nulls)."""
+    return {key: item for key, item in value.items() if item is not None}
+
+
+def _nested_expected(value: list[dict]) -> list[list]:
+    return [[str(e["a"]), e["b"]] for e in value]
+
+
+def _exists_in(zone: str) -> Callable[[dt.datetime], bool]:
+    """Whether a wall-clock time exists in ``zone`` (no daylight-saving gap skips it)."""
+    def exists(wall: dt.datetime) -> bool:
+        placed = wall.replace(tzinfo=ZoneInfo(zone))
+        return placed.astimezone(dt.UTC).astimezone(ZoneInfo(zone)).replace(
+            tzinfo=None) == wall
+    return exists
+
+
+# Spark TimestampNTZ values: wall-clock times the column's zone shows as written. 18.16's
+# DateTime starts at the instant 0 (09:00 in Tokyo); DateTime64 in a zone other than UTC
+# holds the calendar less 15 h at each end.
+_TOKYO_WALL_CLOCKS = st.datetimes(min_value=dt.datetime(1971, 1, 1),
+                                  max_value=dt.datetime(2105, 12, 31, 23, 59, 59)
+                                  ).filter(_exists_in("Asia/Tokyo"))
+_NEW_YORK_WALL_CLOCKS = st.datetimes(min_value=dt.datetime(1, 1, 2),
+                                     max_value=dt.datetime(9999, 12, 30)
+                                     ).filter(_exists_in("America/New_York"))
 
 
 @dataclass
@@ -82,12 +134,14 @@ class Case:
     expect: Callable[[Any], Any] = str
     got: Callable[[Any], Any] = lambda v: v  # noqa: E731
     servers: tuple[str, ...] = ("ch26",)
+    create_settings: tuple[tuple[str, int], ...] = ()  # query settings of the CREATE TABLE
 
 
 def _nullable(case: Case, ch_type: str | None = None) -> Case:
     return Case(f"n_{case.id}", ch_type or f"Nullable({case.ch_type})", case.arrow_type,
                 st.none() | case.values, case.select,
-                lambda v: None if v is None else case.expect(v), case.got, case.servers)
+                lambda v: None if v is None else case.expect(v), case.got, case.servers,
+                case.create_settings)
 
 
 _UUIDS = st.uuids().flatmap(lambda u: st.sampled_from([str(u), str(u).upper()]))
@@ -124,12 +178,20 @@ CASES: list[Case] = [
                                 "_2": st.none() | _WORDS}),
          select="[toString(tupleElement({0}, 1)), tupleElement({0}, 2)]",
          expect=lambda v: [str(v["_1"]), v["_2"]], servers=("ch18", "ch26")),
-    Case("array_tuple", "Array(Tuple(String, Float64))",
+    Case("array_tuple", "Array(Tuple(String, Float64))",  # 18.16: Nested `c.1`, `c.2`
          pa.list_(pa.struct([("s", pa.string()), ("f", pa.float64())])),
          st.lists(st.fixed_dictionaries({"s": _WORDS, "f": _QUARTERS}), max_size=3),
-         select="arrayMap(t -> [tupleElement(t, 1), toString(tupleElement(t, 2))], {})",
+         select="arrayMap((s, f) -> [s, toString(f)], `{0}.1`, `{0}.2`)",
          expect=lambda v: [[e["s"], e["f"]] for e in v],
-         got=lambda v: [[s, float(f)] for s, f in v]),  # 18.16 makes it Nested: c.1, c.2
+         got=lambda v: [[s, float(f)] for s, f in v], servers=("ch18", "ch26")),
+    Case("nested", _NESTED, _NESTED_ARROW, _NESTED_VALUES, select=_NESTED_SELECT,
+         expect=_nested_expected, servers=("ch18", "ch26")),
+    Case("nested_unflattened", _NESTED, _NESTED_ARROW, _NESTED_VALUES, select=_NESTED_SELECT,
+         expect=_nested_expected, create_settings=(("flatten_nested", 0),)),
+    Case("dt_ntz_tokyo", "DateTime('Asia/Tokyo')", pa.timestamp("us"), _TOKYO_WALL_CLOCKS,
+         expect=lambda v: _micro_text(v, 0)[:19], servers=("ch18", "ch26")),
+    Case("dt64_ntz_new_york", "DateTime64(6, 'America/New_York')", pa.timestamp("us"),
+         _NEW_YORK_WALL_CLOCKS, expect=lambda v: _micro_text(v, 6)),
     Case("map_array_tuple", "Map(String, Array(Tuple(a String, b Float64)))",
          pa.map_(pa.string(), pa.list_(pa.struct([("a", pa.string()), ("b", pa.float64())]))),
          st.dictionaries(_KEYS, st.lists(st.fixed_dictionaries(
@@ -152,6 +214,19 @@ CASES: list[Case] = [
          st.dictionaries(_KEYS, st.integers(-(2**31), 2**31) | _WORDS, max_size=4)
          .map(json.dumps),
          expect=json.loads, got=json.loads),
+    Case("json_struct", "JSON", _JSON_STRUCT, _JSON_STRUCT_VALUES, select="toJSONString({})",
+         expect=_json_of_struct, got=json.loads),
+    Case("json_map", "JSON", pa.map_(pa.string(), pa.int64()),
+         st.dictionaries(_KEYS, st.integers(-(2**63), 2**63 - 1), max_size=4),
+         select="toJSONString({})", got=json.loads, expect=lambda v: v),
+    Case("variant_int", "Variant(String, Int64)", pa.int64(),
+         st.integers(-(2**63), 2**63 - 1), select="[toString({0}), variantType({0})]",
+         expect=lambda v: [str(v), "Int64"]),
+    Case("variant_string", "Variant(String, Int64)", pa.string(), _WORDS,
+         select="[toString({0}), variantType({0})]", expect=lambda v: [v, "String"]),
+    Case("dynamic", "Dynamic", pa.float64(), _QUARTERS,
+         select="[toString({0}), dynamicType({0})]",
+         expect=lambda v: [repr(v).removesuffix(".0"), "Float64"]),
 ]
 CASES += [_nullable(c) for c in CASES if c.id in ("dt64_3_utc", "date32", "bool", "uuid",
                                                    "enum8", "int128", "ipv4")]
@@ -170,12 +245,14 @@ def _server_url(request, server: str) -> str:
                                    else "modern_clickhouse_url")
 
 
-def _query(url: str, sql: str, fmt: str = " FORMAT JSON") -> list[dict]:
+def _query(url: str, sql: str, fmt: str = " FORMAT JSON",
+           settings: tuple[tuple[str, int], ...] = ()) -> list[dict]:
     """Plain HTTP, independent of server_ext: rows as JSON, 64-bit integers as numbers."""
     resp = requests.post(url, data=f"{sql}{fmt}".encode(), timeout=30,
                          params={"output_format_json_quote_64bit_integers": 0}
                          | ({"allow_suspicious_low_cardinality_types": 1}
-                            if "LowCardinality(Nullable(UUID" in sql else {}))
+                            if "LowCardinality(Nullable(UUID" in sql else {})
+                         | dict(settings))
     assert resp.status_code == 200, resp.text
     return json.loads(resp.content.decode())["data"] if fmt else []
 
@@ -208,7 +285,7 @@ def test_random_values_of_the_type_come_back_exactly(request, database, case: Ca
     db = database(url)
     client = ClickHouseClient(url)
     _query(url, f"CREATE TABLE `{db}`.t (k UInt32, row UInt32, c {case.ch_type}) "
-                "ENGINE = MergeTree ORDER BY (k, row)", fmt="")
+                "ENGINE = MergeTree ORDER BY (k, row)", fmt="", settings=case.create_settings)
     target = describe_table(client, f"{db}.t")
     caps = detect_capabilities(client)
     examples = itertools.count()
@@ -236,6 +313,9 @@ def test_random_values_of_the_type_come_back_exactly(request, database, case: Ca
 def _arrow(values: list, arrow_type: pa.DataType) -> pa.Array:
     if pa.types.is_map(arrow_type):
         return pa.array([None if v is None else list(v.items()) for v in values], arrow_type)
+    if pa.types.is_struct(arrow_type) and any(pa.types.is_map(f.type) for f in arrow_type):
+        values = [None if v is None else {k: list(i.items()) if isinstance(i, dict) else i
+                                          for k, i in v.items()} for v in values]
     return pa.array(values, arrow_type)
 
 
@@ -261,6 +341,13 @@ REFUSED = [
     ("UInt128", pa.array([5, -1], pa.int64()), 1, "negative value into UInt128"),
     ("Decimal(76, 2)", pa.array([Decimal("1.001")], pa.decimal128(10, 3)), 0,
      "does not fit Decimal(76, 2)"),
+    ("JSON", pa.array(['{"a": 1}', '{"a": 1']), 1, "not JSON text"),
+    ("JSON", pa.array(["{}", "null"]), 1, "not an object (null)"),
+    ("JSON", pa.array(['{"a": 1, "a": 2}']), 0, "the key 'a' appears twice"),
+    ("JSON", pa.array(['{"a": 18446744073709551616}']), 0, "beyond Int64/UInt64"),
+    ("JSON", pa.array([{"x": 1.5}, {"x": float("inf")}], pa.struct([("x", pa.float64())])), 1,
+     "NaN or infinity"),
+    ("Variant(String, Int64)", pa.array([1, None], pa.int64()), 1, "null value into"),
 ]
 
 
@@ -276,13 +363,84 @@ def test_a_value_the_column_cannot_hold_is_named_with_its_row(ch_type: str, arra
 
 def test_a_struct_whose_fields_do_not_match_a_named_tuple_is_refused_by_the_schema_check(
         ) -> None:
-    from server_ext.schema import TargetTable
-
-    target = TargetTable("db", "t", [Column("c", "Tuple(a Int32, b String)")], "", "", "",
-                         "MergeTree", "", False, 8192, "")
+    target = _table(Column("c", "Tuple(a Int32, b String)"))
     schema = pa.schema([("c", pa.struct([("x", pa.int32()), ("b", pa.string())]))])
     with pytest.raises(SchemaMismatch, match="fields \\(x, b\\) do not match"):
         check_arrow_schema(target, schema)
+
+
+def _table(*columns: Column) -> TargetTable:
+    return TargetTable("db", "t", list(columns), "", "", "", "MergeTree", "", False, 8192, "")
+
+
+def test_nested_sub_columns_of_unequal_lengths_are_refused_naming_the_row() -> None:
+    batch = pa.record_batch({"n.a": pa.array([[1, 2], [3, 4]], pa.list_(pa.int32())),
+                             "n.b": pa.array([["x", "y"], ["z"]], pa.list_(pa.string()))})
+    with pytest.raises(InvalidValue, match="1 elements where `n.a` has 2") as caught:
+        check_batch([Column("n.a", "Array(Int32)"), Column("n.b", "Array(String)")], batch)
+    assert caught.value.row == 1 and caught.value.column == "n.b"
+
+
+def test_array_columns_with_two_dots_in_the_name_are_no_nested_sub_columns() -> None:
+    batch = pa.record_batch({"p.q.r": pa.array([[1, 2]], pa.list_(pa.int32())),
+                             "p.s": pa.array([[3]], pa.list_(pa.int32()))})
+    check_batch([Column("p.q.r", "Array(Int32)"), Column("p.s", "Array(Int32)")], batch)
+
+
+def test_an_array_of_structs_whose_fields_miss_a_nested_sub_column_is_refused() -> None:
+    target = _table(Column("n.a", "Array(Int32)"), Column("n.b", "Array(String)"))
+    schema = pa.schema([("n", pa.list_(pa.struct([("a", pa.int32()), ("c", pa.string())])))])
+    with pytest.raises(SchemaMismatch, match=r"column `n`: the struct's fields \(a, c\) do "
+                                             "not match its Nested sub-columns n.a, n.b"):
+        check_arrow_schema(target, schema)
+
+
+def test_a_wall_clock_time_skipped_by_daylight_saving_is_refused_naming_the_row() -> None:
+    column = Column("t", "DateTime64(3, 'America/New_York')")
+    batch = pa.record_batch([pa.array([dt.datetime(2024, 3, 10, 1, 59),
+                                       dt.datetime(2024, 3, 10, 2, 30)], pa.timestamp("us"))],
+                            names=["t"])
+    with pytest.raises(InvalidValue, match="does not exist in America/New_York") as caught:
+        checked_batch([column], batch, STORAGE_RANGES)
+    assert caught.value.row == 1
+
+
+def test_a_wall_clock_time_shown_twice_gets_the_earlier_instant() -> None:
+    column = Column("t", "DateTime('America/New_York')")
+    batch = pa.record_batch([pa.array([dt.datetime(2024, 11, 3, 1, 30)], pa.timestamp("us"))],
+                            names=["t"])
+    placed = checked_batch([column], batch, STORAGE_RANGES).column("t")
+    assert placed[0].as_py() == dt.datetime(2024, 11, 3, 5, 30, tzinfo=dt.UTC)  # EDT
+
+
+def test_spark_variant_type_is_refused_by_name() -> None:
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructField, StructType, VariantType
+
+    schema = to_arrow_schema(StructType([StructField("c", VariantType())]), timezone="UTC")
+    with pytest.raises(SchemaMismatch, match="VariantType is not written.*to_json"):
+        check_arrow_schema(_table(Column("c", "JSON")), schema)
+
+
+def test_every_column_that_cannot_be_written_is_named_in_one_error(
+        spark, _registered, modern_clickhouse_url, database, zk_hosts, zk_chroot) -> None:
+    url, db = modern_clickhouse_url, database(modern_clickhouse_url)
+    run_sql(url, f"CREATE TABLE `{db}`.t (k Int64, total AggregateFunction(sum, UInt64), "
+                 "doc JSON, pick Variant(String, Int64), ok String) "
+                 "ENGINE = MergeTree ORDER BY k")
+    df = spark.sql("SELECT 1L AS k, 'x' AS total, named_struct('price', 1.5BD) AS doc, "
+                   "1 AS pick, 'fine' AS ok")
+    with pytest.raises(Exception) as caught:
+        df.write.format("clickhouse_tx").option("url", url) \
+            .option("zookeeper", zk_hosts + zk_chroot).option("table", f"{db}.t") \
+            .mode("append").save()
+    message = str(caught.value)
+    assert message.count("SCHEMA_MISMATCH") >= 1
+    assert "column `total`: type AggregateFunction(sum, UInt64) is not supported" in message
+    assert "column `doc`: field `price` is decimal128(2, 1)" in message
+    assert "column `pick`: int32 is stored as Int32, which is none of the types" in message
+    assert "`ok`" not in message and "`k`" not in message
+    assert run_sql(url, f"SELECT count() FROM `{db}`.t").strip() == "0"
 
 
 def test_a_refused_value_sends_nothing(modern_clickhouse_url: str, database) -> None:
@@ -308,7 +466,8 @@ _EVENT_26 = ("ts DateTime64(3), id UUID, kind LowCardinality(String), "
              "items Array(Tuple(String, Float64)), amount Nullable(Decimal(18, 4)), "
              "day Date32, flag Bool, big Int128, ip IPv4")
 _EVENT_18 = ("ts DateTime, id UUID, status Enum8('new' = 1, 'done' = 2), "
-             "pair Tuple(Int32, String), amount Nullable(Decimal(18, 4))")
+             "pair Tuple(Int32, String), amount Nullable(Decimal(18, 4)), "
+             "items Nested(name String, qty Int32)")
 
 
 @pytest.fixture
@@ -338,18 +497,44 @@ def test_an_event_row_of_modern_types_is_written_exactly_once_by_clickhouse_tx(
         "-9223372036854775808", "10.0.0.1"]
 
 
-def test_an_event_row_of_uuid_enum_and_a_tuple_is_written_exactly_once_on_18_16(
+def test_an_event_row_of_uuid_enum_a_tuple_and_nested_is_written_exactly_once_on_18_16(
         spark, _registered, clickhouse_url, database, zk_hosts, zk_chroot) -> None:
     url, db = clickhouse_url, database(clickhouse_url)
     run_sql(url, f"CREATE TABLE `{db}`.events ({_EVENT_18}) ENGINE = MergeTree ORDER BY ts")
     df = spark.sql(
         "SELECT TIMESTAMP'2024-06-01 12:34:56' AS ts, "
         "'6F1C7A52-0B8E-4C55-9D2A-3F7E1B2C4D5E' AS id, 'new' AS status, "
-        "named_struct('a', -1, 'b', 'ü') AS pair, CAST(12.3456 AS DECIMAL(18, 4)) AS amount")
+        "named_struct('a', -1, 'b', 'ü') AS pair, CAST(12.3456 AS DECIMAL(18, 4)) AS amount, "
+        "array(named_struct('qty', 2, 'name', 'x'), named_struct('qty', 0, 'name', '')) "
+        "AS items")
     df.write.format("clickhouse_tx").option("url", url).option("zookeeper", zk_hosts + zk_chroot) \
         .option("table", f"{db}.events").mode("append").save()
     assert run_sql(url, f"SELECT toString(ts), toString(id), toString(status), "
-                        f"toString(pair), toString(amount) FROM `{db}`.events "
+                        f"toString(pair), toString(amount), toString(`items.name`), "
+                        f"toString(`items.qty`) FROM `{db}`.events "
                         "FORMAT TSV").strip().split("\t") == [
         "2024-06-01 12:34:56", "6f1c7a52-0b8e-4c55-9d2a-3f7e1b2c4d5e", "new",
-        "(-1,\\'ü\\')", "12.3456"]
+        "(-1,\\'ü\\')", "12.3456", "[\\'x\\',\\'\\']", "[2,0]"]
+
+
+@pytest.mark.parametrize("server", ["ch18", "ch26"])
+def test_a_spark_timestamp_keeps_its_instant_and_a_wall_clock_time_shows_as_written(
+        spark, _registered, request, database, zk_hosts, zk_chroot, server: str) -> None:
+    url = _server_url(request, server)
+    db = database(url)
+    tokyo = "DateTime('Asia/Tokyo')" if server == "ch18" else "DateTime64(3, 'Asia/Tokyo')"
+    run_sql(url, f"CREATE TABLE `{db}`.t (instant {tokyo}, wall {tokyo}) "
+                 "ENGINE = MergeTree ORDER BY tuple()")
+    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+    try:  # the literal TIMESTAMP is 12:00 in New York: 17:00 UTC, 02:00 the next day in Tokyo
+        spark.sql("SELECT TIMESTAMP'2024-01-01 12:00:00' AS instant, "
+                  "TIMESTAMP_NTZ'2024-01-01 12:00:00' AS wall") \
+            .write.format("clickhouse_tx").option("url", url) \
+            .option("zookeeper", zk_hosts + zk_chroot).option("table", f"{db}.t") \
+            .mode("append").save()
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", "UTC")
+    shown = run_sql(url, f"SELECT toString(instant), toString(wall) FROM `{db}`.t FORMAT TSV")
+    fraction = "" if server == "ch18" else ".000"
+    assert shown.strip().split("\t") == [f"2024-01-02 02:00:00{fraction}",
+                                         f"2024-01-01 12:00:00{fraction}"]

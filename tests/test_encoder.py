@@ -10,9 +10,11 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from server_ext.chtypes import STORAGE_RANGES
 from server_ext.client import ClickHouseClient
 from server_ext.encoder import encode_column, encode_native_block
-from server_ext.schema import Column, check_arrow_schema, check_batch, describe_table
+from server_ext.prepare import checked_batch
+from server_ext.schema import Column, check_arrow_schema, describe_table
 from tests import roundtrip
 
 
@@ -114,7 +116,7 @@ def insert_native(client: ClickHouseClient, ch_db: str, table: str,
                   batch: pa.RecordBatch) -> None:
     target = describe_table(client, f"{ch_db}.roundtrip")
     columns = check_arrow_schema(target, batch.schema)
-    check_batch(columns, batch)
+    batch = checked_batch(columns, batch, STORAGE_RANGES)  # what the encoder is given
     body = list(encode_native_block(batch, columns))
     client.insert(table, body, fmt="Native", purpose="insert round trip",
                   columns=[c.name for c in columns])
@@ -139,6 +141,7 @@ def test_several_native_blocks_in_one_insert_all_land(client, ch_db, table) -> N
     batch = roundtrip.to_batch(rows, 0)
     target = describe_table(client, f"{ch_db}.roundtrip")
     columns = check_arrow_schema(target, batch.schema)
+    batch = checked_batch(columns, batch, STORAGE_RANGES)
     body = [bytes(p) for part in (batch.slice(0, 1), batch.slice(1))
             for p in encode_native_block(part, columns)]
     client.insert(table, body, fmt="Native", purpose="insert two blocks",

@@ -168,7 +168,7 @@ class _ShardBranch:
             caps = server_ext.detect_capabilities(self.client)
             columns = send_columns(target, self.plan.columns)
             # values out of this server's ranges fail before its staging table exists
-            server_ext.check_batch(columns, batch, caps.value_ranges)
+            server_ext.checked_batch(columns, batch, caps.value_ranges)
             dedup = caps.insert_deduplication_token and caps.non_replicated_deduplication_window
             qualified = server_ext.create_staging(self.client, target, self.staging,
                                                   dedup_window=dedup, mirror_engine=True)

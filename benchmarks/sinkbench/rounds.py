@@ -21,6 +21,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from types import ModuleType
 from typing import TypeVar
 
 from sinkbench import workload
@@ -62,7 +63,8 @@ class Bench:
     """Runs variants on the same rows in one Spark session, into one scratch database."""
 
     def __init__(self, spark, scratch: Scratch, jvm: int | None, log: Callable[[str], None],
-                 native_port: int = NATIVE_PORT) -> None:
+                 native_port: int = NATIVE_PORT, rows: ModuleType = workload) -> None:
+        self.rows = rows  # the rows and their table: ``workload`` or ``wide_rows``
         self.spark = spark
         self.scratch = scratch
         self.jvm = jvm
@@ -77,8 +79,8 @@ class Bench:
     def measure(self, experiment: str, case: Case, variant: str) -> Sample:
         sink = self.sink(experiment, case)
         if variant in WRITES_TABLE:
-            workload.create_target(sink.url, sink.table)  # untimed: no merges left over
-        df = workload.rows_frame(self.spark, case.rows, case.partitions)
+            self.rows.create_target(sink.url, sink.table)  # untimed: no merges left over
+        df = self.rows.rows_frame(self.spark, case.rows, case.partitions)
         load_start = load()
         try:
             with PeakMemory(self.jvm) as memory:
@@ -86,7 +88,7 @@ class Bench:
                 VARIANTS[variant](df, sink)
                 seconds = time.perf_counter() - started
             if variant in WRITES_TABLE:
-                landed = workload.count(sink.url, sink.table)
+                landed = self.rows.count(sink.url, sink.table)
                 if landed != case.rows:
                     raise RuntimeError(f"{variant}: {landed} rows landed, {case.rows} written")
         except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
