@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,13 @@ from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
 from server_ext.client import ClickHouseClient
-from server_ext.staging import STAGING_DATABASE, staging_table_name
+from server_ext.staging import (
+    STAGING_DATABASE,
+    parse_staging_table_name,
+    rollback,
+    staging_table_name,
+)
+from server_ext.sweeper import staging_tables
 from txsink import cli
 from txsink.harness.services import Cluster, Services
 
@@ -75,10 +82,44 @@ def elsewhere_certificate(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
-def services() -> Services:
+def services() -> Iterator[Services]:
     svc = Services.from_env()
     svc.up()
-    return svc
+    started = time.time()
+    yield svc
+    if os.environ.get("TXSINK_TEST_SWEEP_AT_END") == "1":  # set by ./run test
+        drop_leftover_staging([svc.clickhouse.url, svc.modern.url], since=started)
+
+
+def drop_leftover_staging(urls: list[str], since: float) -> None:
+    """The run's end: every staging table the run left is one ``txsink gc`` accounts for,
+    and is dropped.
+
+    Each test's coordinator root lives in its own ZooKeeper chroot, deleted when the test
+    ends, so at the end of the run no xid of any test is open: ``gc`` of the table's root
+    judges every staging table the run created (metadata time since the run started) as
+    not live and drops it. Such a table must therefore carry a parseable staging name with
+    a root tag (what ``gc`` judges by); one that does not is a table no ``gc`` could ever
+    account for, and fails the run. Tables older than the run are left alone. Only
+    ``./run test`` asks for it: a developer's run beside another would drop that run's
+    tables.
+    """
+    unaccounted = []
+    for url in urls:
+        try:
+            client = ClickHouseClient(url)
+            tables = staging_tables(client)
+        except Exception:  # noqa: BLE001 - a server this run never started
+            continue
+        for name, created, _ in tables:
+            if created < since:
+                continue
+            owner = parse_staging_table_name(name)
+            if owner is None or owner.root_tag is None:
+                unaccounted.append(f"{url}: {name}")
+                continue
+            rollback(client, name)
+    assert not unaccounted, f"staging tables no txsink gc can account for: {unaccounted}"
 
 
 @pytest.fixture(scope="session")
