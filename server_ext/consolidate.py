@@ -71,7 +71,7 @@ from server_ext.publish_steps import MAX_COMMANDS_PER_ALTER, PublishReport, Step
 from server_ext.schema import TargetTable, describe_table
 from server_ext.seal import merge_partitions, read_staged_partitions, require_sealed, seal
 from server_ext.sql import qualified_name, quote_identifier, split_table_name, sql_string
-from server_ext.staging import create_staging, staging_qualified
+from server_ext.staging import create_staging, rollback, staging_qualified
 
 log = logging.getLogger(__name__)
 
@@ -221,8 +221,7 @@ def _build(client: SqlClient, sources: list[Manifest], combined_table: str,
 
 def _recreate(client: SqlClient, target: TargetTable, combined_table: str) -> None:
     """An empty combined table: whatever an unrecorded build left in it is dropped."""
-    client.execute(f"DROP TABLE IF EXISTS {staging_qualified(combined_table)}",
-                   purpose="drop unrecorded combined table")
+    rollback(client, combined_table)
     create_staging(client, target, combined_table)
 
 

@@ -28,7 +28,7 @@ from server_ext.publish_steps import (
 from server_ext.schema import describe_table
 from server_ext.seal import require_sealed
 from server_ext.sql import qualified_name, sql_string
-from server_ext.staging import create_staging, staging_qualified
+from server_ext.staging import create_staging, rollback
 
 
 def publish_overwrite(
@@ -156,5 +156,4 @@ class _OverwritePublisher:
                             qualified_name(manifest.staging_database, manifest.staging_table),
                             manifest.partition_ids)
         if self.combined:
-            self.client.execute(f"DROP TABLE IF EXISTS {staging_qualified(self.combined)}",
-                                purpose="drop combined staging table")
+            rollback(self.client, self.combined)
