@@ -3,7 +3,8 @@
 This is everything that happens *after* the decision, so it runs identically in the
 ``commit``/``abort`` that made the decision and in a later ``recover`` by another process:
 
-- commit: publish each winner, then one multi-op marks the branches
+- commit: publish each winner (those the caller's ``publish_group`` says touch different
+  tables at once), then one multi-op marks the branches
   ``Committed``/``Aborted``, sets the xid ``Committed``, advances ``last_committed`` (and
   ``txn_version`` for a versioned xid) and drops the xid from the open index; then
   every other branch is rolled back (its staging dropped; what a crash or a failure
@@ -25,7 +26,7 @@ finishes what it decided, and nobody else touches it meanwhile.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -46,6 +47,11 @@ log = logging.getLogger(__name__)
 
 _PUBLISHABLE = (BranchState.PREPARED, BranchState.COMMITTED)
 CLEANUP_WORKERS = 4  # rollbacks of a committed xid's non-winners in flight at once
+PUBLISH_WORKERS = 4  # publishes of winners of different groups in flight at once
+
+#: What a winner's publish touches (the caller's key): winners of different groups are
+#: published at once, those of one group one after another.
+PublishGroup = Callable[[BranchRecord], Hashable]
 
 Step = Callable[[str], None]
 
@@ -74,22 +80,23 @@ class Completion:
     def finish_commit(self, record: XidRecord, lease: PublishLease, generation: int,
                       publish: BranchCallback,
                       rollback: BranchCallback, metrics: dict[str, Any] | None = None,
-                      winners: dict[str, BranchRecord] | None = None) -> XidRecord:
+                      winners: dict[str, BranchRecord] | None = None,
+                      publish_group: PublishGroup | None = None) -> XidRecord:
         """Publish the winners of a ``Committing`` xid and mark it ``Committed``."""
         branches = dict(winners or {})
         missing = [b for b in record.winners if b not in branches]
         if missing:
             branches.update(self.store.run(self.store.read_branches, record.epoch, missing))
+        pending: list[BranchRecord] = []
         for branch_id in record.winners:
             branch = branches.get(branch_id)
             if branch is None or branch.state not in _PUBLISHABLE:
                 raise CoordinatorError(
                     f"xid {record.xid}: winner {branch_id} is "
                     f"{branch.state.value if branch else 'missing'}; the record was altered")
-            if branch.state is BranchState.COMMITTED:
-                continue  # marked by an earlier, partly applied final write
-            self.policy.call(publish, branch, "publish", XidState.COMMITTING)
-            self.step(steps.COMMIT_AFTER_BRANCH_PUBLISHED)
+            if branch.state is not BranchState.COMMITTED:  # else marked by an earlier,
+                pending.append(branch)                      # partly applied final write
+        self._publish(pending, publish, publish_group)
         self.step(steps.COMMIT_AFTER_PUBLISH)
         # Every non-winner, read *after* the decision: no branch can register any more.
         names = [b for b in self.store.run(self.store.branch_ids, record.epoch)
@@ -103,6 +110,34 @@ class Completion:
         self._clean_up(final, [b for b in losers.values() if b.state is not BranchState.ABORTED],
                        rollback)
         return final
+
+    def _publish(self, winners: list[BranchRecord], publish: BranchCallback,
+                 publish_group: PublishGroup | None) -> None:
+        """Publish ``winners``: one group after another within a group, the groups at
+        once (``publish_group``; without it, all one after another).
+
+        Publishes of different groups touch different tables, so running them at once
+        changes nothing a publish relies on, and a crash or a failure amid them leaves
+        the xid ``Committing`` as a crash amid sequential publishes does: the final write
+        comes only after every publish returned, and each publish is idempotent. The
+        first failure (in winner order) is raised once every group has stopped.
+        """
+        def publish_all(group: list[BranchRecord]) -> None:
+            for branch in group:
+                self.policy.call(publish, branch, "publish", XidState.COMMITTING)
+                self.step(steps.COMMIT_AFTER_BRANCH_PUBLISHED)
+
+        groups: dict[Hashable, list[BranchRecord]] = {}
+        for branch in winners:
+            key = publish_group(branch) if publish_group is not None else None
+            groups.setdefault(key, []).append(branch)
+        if len(groups) <= 1:
+            publish_all(winners)
+            return
+        with ThreadPoolExecutor(min(PUBLISH_WORKERS, len(groups))) as pool:
+            futures = [pool.submit(publish_all, group) for group in groups.values()]
+        for future in futures:
+            future.result()
 
     def _clean_up(self, record: XidRecord, losers: list[BranchRecord],
                   rollback: BranchCallback) -> None:

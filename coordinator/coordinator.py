@@ -49,7 +49,7 @@ from kazoo.retry import KazooRetry
 
 from coordinator import steps
 from coordinator.callbacks import BranchCallback, CallbackPolicy
-from coordinator.completion import Completion
+from coordinator.completion import Completion, PublishGroup
 from coordinator.epochs import EpochCounter, LastCommitted, TxnVersion
 from coordinator.errors import (
     PublishInProgress,
@@ -269,9 +269,14 @@ class Coordinator:
     def commit(self, epoch: int, generation: int, winners: list[str] | None,
                publish: BranchCallback, rollback: BranchCallback,
                metrics: dict[str, Any] | None = None,
-               txn_version: int | None = None) -> XidRecord:
+               txn_version: int | None = None,
+               publish_group: PublishGroup | None = None) -> XidRecord:
         """Decide ``Committing`` with ``winners`` (None: the selected branches), publish
         them, roll back every other branch, mark ``Committed``; returns the record.
+
+        ``publish_group`` names, per winner, what its publish touches (for txsink: its
+        server and target table): winners of different groups are published at once,
+        those of one group one after another. Without it, one after another.
 
         On an xid already ``Committing`` the recorded decision is finished (``winners``
         is ignored); on a ``Committed`` one nothing happens. ``Aborted`` raises
@@ -288,7 +293,8 @@ class Coordinator:
             self._step(steps.COMMIT_AFTER_DECISION)
         return self._finish(record, generation, fresh=decided_now, finish=lambda r, lease:
                             self._completion.finish_commit(r, lease, generation, publish,
-                                                           rollback, metrics, known))
+                                                           rollback, metrics, known,
+                                                           publish_group))
 
     def abort(self, epoch: int, generation: int, rollback: BranchCallback) -> XidRecord:
         """``Initialized → Aborting``, roll back every branch, ``Aborted``; idempotent.

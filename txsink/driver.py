@@ -167,7 +167,8 @@ def decide(coord: Coordinator, epoch: int, generation: int, winners: list[str] |
     writer; ``publisher`` drains when the caller's ``with`` block ends."""
     with taken_over_said(coord, generation):
         return coord.commit(epoch, generation, winners, publish=publisher.publish,
-                            rollback=publisher.rollback, txn_version=txn_version)
+                            rollback=publisher.rollback, txn_version=txn_version,
+                            publish_group=publisher.group)
 
 
 def covered_txn_version(options: SinkOptions, coord: Coordinator) -> int | None:

@@ -10,6 +10,7 @@ coordinator may call them again after any crash, and only under the xid's publis
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
@@ -67,6 +68,7 @@ class BranchPublisher:
         self._known: dict[tuple[int, str], BranchRecord] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._pending: list[tuple[BranchRecord, Future[None]]] = []
+        self._lock = threading.Lock()
 
     def __enter__(self) -> BranchPublisher:
         return self
@@ -100,6 +102,22 @@ class BranchPublisher:
                                on_step=crashpoints.hit)
         self._release(record)
 
+    @staticmethod
+    def group(record: BranchRecord) -> tuple[str | None, str, str]:
+        """What a winner's publish touches: its server and target table. Winners of
+        different groups are published at once (``Coordinator.commit``'s
+        ``publish_group``); one combined branch per server and table (``txsink.combine``)
+        makes them one winner per group, except in a transaction that wrote a table
+        twice."""
+        payload = from_record(record.manifest)
+        if isinstance(payload, CombinedBranch):
+            database, table = payload.target
+        elif isinstance(payload, StagedBranch):
+            database, table = payload.manifest.target_database, payload.manifest.target_table
+        else:
+            database = table = ""
+        return server_of(record), database, table
+
     def _release(self, record: BranchRecord) -> None:
         """Drop a published winner's staging in the background.
 
@@ -108,14 +126,17 @@ class BranchPublisher:
         wait for. A repeat of the publish needs nothing of it (the ledger says what is
         done), exactly as when the drop was synchronous.
         """
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(RELEASE_WORKERS, thread_name_prefix="txsink-release")
-        self._pending.append((record, self._pool.submit(self.rollback, record)))
+        with self._lock:  # winners of different groups are published at once
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(RELEASE_WORKERS,
+                                                thread_name_prefix="txsink-release")
+            self._pending.append((record, self._pool.submit(self.rollback, record)))
 
     def drain(self) -> None:
         """Wait for the staging drops ``publish`` started; a failed one is logged and its
         staging left to ``txsink gc``. Leaving the publisher's ``with`` block calls it."""
-        pending, self._pending = self._pending, []
+        with self._lock:
+            pending, self._pending = self._pending, []
         for record, future in pending:
             try:
                 future.result()
