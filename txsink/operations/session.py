@@ -96,6 +96,7 @@ def access_denied(whose: str = "a sink's") -> AccessDenied:
                         "ACL); set TXSINK_ZOOKEEPER_AUTH=user:password to the credentials "
                         "the sink was written with")
 
+
 def staging_of(coord: Coordinator, epoch: int) -> list[str]:
     """The staging tables (and staging views) the xid's branches recorded as theirs."""
     names = []

@@ -4,7 +4,7 @@ commits with their metrics, operators' decisions and the health figures alerts r
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from coordinator import (
@@ -19,7 +19,59 @@ from txsink.payload import CombinedBranch, from_record
 from txsink.status_report import SinkHealth, sink_health
 
 
+@dataclass(frozen=True)
+
+
+class OpenXid:
+    """An open xid as ``status`` shows it: its state and age, its winners, and for an
+    undecided one whether its writer lives (``coordinator/liveness.py``) and, when it is
+    abandoned, the staging a rollback will drop."""
+
+    epoch: int
+    state: XidState
+    age_s: float
+    winners: tuple[str, ...]
+    verdict: Verdict | None = None
+    staging: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, coord: Coordinator, record: XidRecord, verdict: Verdict | None,
+           now: float) -> OpenXid:
+        staging = (tuple(staging_of(coord, record.epoch))
+                   if verdict is not None and verdict.abandoned else ())
+        return cls(record.epoch, record.state, round(now - record.created, 1),
+                   tuple(record.winners), verdict, staging)
+
+    def to_json(self) -> dict[str, Any]:
+        found: dict[str, Any] = {"epoch": self.epoch, "state": self.state.value,
+                                 "age_s": self.age_s, "winners": list(self.winners)}
+        if self.verdict is not None:
+            found.update(abandoned=self.verdict.abandoned, liveness=self.verdict.reason,
+                         liveness_detail=self.verdict.detail())
+            if self.verdict.abandoned:
+                found["staging"] = list(self.staging)
+        return found
+
+
+@dataclass(frozen=True)
+
+
+class OperatorDecisions:
+    """The decisions operators recorded on one xid (``txsink.operator_records``)."""
+
+    epoch: int
+    state: XidState
+    metrics: EpochMetrics
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "state": self.state.value,
+                "given_up": [g.to_dict() for g in self.metrics.given_up],
+                "strategy_switches": self.metrics.strategy_switches}
+
+
 class StatusCommand(Session):
+    """``txsink status``."""
+
     def status(self, sink: str | None = None, recent: int = 5,
                unwatched_after: float | None = None) -> dict[str, Any]:
         now = time.time()
@@ -40,12 +92,8 @@ class StatusCommand(Session):
                 "generation": coord.generation(),
                 "last_committed": last,
                 "health": health.to_json(),
-                "open": [
-                    {"epoch": x.epoch, "state": x.state.value,
-                     "age_s": round(now - x.created, 1), "winners": list(x.winners),
-                     **_liveness(coord, verdicts.get(x.epoch))}
-                    for x in open_xids
-                ],
+                "open": [OpenXid.of(coord, x, verdicts.get(x.epoch), now).to_json()
+                         for x in open_xids],
                 "in_doubt": [x.epoch for x in open_xids if x.state == XidState.COMMITTING],
                 "recent": [{"epoch": x.epoch, **_commit_metrics(coord, x)} for x in committed],
                 "operator_decisions": _decisions(open_xids, every_committed),
@@ -98,15 +146,6 @@ def _render_health(health: SinkHealth) -> str:
     return (f"health: open xids {opened}; abandoned {health.abandoned.count}; {staging}; "
             f"last commit epoch {health.last_committed_epoch}{age}")
 
-def _liveness(coord: Coordinator, verdict: Verdict | None) -> dict[str, Any]:
-    """``status``'s view of an undecided xid: abandoned or not, why, and its staging."""
-    if verdict is None:
-        return {}
-    found: dict[str, Any] = {"abandoned": verdict.abandoned, "liveness": verdict.reason,
-                             "liveness_detail": verdict.detail()}
-    if verdict.abandoned:
-        found["staging"] = staging_of(coord, verdict.record.epoch)
-    return found
 
 def _commit_metrics(coord: Coordinator, record: XidRecord) -> dict[str, Any]:
     """A committed xid's figures as ``status`` shows them, and who finished it.
@@ -123,6 +162,7 @@ def _commit_metrics(coord: Coordinator, record: XidRecord) -> dict[str, Any]:
         return replace(metrics, finished_by=WRITER).shown()
     return _winners_metrics(coord, record, metrics)
 
+
 def _winners_metrics(coord: Coordinator, record: XidRecord,
                      metrics: EpochMetrics) -> dict[str, Any]:
     """What the winners' records say of an xid whose writer recorded no metrics:
@@ -133,16 +173,13 @@ def _winners_metrics(coord: Coordinator, record: XidRecord,
                    branches=sum(len(p.sources) if isinstance(p, CombinedBranch) and p.sources
                                 else 1 for p in payloads if p is not None)).shown()
 
-def _decisions(*groups: list[Any]) -> list[dict[str, Any]]:
+
+def _decisions(*groups: list[XidRecord]) -> list[dict[str, Any]]:
     """Operators' recorded decisions (given-up partitions, strategy switches), per xid."""
-    found = []
-    for record in sorted((x for g in groups for x in g), key=lambda x: x.epoch):
-        metrics = EpochMetrics.from_dict(record.metrics)
-        if metrics.given_up or metrics.strategy_switches:
-            found.append({"epoch": record.epoch, "state": record.state.value,
-                          "given_up": [g.to_dict() for g in metrics.given_up],
-                          "strategy_switches": metrics.strategy_switches})
-    return found
+    found = [OperatorDecisions(x.epoch, x.state, EpochMetrics.from_dict(x.metrics))
+             for x in sorted((x for g in groups for x in g), key=lambda x: x.epoch)]
+    return [d.to_json() for d in found if d.metrics.given_up or d.metrics.strategy_switches]
+
 
 def _render_decisions(decisions: list[dict[str, Any]]) -> list[str]:
     lines = []
