@@ -149,18 +149,20 @@ def run_in_other_thread(action: Callable[[], object], timeout: float = 120) -> o
 
 @pytest.fixture
 def hold_at(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, Callable[[], object]], list]:
-    """``hold_at(step, action)``: when this thread's commit reaches ``step``, ``action``
-    runs to its end in another actor, then the commit goes on. Returns the results."""
+    """``hold_at(step, action)``: when the commit first reaches ``step`` (in this thread, or
+    in one of the threads publishing its winners of different tables), ``action`` runs to
+    its end in another actor, then the commit goes on. Returns the results.
+
+    Only the first arrival holds: the other actor starts after it, so none of its own
+    steps can be the first."""
     results: list[object] = []
 
     def arm(step: str, action: Callable[[], object]) -> list:
-        owner = threading.current_thread()
-        fired = threading.Event()
+        first = threading.Lock()
         original = txsink.crashpoints.hit
 
         def hit(name: str) -> None:
-            if name == step and threading.current_thread() is owner and not fired.is_set():
-                fired.set()
+            if name == step and first.acquire(blocking=False):  # never released: once
                 results.append(run_in_other_thread(action))
             original(name)
 
