@@ -72,22 +72,23 @@ def _armed(spec: dict) -> Iterator[None]:
     """
     folder, steps = Path(spec["dir"]), set(spec["steps"])
     servers = set(spec.get("servers") or ())
-    publishing: dict[str, str | None] = {"server": None}
+    publishing = threading.local()  # per thread: winners of different servers publish at once
     original_hit, original_server_of = txsink.crashpoints.hit, txsink.publisher.server_of
 
     def server_of(record):
-        publishing["server"] = original_server_of(record)
-        return publishing["server"]
+        publishing.server = original_server_of(record)
+        return publishing.server
 
     def hit(name: str) -> None:
         original_hit(name)
-        if name not in steps or (servers and publishing["server"] not in servers):
+        server = getattr(publishing, "server", None)
+        if name not in steps or (servers and server not in servers):
             return
         reached = folder / f"{name}.reached"
         if reached.exists():
             return
         tmp = folder / f"{name}.tmp"
-        tmp.write_text(publishing["server"] or "")
+        tmp.write_text(server or "")
         tmp.rename(reached)
         deadline = time.monotonic() + 240
         while not (folder / f"{name}.go").exists() and time.monotonic() < deadline:
