@@ -326,8 +326,10 @@ class KeeperMapNodes:
     default_acl = None
     connected = True
 
-    def __init__(self, table: KeyValueTable, session_timeout: float = SESSION_TIMEOUT) -> None:
+    def __init__(self, table: KeyValueTable, session_timeout: float = SESSION_TIMEOUT,
+                 namespace: str = "") -> None:
         self.table = table
+        self.namespace = namespace  # a prefix of every key: kazoo's chroot, for one table
         self.session_timeout = session_timeout
         self.handler = SimpleNamespace(sleep_func=time.sleep)
         self.session = uuid.uuid4().hex
@@ -394,9 +396,20 @@ class KeeperMapNodes:
         return self._one(["set", path, _pack(value), version])
 
     def delete(self, path: str, version: int = -1, recursive: bool = False) -> bool:
+        root = partition_of(path)
+        if root is None:  # above the sinks: every sink below it, when recursive
+            if not recursive:
+                raise BadArgumentsError(f"{path} is implicit in the KeeperMap store")
+            for key in self._call(self.table.keys_with_prefix, self._index(f"{path}/")):
+                sink = key[len(self._index("")):]
+                try:
+                    self.delete(sink, recursive=True)
+                except NoNodeError:
+                    self._call(self.table.delete, [key])
+            return True
         done = self._one(["delete", path, version, recursive, None])
-        if path == partition_of(path):
-            self.table.delete([f"index:{path}"])
+        if path == root:
+            self._call(self.table.delete, [self._index(root)])
         return done
 
     def ensure_path(self, path: str, acl: Any = None) -> bool:
@@ -462,7 +475,7 @@ class KeeperMapNodes:
         return node.data, node.stat()
 
     def _children_above(self, path: str) -> list[str]:
-        prefix = f"index:{path.rstrip('/')}/"
+        prefix = self._index(f"{path.rstrip('/')}/")
         names = {k[len(prefix):].split("/", 1)[0] for k in self._call(
             self.table.keys_with_prefix, prefix)}
         return sorted(n for n in names if n)
@@ -555,8 +568,8 @@ class KeeperMapNodes:
                     log.seq += 1
                     log.recent = [*log.recent[-KEPT_IDS + 1:], entry_id]
                     self._track(root, ops)
-                    if log.seq == 1:
-                        self._call(self.table.put, f"index:{root}", "")
+                    if any(op[0] == "create" and op[1] == root for op in ops):
+                        self._call(self.table.put, self._index(root), "")
                     return results
                 self._catch_up(log)  # another writer took the number: validate again
                 if entry_id in log.recent:  # ours after all (an answer lost on the way)
@@ -613,9 +626,11 @@ class KeeperMapNodes:
                 raise ConnectionLoss(str(exc)) from exc
             raise
 
-    @staticmethod
-    def _key(root: str, seq: int) -> str:
-        return f"log:{root}:{seq:020d}"
+    def _key(self, root: str, seq: int) -> str:
+        return f"log:{self.namespace}{root}:{seq:020d}"
+
+    def _index(self, root: str) -> str:
+        return f"index:{self.namespace}{root}"
 
 
 class KeeperMapLock:
