@@ -1,0 +1,223 @@
+"""The KeeperMap store (``coordinator=keepermap``): the measured facts it rests on, its lease
+and liveness semantics, a Spark job through it, and its refusals.
+
+Against the real modern ClickHouse with a ``<zookeeper>`` section (``keepermap_url``),
+ClickHouse 18.16 (a server without KeeperMap) and Spark. The sink gets no ZooKeeper
+address at all: every record lives in the KeeperMap table.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+
+import pytest
+import requests
+
+import txsink
+from coordinator import Coordinator, PublishLeaseLost, XidState
+from coordinator.keepermap import KeeperMapNodes
+from coordinator.multi import Multi, MultiFailed
+from coordinator.nodes import NodeStore
+from coordinator.publish_lease import LEASE, PublishLease
+from server_ext.client import ClickHouseClient
+from server_ext.keepermap import FORMAT_KEY, KeeperMapTable
+from server_ext.staging import root_tag
+from tests.conftest import RECORDS_DATABASE, run_sql
+from tests.sinkutil import assert_exactly_once, create_events, events_df
+from txsink.connections import RecordsUnusable
+from txsink.options import parse_options
+
+STRICT = {"keeper_map_strict_mode": "1"}
+
+
+def sql(url: str, statement: str, **settings: str) -> requests.Response:
+    return requests.post(url, params=settings, data=statement.encode(), timeout=30)
+
+
+@pytest.fixture
+def kv(keepermap_url: str) -> str:
+    """A fresh KeeperMap table (k String, v String) of its own, dropped after the test."""
+    name = f"`{RECORDS_DATABASE}`.`kv_{uuid.uuid4().hex[:8]}`"
+    sql(keepermap_url, f"CREATE DATABASE IF NOT EXISTS `{RECORDS_DATABASE}`")
+    answer = sql(keepermap_url, f"CREATE TABLE {name} (k String, v String) ENGINE = "
+                 f"KeeperMap('/{RECORDS_DATABASE}/{name[-13:-1]}') PRIMARY KEY k")
+    assert answer.status_code == 200, answer.text
+    yield name
+    sql(keepermap_url, f"DROP TABLE IF EXISTS {name} SYNC")
+
+
+def rows(url: str, table: str) -> dict[str, tuple[str, int]]:
+    body = sql(url, f"SELECT k, v, _version FROM {table} ORDER BY k FORMAT TSV").text
+    return {k: (v, int(n)) for k, v, n in (line.split("\t") for line in body.splitlines())}
+
+
+# -- the facts the store's design rests on (docs/design.md, "The KeeperMap store") -------
+
+
+def test_a_strict_insert_of_several_keys_is_all_or_nothing(keepermap_url: str, kv: str) -> None:
+    assert sql(keepermap_url, f"INSERT INTO {kv} VALUES ('a', '1')", **STRICT).ok
+    answer = sql(keepermap_url, f"INSERT INTO {kv} VALUES ('new', '1'), ('a', '2')", **STRICT)
+    assert answer.status_code != 200 and "Node exists" in answer.text
+    assert rows(keepermap_url, kv) == {"a": ("1", 0)}
+
+
+def test_a_conditional_update_that_matches_nothing_is_silent(keepermap_url: str, kv: str) -> None:
+    """Why the store never writes by ALTER UPDATE: its caller cannot tell a lost
+    compare-and-set from one that applied."""
+    sql(keepermap_url, f"INSERT INTO {kv} VALUES ('a', '1')", **STRICT)
+    stale = sql(keepermap_url, f"ALTER TABLE {kv} UPDATE v = '2' WHERE k = 'a' AND _version = 7",
+                **STRICT)
+    assert stale.status_code == 200 and rows(keepermap_url, kv) == {"a": ("1", 0)}
+
+
+def test_keys_absent_from_the_table_are_simply_not_returned(keepermap_url: str) -> None:
+    table = KeeperMapTable(ClickHouseClient(keepermap_url), RECORDS_DATABASE, "records")
+    table.create(f"/{RECORDS_DATABASE}/records")
+    assert table.problem() is None
+    key = f"test:{uuid.uuid4().hex}"
+    assert table.create_new({key: "x"}) is True
+    assert table.create_new({f"{key}-2": "y", key: "z"}) is False
+    assert table.get_many([key, f"{key}-2"]) == {key: "x"}
+
+
+# -- sessions: a lost lease, a gone writer ------------------------------------------------
+
+
+def short_sessions(keepermap_url: str, namespace: str) -> Callable[[], KeeperMapNodes]:
+    table = KeeperMapTable(ClickHouseClient(keepermap_url), RECORDS_DATABASE, "records")
+    return lambda: KeeperMapNodes(table, session_timeout=1.0, namespace=namespace)
+
+
+def begun_xid(store: NodeStore, epoch: int = 1) -> Coordinator:
+    coord = Coordinator(store, "s")
+    generation = coord.fence()
+    coord.begin(epoch, generation)
+    return coord
+
+
+def test_a_lease_whose_holder_stopped_refreshing_is_lost_and_taken_by_the_next_actor(
+        records_table, keepermap_url: str) -> None:
+    """A holder that freezes longer than its session timeout loses the lease: the next
+    actor expires its session and takes the lease; the frozen holder's guarded writes
+    and its check before a publish fail, as with a ZooKeeper session that expired."""
+    open_store = short_sessions(keepermap_url, f"/tests/{uuid.uuid4().hex[:10]}")
+    frozen, other = open_store(), open_store()
+    begun_xid(frozen)
+    first = PublishLease(Coordinator(frozen, "s").store, 1, "first")
+    assert first.acquire()
+    node = first.node
+    second = PublishLease(Coordinator(other, "s").store, 1, "second")
+    assert not second.acquire() and second.holder() == "first"  # alive: refreshed
+    time.sleep(2.0)
+    assert not second.acquire()  # a live holder keeps it past its first timeout
+    frozen.suspend_heartbeat()
+    time.sleep(1.0 + 2.0 + 0.5)  # its expiry, the clock margin, and a little
+    assert second.acquire() and second.holder() == "second"
+    with pytest.raises(PublishLeaseLost):
+        first.check()
+    with pytest.raises(MultiFailed) as failed:
+        Multi(frozen).check(node, 0, label=LEASE).commit()
+    assert failed.value.label == LEASE
+    second.release()
+    other.stop()
+
+
+def test_a_writer_whose_session_ended_is_judged_gone(records_table, keepermap_url: str) -> None:
+    open_store = short_sessions(keepermap_url, f"/tests/{uuid.uuid4().hex[:10]}")
+    writer, operator = open_store(), open_store()
+    coord = Coordinator(writer, "s")
+    generation = coord.fence()
+    coord.begin(3, generation, hold="batch driver")
+    (verdict,) = Coordinator(operator, "s").verdicts()
+    assert verdict.reason == "alive"
+    writer.stop()  # the process ended: its holders go with its session
+    (verdict,) = Coordinator(operator, "s").verdicts()
+    assert verdict.reason == "writer_gone"
+    operator.stop()
+
+
+# -- a Spark job whose coordinator keeps its records in KeeperMap -------------------------
+
+
+@pytest.fixture
+def modern_db(keepermap_url: str):
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    run_sql(keepermap_url, f"CREATE DATABASE `{name}`")
+    yield name
+    run_sql(keepermap_url, f"DROP DATABASE IF EXISTS `{name}`")
+
+
+@pytest.fixture
+def keepermap_options(keepermap_url: str, records_table) -> dict[str, str]:
+    return {"url": keepermap_url, "coordinator": "keepermap",
+            "records_table": f"{RECORDS_DATABASE}.records",
+            "zk_root": f"/tests/{uuid.uuid4().hex[:10]}"}
+
+
+def staging_of(url: str, options: dict[str, str]) -> list[str]:
+    tag = root_tag(parse_options({**options, "table": "x"}).root_identity)
+    body = run_sql(url, "SELECT name FROM system.tables WHERE database = 'txsink_staging'")
+    return [name for name in body.split() if name.endswith(f"_r{tag}")]
+
+
+def test_a_batch_job_commits_exactly_once_with_its_records_in_keepermap(
+        spark, keepermap_url: str, modern_db: str, keepermap_options: dict[str, str],
+        records_table) -> None:
+    txsink.register(spark)
+    table = create_events(keepermap_url, modern_db)
+    (events_df(spark, 0, 3000).write.format("clickhouse_tx").options(**keepermap_options)
+        .option("table", table).option("sink_id", "km-batch").mode("append").save())
+    assert_exactly_once(keepermap_url, table, range(3000))
+    assert staging_of(keepermap_url, keepermap_options) == []
+    store = KeeperMapNodes(records_table)
+    coord = Coordinator(store, "km-batch", root=keepermap_options["zk_root"])
+    (record,) = coord.xids()
+    assert record.state is XidState.COMMITTED and record.winners
+    assert coord.last_committed() == record.epoch
+    store.stop()
+
+
+# -- refusals before anything is staged ----------------------------------------------------
+
+
+def refused(spark, options: dict[str, str], table: str) -> str:
+    txsink.register(spark)
+    with pytest.raises(Exception) as failed:  # noqa: PT011 - Spark wraps the sink's error
+        (events_df(spark, 0, 100).write.format("clickhouse_tx").options(**options)
+            .option("table", table).mode("append").save())
+    return str(failed.value)
+
+
+def test_a_missing_records_table_is_refused_before_anything_is_staged(
+        spark, keepermap_url: str, modern_db: str, keepermap_options: dict[str, str]) -> None:
+    table = create_events(keepermap_url, modern_db)
+    options = {**keepermap_options, "records_table": f"{modern_db}.no_records"}
+    message = refused(spark, options, table)
+    assert RecordsUnusable.__name__ in message and "does not exist" in message
+    assert f"{modern_db}.no_records" in message
+    assert staging_of(keepermap_url, options) == []
+
+
+def test_a_records_table_of_another_format_is_refused(
+        spark, keepermap_url: str, modern_db: str, keepermap_options: dict[str, str]) -> None:
+    table = create_events(keepermap_url, modern_db)
+    run_sql(keepermap_url, f"CREATE TABLE `{modern_db}`.`kv` (k String, v String) ENGINE = "
+            f"KeeperMap('/{modern_db}/kv') PRIMARY KEY k")
+    run_sql(keepermap_url, f"INSERT INTO `{modern_db}`.`kv` VALUES "
+            f"('{FORMAT_KEY}', '{json.dumps({'format': 'something else'})}')")
+    message = refused(spark, {**keepermap_options, "records_table": f"{modern_db}.kv"}, table)
+    assert "another format" in message
+    message = refused(spark, {**keepermap_options, "records_table": f"{modern_db}.events"},
+                      table)
+    assert "is a MergeTree table, not a KeeperMap table" in message
+
+
+def test_a_server_without_keepermap_is_refused_naming_the_other_store(
+        spark, clickhouse_url: str, ch_db: str, keepermap_options: dict[str, str]) -> None:
+    table = create_events(clickhouse_url, ch_db)
+    message = refused(spark, {**keepermap_options, "url": clickhouse_url}, table)
+    assert "no KeeperMap table engine" in message and "coordinator=zookeeper" in message
+    assert staging_of(clickhouse_url, {**keepermap_options, "url": clickhouse_url}) == []
