@@ -221,3 +221,46 @@ def test_a_server_without_keepermap_is_refused_naming_the_other_store(
     message = refused(spark, {**keepermap_options, "url": clickhouse_url}, table)
     assert "no KeeperMap table engine" in message and "coordinator=zookeeper" in message
     assert staging_of(clickhouse_url, {**keepermap_options, "url": clickhouse_url}) == []
+
+
+# -- operators over the KeeperMap store -------------------------------------------------------
+
+
+def operator(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    from txsink import cli
+
+    code = cli.main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_operators_create_the_records_table_and_read_a_sink_from_it(
+        spark, keepermap_url: str, modern_db: str, keepermap_options: dict[str, str],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    records = f"{modern_db}.records"
+    store = ("--coordinator", "keepermap", "--records-url", keepermap_url,
+             "--records-table", records, "--zk-root", keepermap_options["zk_root"])
+    code, out = operator(capsys, "records", "create", "--url", keepermap_url,
+                         "--records-table", records, "--keeper-path", f"/{modern_db}/records")
+    assert code == 0, out
+    txsink.register(spark)
+    table = create_events(keepermap_url, modern_db)
+    (events_df(spark, 0, 500).write.format("clickhouse_tx")
+        .options(**{**keepermap_options, "records_table": records}).option("table", table)
+        .option("sink_id", "km-ops").mode("append").save())
+    code, out = operator(capsys, "status", *store, "--json")
+    assert code == 0, out
+    (sink,) = json.loads(out)["sinks"]
+    assert sink["sink_id"] == "km-ops" and sink["last_committed"] == 0, sink
+    code, out = operator(capsys, "recover", *store, "--url", keepermap_url, "--json")
+    assert code == 0, out
+    code, out = operator(capsys, "verify", *store, "--url", keepermap_url, "--json")
+    assert code == 0, out
+    assert_exactly_once(keepermap_url, table, range(500))
+
+
+def test_records_create_on_a_server_without_keepermap_fails_naming_it(
+        clickhouse_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = operator(capsys, "records", "create", "--url", clickhouse_url,
+                         "--records-table", f"t_{uuid.uuid4().hex[:8]}.records")
+    assert code != 0 and "KeeperMap" in out, out
