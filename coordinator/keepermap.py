@@ -16,7 +16,10 @@ checks across rows. The coordinator's steps need exactly that mix (``check(gener
 - every multi-op is one **log entry**, the key ``log:<sink>:<seq>``, created by a strict
   INSERT at the sequence number after the last entry the writer has applied. The INSERT
   fails if another writer took that number first; the writer then reads the new entries,
-  validates its operations again against the newer tree and retries at the next number;
+  validates its operations again against the newer tree and retries at the next number.
+  So a write needs no read before it: validated against the writer's own copy of the
+  tree, it lands only if that copy was current (one round trip); a refusal is reported
+  only after the writer has read the newest entries;
 - the tree (data, version, children, ephemeral owner of every node) is the fold of the
   log, which is deterministic: an entry was validated against exactly the tree its
   predecessors make, so every reader folds it the same way. Checks write nothing, as in
@@ -548,19 +551,28 @@ class KeeperMapNodes:
             self._last_async = None
             log = self._log(root)
             entry_id = uuid.uuid4().hex
-            self._catch_up(log)
+            caught_up = False  # optimistic: the sequence number proves the tree current
             while True:
                 overlay = _Overlay(log)
                 results: list[Any] = []
+                failed: list[Any] | None = None
                 for i, op in enumerate(ops):
                     try:
                         results.append(overlay.apply(op, int(time.time() * 1000), now))
                     except (NoNodeError, NodeExistsError, BadVersionError, NotEmptyError,
                             SessionExpiredError, BadArgumentsError) as exc:
-                        if isinstance(exc, SessionExpiredError) and self._own_expired(log):
-                            self._new_session()
-                        return ([RolledBackError()] * i + [exc]
-                                + [RuntimeInconsistency()] * (len(ops) - i - 1))
+                        failed = ([RolledBackError()] * i + [exc]
+                                  + [RuntimeInconsistency()] * (len(ops) - i - 1))
+                        break
+                if failed is not None:
+                    if not caught_up:  # refused by a tree that may be stale: read first
+                        self._catch_up(log)
+                        caught_up = True
+                        continue
+                    if isinstance(failed[len(results)], SessionExpiredError) and \
+                            self._own_expired(log):
+                        self._new_session()
+                    return failed
                 entry = {"id": entry_id, "at": int(time.time() * 1000), "ops": ops}
                 text = json.dumps(entry, separators=(",", ":"), sort_keys=True)
                 if self._call(self.table.create_new, {self._key(root, log.seq + 1): text}):
@@ -572,6 +584,7 @@ class KeeperMapNodes:
                         self._call(self.table.put, self._index(root), "")
                     return results
                 self._catch_up(log)  # another writer took the number: validate again
+                caught_up = True
                 if entry_id in log.recent:  # ours after all (an answer lost on the way)
                     self._track(root, ops)
                     return results
