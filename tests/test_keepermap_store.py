@@ -9,6 +9,7 @@ address at all: every record lives in the KeeperMap table.
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -264,3 +265,32 @@ def test_records_create_on_a_server_without_keepermap_fails_naming_it(
     code, out = operator(capsys, "records", "create", "--url", clickhouse_url,
                          "--records-table", f"t_{uuid.uuid4().hex[:8]}.records")
     assert code != 0 and "KeeperMap" in out, out
+
+
+# -- the option (fast tier: no server) -------------------------------------------------------
+
+
+@pytest.mark.parametrize("options, problem", [
+    ({"coordinator": "zookeeper,keepermap"}, "names both stores"),
+    ({"coordinator": "keepermap", "zookeeper": "127.0.0.1:2181"},
+     "option(s) zookeeper name the zookeeper store"),
+    ({"coordinator": "keepermap", "zookeeper_ca_file": "/ca.pem"},
+     "option(s) zookeeper_ca_file name the zookeeper store"),
+    ({"zookeeper": "127.0.0.1:2181", "records_table": "db.records"},
+     "option(s) records_table name the keepermap store"),
+    ({"coordinator": "keepermap", "records_table": "records"}, "must be database.table"),
+    ({"coordinator": "etcd"}, "is not one of zookeeper, keepermap"),
+])
+def test_an_option_naming_both_stores_or_neither_is_refused_by_name(
+        options: dict[str, str], problem: str) -> None:
+    from txsink.options import OptionError
+
+    with pytest.raises(OptionError, match=re.escape(problem)):
+        parse_options({"url": "http://127.0.0.1:8123", "table": "db.t", **options}, env={})
+
+
+def test_the_keepermap_store_needs_no_zookeeper_address() -> None:
+    options = parse_options({"url": "http://127.0.0.1:8124", "table": "db.t",
+                             "coordinator": "keepermap"}, env={})
+    assert options.zookeeper == "" and options.records_server == "http://127.0.0.1:8124"
+    assert options.root_identity == "/keepermap/txsink.records/txsink"

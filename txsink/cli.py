@@ -305,7 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     records = ops_parser("records", "create the KeeperMap table of the coordinator's "
                          "records (coordinator=keepermap)", url=True)
-    records.add_argument("action", choices=("create",))
+    records.add_argument("action", choices=("create",),
+                         help="create: the table, with its format row (idempotent)")
     records.add_argument("--keeper-path", default="/txsink_records",
                          help="the table's path in the server's Keeper")
     status = ops_parser("status", "sinks, committed epochs, in-doubt xids, metrics", url=False,
