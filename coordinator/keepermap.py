@@ -343,6 +343,7 @@ class KeeperMapNodes:
         self._stopping = threading.Event()
         self._last_async: str | None = None  # pipelined reads share one catch-up
         self._reaping = False
+        self._suspended = False  # a frozen process (fault tests): no refreshes
 
     def __repr__(self) -> str:
         return f"KeeperMapNodes({self.table!r})"
@@ -450,8 +451,12 @@ class KeeperMapNodes:
         """kazoo's pair to :meth:`stop`: nothing more to release."""
 
     def suspend_heartbeat(self) -> None:
-        """Stop refreshing this session (a process that froze); for fault tests."""
-        self._stopping.set()
+        """Stop refreshing this session (a process that froze); for fault tests. A new
+        session (after this one's expiry) or :meth:`resume_heartbeat` refreshes again."""
+        self._suspended = True
+
+    def resume_heartbeat(self) -> None:
+        self._suspended = False
 
     # -- internals ---------------------------------------------------------------------
 
@@ -606,6 +611,7 @@ class KeeperMapNodes:
         when its session expires): the old one's ephemeral nodes are gone already."""
         self.session = uuid.uuid4().hex
         self._held = {}
+        self._suspended = False
 
     def _start_heartbeat(self) -> None:
         if self._heartbeat is None or not self._heartbeat.is_alive():
@@ -617,6 +623,8 @@ class KeeperMapNodes:
 
     def _beat(self) -> None:
         while not self._stopping.wait(self.session_timeout / 3):
+            if self._suspended:
+                continue
             with self._mutex:
                 for root in [r for r, paths in self._held.items() if paths]:
                     try:

@@ -108,9 +108,10 @@ def clickhouse(options: SinkOptions, url: str | None = None) -> ClickHouseClient
                              ca_file=options.ca_file)
 
 
-def records(options: SinkOptions) -> KeeperMapNodes:
+def records(options: SinkOptions, *, shared: bool = True) -> KeeperMapNodes:
     """The process's KeeperMap node store for the options' records table
-    (``coordinator=keepermap``): one session per process (a forked worker makes its own).
+    (``coordinator=keepermap``): one session per process (a forked worker makes its own);
+    ``shared=False``: a session of its own (an operator command, which stops it).
 
     The table is checked once per process before its first use: a server without
     KeeperMap or without Keeper, a missing table and a table of another format are
@@ -121,11 +122,13 @@ def records(options: SinkOptions) -> KeeperMapNodes:
     with _lock:
         store = _records.get(key)
         if store is not None:
-            return store
+            return store if shared else KeeperMapNodes(store.table)
     records_table = KeeperMapTable(clickhouse(options, options.records_server), database, table)
     problem = records_table.problem()
     if problem is not None:
         raise RecordsUnusable(f"coordinator=keepermap: {problem}")
+    if not shared:
+        return KeeperMapNodes(records_table)
     with _lock:
         return _records.setdefault(key, KeeperMapNodes(records_table))
 

@@ -17,7 +17,6 @@ from coordinator import (
     Coordinator,
     XidState,
 )
-from coordinator.keepermap import KeeperMapNodes
 from coordinator.nodes import NodeStore
 from server_ext.client import ClickHouseClient
 from txsink import connections
@@ -58,7 +57,7 @@ class Session:
                                   password=password, zk_root=zk_root, coordinator=KEEPERMAP,
                                   records_url=records_url, records_table=records_table)
             self.root_identity = options.root_identity  # what gc may judge
-            self.zk = connections.records(options)
+            self.zk = connections.records(options, shared=False)
         else:
             self.root_identity = root_identity(zookeeper, zk_root)
             self.zk = connections.zookeeper(
@@ -71,8 +70,6 @@ class Session:
         self._credentials = (user, password)
 
     def close(self) -> None:
-        if isinstance(self.zk, KeeperMapNodes):
-            return  # the process's own store session, ended at exit (connections)
         self.zk.stop()
         self.zk.close()
 
