@@ -394,7 +394,8 @@ class KeeperMapNodes:
                makepath: bool = False) -> str:
         if makepath:
             self.ensure_path(_parent(path))
-        return self._one(self._create_op(path, value, ephemeral, sequence))
+        return self._ephemeral_once_more(
+            lambda: self._one(self._create_op(path, value, ephemeral, sequence)))
 
     def set(self, path: str, value: bytes, version: int = -1) -> Stat:
         return self._one(["set", path, _pack(value), version])
@@ -467,6 +468,17 @@ class KeeperMapNodes:
         owner = self.session if ephemeral else None
         expires = time.time() + self.session_timeout if ephemeral else 0.0
         return ["create", path, _pack(value), owner, expires, alone]
+
+    def _ephemeral_once_more(self, call: Any) -> Any:
+        """``call`` again if it failed because this session had been expired: the store
+        continues under a new session then, as a kazoo client reconnects with one."""
+        session = self.session
+        try:
+            return call()
+        except SessionExpiredError:
+            if self.session == session:
+                raise
+            return call()
 
     def _one(self, op: list[Any]) -> Any:
         result = self._commit([op])[0]
@@ -674,11 +686,11 @@ class KeeperMapLock:
         if blocking:
             raise BadArgumentsError("the KeeperMap lease is taken without waiting")
         name = f"lease-{uuid.uuid4().hex[:12]}"
-        op = self.store._create_op(f"{self.path}/{name}", self.identifier.encode(),
-                                   ephemeral=True, sequence=False, alone=True)
         self.store.exists(self.path)  # catch up and expire dead holders first
         try:
-            self.store._one(op)
+            self.store._ephemeral_once_more(lambda: self.store._one(self.store._create_op(
+                f"{self.path}/{name}", self.identifier.encode(), ephemeral=True,
+                sequence=False, alone=True)))
         except NodeExistsError:
             return False
         self.node, self.is_acquired = name, True
