@@ -75,6 +75,7 @@ SESSION_TIMEOUT = 10.0  # seconds, as the sink's ZooKeeper sessions
 CLOCK_MARGIN = 2.0  # a session is expired by others this long after its own expiry
 READ_AHEAD = 8  # log keys asked for per point-lookup SELECT
 KEPT_IDS = 256  # ids of recent entries remembered, to recognise a write whose answer was lost
+PIPELINE_GAP = 0.005  # seconds between reads of one pipelined batch
 
 
 class KeyValueTable(Protocol):
@@ -342,6 +343,7 @@ class KeeperMapNodes:
         self._heartbeat: threading.Thread | None = None
         self._stopping = threading.Event()
         self._last_async: str | None = None  # pipelined reads share one catch-up
+        self._last_async_at = 0.0
         self._reaping = False
         self._suspended = False  # a frozen process (fault tests): no refreshes
 
@@ -356,15 +358,20 @@ class KeeperMapNodes:
             return self._get(path, self._synced(path))
 
     def get_async(self, path: str) -> _Done:
+        """A read answered at once; reads sent back to back (a pipelined batch: within
+        :data:`PIPELINE_GAP` of the previous one, of the same sink) share one catch-up,
+        as kazoo's pipelined reads share one round trip."""
         with self._mutex:
             root = partition_of(path)
-            fresh = root is not None and self._last_async == root
+            now = time.monotonic()
+            fresh = (root is not None and self._last_async == root
+                     and now - self._last_async_at < PIPELINE_GAP)
             try:
                 value = self._get(path, self._synced(path, fresh=fresh))
             except NoNodeError as exc:
                 return _Done(error=exc)
             finally:
-                self._last_async = root
+                self._last_async, self._last_async_at = root, time.monotonic()
             return _Done(value)
 
     def exists(self, path: str) -> Stat | None:

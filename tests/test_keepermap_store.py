@@ -181,6 +181,27 @@ def test_a_batch_job_commits_exactly_once_with_its_records_in_keepermap(
     store.stop()
 
 
+def test_a_streaming_query_commits_each_micro_batch_once_and_a_restart_goes_on(
+        spark, tmp_path, keepermap_url: str, modern_db: str,
+        keepermap_options: dict[str, str], records_table) -> None:
+    from tests.test_sink_streaming import run_stream, write_input_file
+
+    txsink.register(spark)
+    table = create_events(keepermap_url, modern_db)
+    options = {**keepermap_options, "sink_id": "km-stream"}
+    source, checkpoint = tmp_path / "in", tmp_path / "ckpt"
+    for n in range(2):
+        write_input_file(source, n, range(n * 100, n * 100 + 100))
+    run_stream(spark, source, checkpoint, options, table)
+    write_input_file(source, 2, range(200, 350))
+    run_stream(spark, source, checkpoint, options, table)  # a restart: a new run, fenced
+    assert_exactly_once(keepermap_url, table, range(350))
+    store = KeeperMapNodes(records_table)
+    coord = Coordinator(store, "km-stream", root=keepermap_options["zk_root"])
+    assert coord.last_committed() == 2 and coord.generation() == 2
+    store.stop()
+
+
 # -- refusals before anything is staged ----------------------------------------------------
 
 
