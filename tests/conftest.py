@@ -341,7 +341,8 @@ def modern_clickhouse(services: Services):
     """The modern ClickHouse (26.x from chdb; ``txsink services up --modern``).
 
     Started on first use and left running, like ``cluster``; ``txsink services down``
-    stops it. No ZooKeeper/Keeper there: Replicated tables are 18.16-only.
+    stops it. Its config names the local ZooKeeper for KeeperMap tables, but Replicated
+    tables stay read-only there: they are 18.16-only.
     """
     server = services.modern
     server.start()

@@ -23,9 +23,8 @@ not marked published (``publish.after_attach``), ``Committed`` before its clean-
 (``abort.after_decision``). Every step between them is tried in the batch suite.
 
 With the coordinator's records in KeeperMap (``km26``: the modern server with a
-``<zookeeper>`` section, ``coordinator=keepermap``, no ZooKeeper given to the sink) the batch
-suite tries the points of ``STREAM_POINTS``: one per state a killed driver leaves its xid
-in. The store changes where the records live and how a dead driver's session ends (its
+``<zookeeper>`` section, ``coordinator=keepermap``, no ZooKeeper given to the sink) both suites try the points of
+``STREAM_POINTS``: one per state a killed driver leaves its xid in. The store changes where the records live and how a dead driver's session ends (its
 expiry, reaped by the next reader), not the steps between the states.
 
 Why the ``move`` subset is sound:
@@ -73,7 +72,7 @@ MOVE_POINTS = {"batch": ("publish.after_attach",), "stream": ("publish.after_int
 #: The points tried with the coordinator's records in KeeperMap (``km26``: the modern
 #: server, strategy ``move``): one per state a killed driver leaves its xid in, as
 #: ``STREAM_POINTS`` (the store changes where the records live, not the steps).
-KEEPERMAP_POINTS = {"batch": STREAM_POINTS}
+KEEPERMAP_POINTS = {"batch": STREAM_POINTS, "stream": STREAM_POINTS}
 
 
 def cases(mode: str) -> list:
