@@ -693,13 +693,20 @@ class KeeperMapLock:
         if blocking:
             raise BadArgumentsError("the KeeperMap lease is taken without waiting")
         name = f"lease-{uuid.uuid4().hex[:12]}"
-        self.store.exists(self.path)  # catch up and expire dead holders first
-        try:
+
+        def take() -> None:
             self.store._ephemeral_once_more(lambda: self.store._one(self.store._create_op(
                 f"{self.path}/{name}", self.identifier.encode(), ephemeral=True,
                 sequence=False, alone=True)))
-        except NodeExistsError:
-            return False
+
+        try:
+            take()
+        except NodeExistsError:  # held: unless by a session past its expiry
+            self.store.exists(self.path)  # catches up and expires dead holders
+            try:
+                take()
+            except NodeExistsError:
+                return False
         self.node, self.is_acquired = name, True
         return True
 
