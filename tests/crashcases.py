@@ -23,8 +23,9 @@ not marked published (``publish.after_attach``), ``Committed`` before its clean-
 (``abort.after_decision``). Every step between them is tried in the batch suite.
 
 With the coordinator's records in KeeperMap (``km26``: the modern server with a
-``<zookeeper>`` section, ``coordinator=keepermap``, no ZooKeeper given to the sink) both suites try the points of
-``STREAM_POINTS``: one per state a killed driver leaves its xid in. The store changes where the records live and how a dead driver's session ends (its
+``<zookeeper>`` section, ``coordinator=keepermap``, no ZooKeeper given to the sink) both
+suites try the points of ``STREAM_POINTS``: one per state a killed driver leaves its xid
+in. The store changes where the records live and how a dead driver's session ends (its
 expiry, reaped by the next reader), not the steps between the states.
 
 Why the ``move`` subset is sound:
