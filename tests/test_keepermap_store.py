@@ -28,6 +28,7 @@ from server_ext.keepermap import FORMAT_KEY, KeeperMapTable
 from server_ext.staging import root_tag
 from tests.conftest import RECORDS_DATABASE, run_sql
 from tests.sinkutil import assert_exactly_once, create_events, events_df
+from txsink import connections
 from txsink.connections import RecordsUnusable
 from txsink.options import parse_options
 
@@ -278,6 +279,14 @@ def test_operators_create_the_records_table_and_read_a_sink_from_it(
     assert code == 0, out
     code, out = operator(capsys, "verify", *store, "--url", keepermap_url, "--json")
     assert code == 0, out
+    code, out = operator(capsys, "gc", *store, "--url", keepermap_url, "--grace", "0",
+                         "--prune-older-than", "0", "--json")
+    assert code == 0, out
+    coord = Coordinator(connections.records(parse_options(
+        {**keepermap_options, "records_table": records, "table": table}), shared=False),
+        "km-ops", root=keepermap_options["zk_root"])
+    assert coord.xids() == [] and coord.last_committed() == 0  # pruned, still answered
+    coord.store.client.stop()
     assert_exactly_once(keepermap_url, table, range(500))
 
 
