@@ -44,7 +44,9 @@ holder's node is gone from the log order of the ``expire`` entry on, so its
 Holders' clocks must agree within :data:`CLOCK_MARGIN`.
 
 Limits: the log is not compacted yet (each entry is one Keeper node; a new process reads a
-sink's whole log once); the publish lock is this module's own (:class:`KeeperMapLock`).
+sink's whole log once); an entry is one Keeper node, so a record near the coordinator's
+900 kB cap (escaped once more inside its entry) may exceed Keeper's 1 MB node limit; the
+publish lock is this module's own (:class:`KeeperMapLock`).
 """
 
 from __future__ import annotations
