@@ -203,6 +203,17 @@ def test_a_streaming_query_commits_each_micro_batch_once_and_a_restart_goes_on(
     store.stop()
 
 
+def test_a_transaction_of_two_tables_commits_both_with_its_records_in_keepermap(
+        spark, keepermap_url: str, modern_db: str, keepermap_options: dict[str, str]) -> None:
+    first, second = (create_events(keepermap_url, modern_db, name) for name in ("a", "b"))
+    with txsink.transaction(spark, url=keepermap_url, sink_id="km-tx",
+                            **{k: v for k, v in keepermap_options.items() if k != "url"}) as tx:
+        tx.write(events_df(spark, 0, 200), first)
+        tx.write(events_df(spark, 200, 300), second)
+    assert_exactly_once(keepermap_url, first, range(200))
+    assert_exactly_once(keepermap_url, second, range(200, 500))
+
+
 # -- refusals before anything is staged ----------------------------------------------------
 
 
