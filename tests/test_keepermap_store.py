@@ -141,6 +141,31 @@ def test_a_writer_whose_session_ended_is_judged_gone(records_table, keepermap_ur
     operator.stop()
 
 
+def test_a_keeper_holds_a_batch_xid_over_the_keepermap_store_until_its_decision(
+        keepermap_url: str, keepermap_options: dict[str, str]) -> None:
+    """The keeper process (``txsink/keeper.py``) reaches the same store: it joins the
+    holders of the planner's xid, holds it after the planner lets go, and leaves once the
+    xid is decided."""
+    from txsink import keeper
+
+    options = parse_options({**keepermap_options, "table": "db.t"}, env={})
+    writer = connections.records(options, shared=False)
+    coord = Coordinator(writer, "km-keeper", root=options.zk_root)
+    generation = coord.fence()
+    coord.begin(0, generation, hold="batch driver")
+    assert keeper.start(options, "km-keeper", 0)
+    coord.release(0)
+    (verdict,) = coord.verdicts()
+    assert verdict.reason == "alive" and any("keeper" in h for h in verdict.holders)
+    coord.abort(0, generation, rollback=lambda _: None)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and "live" in writer.get_children(
+            coord.layout.sink) and writer.get_children(coord.layout.live):
+        time.sleep(0.2)
+    assert writer.get_children(coord.layout.live) == []  # the keeper let go
+    writer.stop()
+
+
 # -- a Spark job whose coordinator keeps its records in KeeperMap -------------------------
 
 
