@@ -77,7 +77,8 @@ log = logging.getLogger(__name__)
 
 
 class Coordinator:
-    """Two-phase-commit coordinator for one sink, backed by ZooKeeper (or Keeper).
+    """Two-phase-commit coordinator for one sink, backed by a node store: a kazoo client
+    (ZooKeeper or Keeper) or ``coordinator.keepermap.KeeperMapNodes``.
 
     ``on_step(name)`` is called at every crash point of commit and abort
     (``commit.after_decision``, ``commit.after_branch_published``, ``commit.after_publish``,
