@@ -451,13 +451,16 @@ def _publish(ax, data: dict) -> None:
 
 
 def _coordinator(ax, data: dict) -> None:
-    for mode in dict.fromkeys(r["mode"] for r in data["results"]):
-        rows = [r for r in data["results"] if r["mode"] == mode]
+    series = dict.fromkeys((r.get("store", "zookeeper"), r["mode"]) for r in data["results"])
+    both = len({store for store, _ in series}) > 1
+    for store, mode in series:
+        rows = [r for r in data["results"]
+                if r["mode"] == mode and r.get("store", "zookeeper") == store]
         ax.plot([r["branches"] for r in rows], [r["total_ms"] for r in rows], marker="o",
-                label=mode)
+                label=f"{store} {mode}" if both else mode)
     ax.set_xscale("log")
     ax.set_xlabel("branches per epoch")
-    ax.set_ylabel("ms (ZooKeeper only)")
+    ax.set_ylabel("ms (the coordinator only)")
     ax.set_title("coordinator per epoch", fontsize=9)
     ax.legend(fontsize=7)
 

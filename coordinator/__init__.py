@@ -1,7 +1,8 @@
 """coordinator: the driver-side two-phase-commit coordinator of txsink.
 
 Transactions (xids), their branches, decisions, fencing, recovery, retention and the
-audit verifier, kept in ZooKeeper (or ClickHouse Keeper) through kazoo. It knows nothing
+audit verifier, kept in a node store (``nodes.py``): ZooKeeper (or ClickHouse Keeper)
+through kazoo, or KeeperMap tables of ClickHouse (``keepermap.py``). It knows nothing
 about Spark or SQL: publishing and rolling back a branch are callbacks it is handed.
 """
 

@@ -28,9 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from kazoo.client import KazooClient
-
 from coordinator.layout import SinkLayout
+from coordinator.nodes import NodeStore
 from coordinator.records import BranchRecord, XidRecord
 from coordinator.retention import Ranges, Retention, add_to_ranges
 from coordinator.states import BranchState, XidState
@@ -61,7 +60,7 @@ class Anomaly:
         return f"{self.kind.value} at {where}: {self.detail}"
 
 
-def audit(client: KazooClient, root: str, sink_id: str,
+def audit(client: NodeStore, root: str, sink_id: str,
           target_counts: Mapping[int, int] | None = None,
           committing_older_than: float = 300.0) -> list[Anomaly]:
     """Every anomaly in ``sink_id``'s history, in epoch order.
@@ -194,7 +193,7 @@ class SinkHistory:
     states: dict[int, XidState]
 
 
-def read_history(client: KazooClient, root: str, sink_id: str,
+def read_history(client: NodeStore, root: str, sink_id: str,
                  epochs: list[int] | None = None) -> SinkHistory:
     """The decided xids of ``sink_id`` (only ``epochs`` when given) and its pruned ranges.
 
@@ -216,7 +215,7 @@ def read_history(client: KazooClient, root: str, sink_id: str,
                        {r.epoch: r.state for r in records})
 
 
-def read_all_branches(client: KazooClient, root: str, sink_id: str
+def read_all_branches(client: NodeStore, root: str, sink_id: str
                       ) -> list[tuple[XidRecord, BranchRecord]]:
     """Every retained branch of ``sink_id`` with its xid, for ``verify`` to name rows that
     were never to be published (a rolled-back attempt's staging attached by hand). Reads
@@ -227,7 +226,7 @@ def read_all_branches(client: KazooClient, root: str, sink_id: str
             for branch in store.run(store.read_branches, record.epoch).values()]
 
 
-def changed_since(client: KazooClient, root: str, history: SinkHistory) -> list[int]:
+def changed_since(client: NodeStore, root: str, history: SinkHistory) -> list[int]:
     """Epochs decided since ``history`` was read, or decided then and not yet Committed.
 
     What a caller compares with a target read between the two reads: a publish of any of

@@ -29,6 +29,7 @@ from kazoo.exceptions import NoNodeError
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, make_digest_acl
 
 from coordinator.errors import CoordinatorError
+from coordinator.nodes import NodeStore
 
 
 class AccessDenied(CoordinatorError):
@@ -61,7 +62,7 @@ class DigestAuth:
         return [make_digest_acl(self.user, self.password, all=True)]
 
 
-def sink_acl(client: KazooClient) -> list[ACL] | None:
+def sink_acl(client: NodeStore) -> list[ACL] | None:
     """The ACL this client creates a sink's nodes with, when it protects them (None for an
     open client: it has nothing to check)."""
     acl = client.default_acl

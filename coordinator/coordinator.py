@@ -43,7 +43,6 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.retry import KazooRetry
 
@@ -61,6 +60,7 @@ from coordinator.fencing import Generation
 from coordinator.layout import SinkLayout
 from coordinator.ledger import Ledger
 from coordinator.liveness import Liveness, Verdict, holder_identity, judge
+from coordinator.nodes import NodeStore
 from coordinator.publish_lease import PublishLease, actor_identity
 from coordinator.records import BranchRecord, StreamRecord, XidRecord
 from coordinator.recovery import ROLLED_FORWARD, Recovery, RecoveryReport
@@ -77,7 +77,8 @@ log = logging.getLogger(__name__)
 
 
 class Coordinator:
-    """Two-phase-commit coordinator for one sink, backed by ZooKeeper (or Keeper).
+    """Two-phase-commit coordinator for one sink, backed by a node store: a kazoo client
+    (ZooKeeper or Keeper) or ``coordinator.keepermap.KeeperMapNodes``.
 
     ``on_step(name)`` is called at every crash point of commit and abort
     (``commit.after_decision``, ``commit.after_branch_published``, ``commit.after_publish``,
@@ -85,7 +86,7 @@ class Coordinator:
     fault test makes it raise to simulate a crash at exactly that step.
     """
 
-    def __init__(self, client: KazooClient, sink_id: str, root: str = "/txsink",
+    def __init__(self, client: NodeStore, sink_id: str, root: str = "/txsink",
                  retry: KazooRetry | None = None, on_step: StepHook | None = None,
                  callback_policy: CallbackPolicy | None = None, lease_wait: float = 300.0,
                  role: str = "driver") -> None:
@@ -112,7 +113,7 @@ class Coordinator:
     # -- sink ------------------------------------------------------------------------
 
     @staticmethod
-    def sinks(client: KazooClient, root: str = "/txsink") -> list[str]:
+    def sinks(client: NodeStore, root: str = "/txsink") -> list[str]:
         """Every sink id with a tree under ``root``."""
         return list_sinks(client, root)
 

@@ -30,13 +30,13 @@ from __future__ import annotations
 import logging
 from urllib.parse import quote, unquote
 
-from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.security import OPEN_ACL_UNSAFE
 
 from coordinator.auth import require_acl, sink_acl
 from coordinator.errors import SinkTreeDamaged
 from coordinator.multi import Multi, MultiFailed
+from coordinator.nodes import NodeStore
 from coordinator.records import decode, encode
 
 log = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ class SinkLayout:
             self.xids: b"",
         }
 
-    def ensure(self, client: KazooClient) -> None:
+    def ensure(self, client: NodeStore) -> None:
         """Create the sink's nodes in one multi-op, so no process sees half a sink; an
         existing tree is checked instead (:meth:`check`), so a half-made or foreign tree
         is completed or refused rather than retried forever.
@@ -165,7 +165,7 @@ class SinkLayout:
                 raise
         self.check(client)
 
-    def check(self, client: KazooClient, _again: bool = True) -> None:
+    def check(self, client: NodeStore, _again: bool = True) -> None:
         """Check the shape (and, for a client with credentials, the ACL of every node) of
         an existing sink tree.
 
@@ -215,7 +215,7 @@ class SinkLayout:
                     ", ".join(missing))
 
 
-def _has_children(client: KazooClient, path: str) -> bool:
+def _has_children(client: NodeStore, path: str) -> bool:
     try:
         return bool(client.get_children(path))
     except NoNodeError:

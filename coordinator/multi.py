@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from kazoo.client import KazooClient
 from kazoo.exceptions import (
     BadVersionError,
     KazooException,
@@ -25,6 +24,7 @@ from kazoo.exceptions import (
 )
 
 from coordinator.errors import GaveUp
+from coordinator.nodes import NodeStore
 
 _COLLATERAL = (RolledBackError, RuntimeInconsistency)  # "another op of the multi failed"
 
@@ -62,7 +62,7 @@ class Multi:
                 ...  # a newer generation owns the sink
     """
 
-    def __init__(self, client: KazooClient) -> None:
+    def __init__(self, client: NodeStore) -> None:
         self._client = client
         self._tx = client.transaction()
         self._labels: list[str] = []

@@ -46,7 +46,6 @@ import socket
 import time
 
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
-from kazoo.recipe.lock import Lock
 
 from coordinator.errors import PublishLeaseLost, UnknownXid
 from coordinator.multi import Multi
@@ -71,7 +70,7 @@ class PublishLease:
         self.store = store
         self.epoch = epoch
         self.path = store.layout.publisher(epoch)
-        self._lock = Lock(store.client, self.path, identifier=identity)
+        self._lock = store.client.Lock(self.path, identifier=identity)
         self.waited = False  # another holder was seen: the caller re-reads the xid
 
     @property

@@ -11,17 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 from kazoo.retry import KazooRetry
 
 from coordinator.layout import SinkLayout, unescape
+from coordinator.nodes import NodeStore
 from coordinator.records import BranchRecord, XidRecord, decode
 
 T = TypeVar("T")
 
 
-def default_retry(client: KazooClient) -> KazooRetry:
+def default_retry(client: NodeStore) -> KazooRetry:
     """Retry connection loss and session expiry for up to 60 s, backing off to 1 s.
 
     Long enough to ride out a ZooKeeper restart or a leader election; every coordinator
@@ -41,7 +41,7 @@ class SinkStore:
         branches = store.run(store.read_branches, 41)
     """
 
-    def __init__(self, client: KazooClient, layout: SinkLayout, retry: KazooRetry) -> None:
+    def __init__(self, client: NodeStore, layout: SinkLayout, retry: KazooRetry) -> None:
         self.client = client
         self.layout = layout
         self.sink_id = layout.sink_id
@@ -116,7 +116,7 @@ class SinkStore:
         return records
 
 
-def list_sinks(client: KazooClient, root: str) -> list[str]:
+def list_sinks(client: NodeStore, root: str) -> list[str]:
     """Sink ids with a tree under ``root`` (unescaped), sorted."""
     try:
         names = client.get_children(f"{SinkLayout(root, 'x').sinks}")

@@ -43,7 +43,8 @@ settings.load_profile("txsink")
 #: through another fixture, is marked ``servers``; the rest is the fast tier
 #: (``pytest -m "not servers"``: pure logic, no server, well under a minute).
 SERVER_FIXTURES = frozenset({"services", "spark", "clickhouse_url", "zk_hosts", "cluster",
-                             "modern_clickhouse", "server", "server_url"})
+                             "modern_clickhouse", "server", "server_url", "keepermap_url",
+                             "nodes"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -235,6 +236,77 @@ def zk(zk_hosts: str, zk_chroot: str) -> Iterator[KazooClient]:
     client.close()
 
 
+# -- The coordinator's two node stores -------------------------------------------------------
+# Coordinator tests that take ``nodes`` (a factory of started node stores, each rooted at the
+# test's own namespace) run once per store: ``[zookeeper]`` (kazoo, the test's chroot) and
+# ``[keepermap]`` (KeeperMap tables of the modern server, ``coordinator/keepermap.py``).
+
+STORES = ("zookeeper", "keepermap")
+RECORDS_DATABASE = "txsink_test_records"
+
+
+@pytest.fixture(scope="session")
+def keepermap_url(services: Services) -> str:
+    """A modern ClickHouse whose config names a ZooKeeper, so KeeperMap tables work:
+    ``TXSINK_KEEPERMAP_URL``, else the modern server of ``txsink services up --modern``."""
+    url = os.environ.get("TXSINK_KEEPERMAP_URL")
+    if url:
+        return url
+    server = services.modern
+    server.start()
+    return server.url
+
+
+@pytest.fixture(scope="session")
+def records_table(keepermap_url: str):
+    """The session's table of coordinator records (``server_ext.keepermap``)."""
+    from server_ext.keepermap import KeeperMapTable
+
+    table = KeeperMapTable(ClickHouseClient(keepermap_url), RECORDS_DATABASE, "records")
+    try:
+        table.create(f"/{RECORDS_DATABASE}/records")
+    except Exception as exc:  # noqa: BLE001 - say how to get a server that has it
+        pytest.fail(f"no KeeperMap table on {keepermap_url} ({exc}); a modern server "
+                    "started before its config named a ZooKeeper lacks it: restart it "
+                    "(txsink services down --modern-only; txsink services up --modern) or "
+                    "set TXSINK_KEEPERMAP_URL to one that has it")
+    return table
+
+
+@pytest.fixture(params=STORES)
+def store_kind(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def nodes(request, store_kind: str):
+    """A factory of started node stores of the test's own tree (see above): each call is
+    a new session, as a new kazoo client is; all are stopped after the test."""
+    opened: list = []
+    if store_kind == "zookeeper":
+        hosts = request.getfixturevalue("zk_hosts") + request.getfixturevalue("zk_chroot")
+
+        def open_store():
+            client = kazoo_client(hosts)
+            client.start(timeout=15)
+            opened.append(client)
+            return client
+    else:
+        from coordinator.keepermap import KeeperMapNodes
+
+        table = request.getfixturevalue("records_table")
+        namespace = f"/tests/{uuid.uuid4().hex[:10]}"
+
+        def open_store():
+            store = KeeperMapNodes(table, namespace=namespace)
+            opened.append(store)
+            return store
+    yield open_store
+    for store in opened:
+        store.stop()
+        store.close()
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One local SparkSession for the whole run (start-up costs ~6 s)."""
@@ -269,7 +341,8 @@ def modern_clickhouse(services: Services):
     """The modern ClickHouse (26.x from chdb; ``txsink services up --modern``).
 
     Started on first use and left running, like ``cluster``; ``txsink services down``
-    stops it. No ZooKeeper/Keeper there: Replicated tables are 18.16-only.
+    stops it. Its config names the local ZooKeeper for KeeperMap tables, but Replicated
+    tables stay read-only there: they are 18.16-only.
     """
     server = services.modern
     server.start()

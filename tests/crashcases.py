@@ -22,6 +22,12 @@ not marked published (``publish.after_attach``), ``Committed`` before its clean-
 (``commit.after_committed``: the replay must not write again) and ``Aborting``
 (``abort.after_decision``). Every step between them is tried in the batch suite.
 
+With the coordinator's records in KeeperMap (``km26``: the modern server with a
+``<zookeeper>`` section, ``coordinator=keepermap``, no ZooKeeper given to the sink) both
+suites try the points of ``STREAM_POINTS``: one per state a killed driver leaves its xid
+in. The store changes where the records live and how a dead driver's session ends (its
+expiry, reaped by the next reader), not the steps between the states.
+
 Why the ``move`` subset is sound:
 
 - Only publish depends on the strategy. ``branch.*`` (task side) and ``abort.*`` end in
@@ -52,7 +58,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from coordinator.steps import ABORT_AFTER_DECISION, COMMIT_AFTER_COMMITTED, COMMIT_AFTER_DECISION
-from tests.conftest import run_sql
+from tests.conftest import RECORDS_DATABASE, run_sql
 from txsink.crashpoints import BRANCH_AFTER_PREPARE, CRASH_POINTS
 from txsink.harness.chaos.crashrun import CrashPointRun
 
@@ -64,24 +70,39 @@ CLASSIC_POINTS = {"batch": CRASH_POINTS, "stream": STREAM_POINTS}
 MOVE_POINTS = {"batch": ("publish.after_attach",), "stream": ("publish.after_intent",)}
 
 
+#: The points tried with the coordinator's records in KeeperMap (``km26``: the modern
+#: server, strategy ``move``): one per state a killed driver leaves its xid in, as
+#: ``STREAM_POINTS`` (the store changes where the records live, not the steps).
+KEEPERMAP_POINTS = {"batch": STREAM_POINTS, "stream": STREAM_POINTS}
+
+
 def cases(mode: str) -> list:
     """``(server, point)`` for ``crash_run`` (the server, indirect) and ``point``; the ids
-    name the server."""
+    name the server (``km26``: the modern server with ``coordinator=keepermap``)."""
     return ([pytest.param("ch18", p, id=f"ch18-{p}") for p in CLASSIC_POINTS[mode]]
-            + [pytest.param("ch26", p, id=f"ch26-{p}") for p in MOVE_POINTS[mode]])
+            + [pytest.param("ch26", p, id=f"ch26-{p}") for p in MOVE_POINTS[mode]]
+            + [pytest.param("km26", p, id=f"km26-{p}")
+               for p in KEEPERMAP_POINTS.get(mode, ())])
 
 
 def crash_point_run(request, tmp_path_factory, zk_hosts: str, mode: str
                     ) -> Iterator[CrashPointRun]:
     """One long-lived pipeline (``mode`` batch or stream) on the server ``request.param``
     names, in a fresh database and ZooKeeper chroot; both are removed afterwards."""
-    url = request.getfixturevalue("clickhouse_url" if request.param == "ch18"
-                                  else "modern_clickhouse_url")
+    url = request.getfixturevalue({"ch18": "clickhouse_url", "ch26": "modern_clickhouse_url",
+                                   "km26": "keepermap_url"}[request.param])
     db, chroot = f"t_{uuid.uuid4().hex[:10]}", f"/tests/{uuid.uuid4().hex[:10]}"
-    points = len((CLASSIC_POINTS if request.param == "ch18" else MOVE_POINTS)[mode])
+    points = len({"ch18": CLASSIC_POINTS, "ch26": MOVE_POINTS,
+                  "km26": KEEPERMAP_POINTS}[request.param][mode])
+    options = {}
+    if request.param == "km26":  # the records in KeeperMap, the sink given no ZooKeeper
+        request.getfixturevalue("records_table")
+        options = {"coordinator": "keepermap", "records_table": f"{RECORDS_DATABASE}.records",
+                   "zk_root": chroot}  # a root of its own in the shared records table
     run = CrashPointRun(tmp_path_factory.mktemp(f"crash-{mode}-{request.param}"), url,
                         zk_hosts + chroot, f"{db}.events", mode=mode,
-                        standby=min(2, points))  # warm drivers to restart with
+                        standby=min(2, points),  # warm drivers to restart with
+                        options=options)
     admin = KazooClient(hosts=zk_hosts)
     admin.start(timeout=15)
     admin.ensure_path(chroot)

@@ -45,9 +45,13 @@ def staging_tables(url: str, options: dict[str, str]) -> list[str]:
     """Staging tables of the sinks of ``options``' coordinator root (tests running beside
     this one write into the same staging database under other roots)."""
     from server_ext.staging import root_tag
-    from txsink.options import root_identity
+    from txsink.options import parse_options, root_identity
 
-    tag = root_tag(root_identity(options["zookeeper"], options.get("zk_root", "/txsink")))
+    if options.get("coordinator") == "keepermap":  # the root is the records table's
+        identity = parse_options({"url": url, "table": "x.y", **options}, env={}).root_identity
+    else:
+        identity = root_identity(options["zookeeper"], options.get("zk_root", "/txsink"))
+    tag = root_tag(identity)
     body = run_sql(url, "SELECT name FROM system.tables WHERE database = 'txsink_staging'")
     return [name for name in body.split() if name.endswith(f"_r{tag}")]
 
@@ -59,9 +63,13 @@ def staging_insert_settings(url: str, options: dict[str, str],
     ``system.query_log`` ('' where the INSERT did not set it; the modern test server keeps
     the log, 18.16 logs no settings)."""
     from server_ext.staging import root_tag
-    from txsink.options import root_identity
+    from txsink.options import parse_options, root_identity
 
-    tag = root_tag(root_identity(options["zookeeper"], options.get("zk_root", "/txsink")))
+    if options.get("coordinator") == "keepermap":  # the root is the records table's
+        identity = parse_options({"url": url, "table": "x.y", **options}, env={}).root_identity
+    else:
+        identity = root_identity(options["zookeeper"], options.get("zk_root", "/txsink"))
+    tag = root_tag(identity)
     run_sql(url, "SYSTEM FLUSH LOGS")
     body = run_sql(url, (
         f"SELECT Settings['{setting}'] FROM system.query_log WHERE type = 'QueryFinish' "

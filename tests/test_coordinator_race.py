@@ -1,33 +1,32 @@
 """Concurrent coordinators on one sink: the compare-and-set lets exactly one decide.
 
-Every contender runs in its own thread with its own ZooKeeper session, released at the
-same instant by a barrier.
+Every contender runs in its own thread with its own session (ZooKeeper, or a KeeperMap
+store instance), released at the same instant by a barrier; on both node stores.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from kazoo.client import KazooClient
 
 from coordinator import Coordinator, XidDecided, XidState
+from coordinator.nodes import NodeStore
 from tests.test_coordinator_support import SINK, Target, new_coordinator, prepared_branches
 
 CONTENDERS = 6
 
 
 @pytest.fixture
-def sessions(zk_hosts: str, zk_chroot: str) -> Iterator[list[KazooClient]]:
-    clients = [KazooClient(hosts=zk_hosts + zk_chroot) for _ in range(CONTENDERS)]
-    for client in clients:
-        client.start(timeout=15)
-    yield clients
-    for client in clients:
-        client.stop()
-        client.close()
+def zk(nodes: Callable[[], NodeStore]) -> NodeStore:
+    return nodes()
+
+
+@pytest.fixture
+def sessions(nodes: Callable[[], NodeStore]) -> list[NodeStore]:
+    return [nodes() for _ in range(CONTENDERS)]
 
 
 class LockedTarget(Target):
@@ -62,7 +61,7 @@ def race(calls: list[Callable[[], object]]) -> list[object]:
 
 
 def test_concurrent_commits_with_different_winners_record_exactly_one_decision(
-        zk: KazooClient, sessions: list[KazooClient]) -> None:
+        zk: NodeStore, sessions: list[NodeStore]) -> None:
     driver, generation = new_coordinator(zk)
     driver.begin(1, generation)
     branches = prepared_branches(driver, 1, generation, CONTENDERS)
@@ -81,7 +80,7 @@ def test_concurrent_commits_with_different_winners_record_exactly_one_decision(
 
 @pytest.mark.parametrize("round_", range(4))
 def test_concurrent_commit_and_abort_exactly_one_succeeds(
-        zk: KazooClient, sessions: list[KazooClient], round_: int) -> None:
+        zk: NodeStore, sessions: list[NodeStore], round_: int) -> None:
     driver, generation = new_coordinator(zk)
     driver.begin(round_, generation)
     winners = prepared_branches(driver, round_, generation, 2)
@@ -100,14 +99,14 @@ def test_concurrent_commit_and_abort_exactly_one_succeeds(
 
 
 def test_concurrent_fences_hand_out_distinct_generations(
-        zk: KazooClient, sessions: list[KazooClient]) -> None:
+        zk: NodeStore, sessions: list[NodeStore]) -> None:
     results = race([Coordinator(client, SINK).fence for client in sessions])
     assert sorted(results) == list(range(1, CONTENDERS + 1))  # type: ignore[type-var]
 
 
 def test_concurrent_epoch_allocations_never_hand_out_an_epoch_twice(
-        zk: KazooClient, sessions: list[KazooClient]) -> None:
-    def allocate_five(client: KazooClient) -> list[int]:
+        zk: NodeStore, sessions: list[NodeStore]) -> None:
+    def allocate_five(client: NodeStore) -> list[int]:
         coord = Coordinator(client, SINK)
         return [coord.allocate_epoch() for _ in range(5)]
 
@@ -117,7 +116,7 @@ def test_concurrent_epoch_allocations_never_hand_out_an_epoch_twice(
 
 
 def test_concurrent_branch_registrations_all_land(
-        zk: KazooClient, sessions: list[KazooClient]) -> None:
+        zk: NodeStore, sessions: list[NodeStore]) -> None:
     driver, generation = new_coordinator(zk)
     driver.begin(1, generation)
     tasks = [Coordinator(client, SINK) for client in sessions]
@@ -127,6 +126,6 @@ def test_concurrent_branch_registrations_all_land(
 
 
 def test_concurrent_claims_by_the_tasks_of_one_run_share_one_generation(
-        zk: KazooClient, sessions: list[KazooClient]) -> None:
+        zk: NodeStore, sessions: list[NodeStore]) -> None:
     results = race([lambda c=c: Coordinator(c, SINK).claim("run-a") for c in sessions])
     assert set(results) == {1}  # type: ignore[arg-type]

@@ -1,4 +1,5 @@
-"""Random interleavings of the whole protocol against the real ZooKeeper.
+"""Random interleavings of the whole protocol on both node stores (the real ZooKeeper, and
+KeeperMap tables of the real modern ClickHouse).
 
 A hypothesis state machine drives begin / register / prepare / select+commit / abort,
 each possibly crashing at any step (``on_step`` raising) or with a publish that fails,
@@ -17,6 +18,7 @@ trying), over three xids. After every step it reads the records back and checks:
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -27,7 +29,6 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from kazoo.client import KazooClient
 
 from coordinator import (
     BranchRecord,
@@ -43,6 +44,7 @@ from coordinator import (
     XidDecided,
     XidState,
 )
+from coordinator.nodes import NodeStore
 from tests.test_coordinator_support import Crash, Target, crash_at
 
 EPOCHS = (0, 1, 2)
@@ -64,12 +66,11 @@ COMMITTED_SIDE = (XidState.COMMITTING, XidState.COMMITTED)
 
 
 class ProtocolMachine(RuleBasedStateMachine):
-    hosts = "127.0.0.1:2181"
+    open_store: Callable[[], NodeStore]  # set by the test: a started store of either kind
 
     def __init__(self) -> None:
         super().__init__()
-        self.client = KazooClient(hosts=self.hosts)
-        self.client.start(timeout=15)
+        self.client = type(self).open_store()
         self.root = f"/tests/stateful-{uuid.uuid4().hex[:10]}"
         self.target = Target()
         self.writers: list[tuple[Coordinator, int]] = []  # last one is current
@@ -236,8 +237,8 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.last_seen = last
 
 
-def test_random_interleavings_keep_every_invariant(zk_hosts: str) -> None:
-    ProtocolMachine.hosts = zk_hosts
+def test_random_interleavings_keep_every_invariant(nodes: Callable[[], NodeStore]) -> None:
+    ProtocolMachine.open_store = staticmethod(nodes)  # type: ignore[assignment]
     run_state_machine_as_test(ProtocolMachine, settings=settings(
         max_examples=30, stateful_step_count=30, deadline=None, derandomize=False,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))

@@ -1,4 +1,5 @@
-"""Every operation from every xid state, allowed and refused, against the real ZooKeeper.
+"""Every operation from every xid state, allowed and refused, on both node stores (the
+real ZooKeeper, and KeeperMap tables of the real modern ClickHouse).
 
 Each xid under test has two prepared branches (the winners of a commit) and one branch
 that registered but never prepared (a failed task attempt).
@@ -6,8 +7,9 @@ that registered but never prepared (a failed task attempt).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
-from kazoo.client import KazooClient
 
 from coordinator import (
     BranchState,
@@ -21,6 +23,7 @@ from coordinator import (
     XidDecided,
     XidState,
 )
+from coordinator.nodes import NodeStore
 from tests.test_coordinator_support import (
     Crash,
     Target,
@@ -35,7 +38,13 @@ LOSER = "p9-a0-failed00"
 
 
 @pytest.fixture
-def driver(zk: KazooClient) -> tuple[Coordinator, int]:
+def zk(nodes: Callable[[], NodeStore]) -> NodeStore:
+    """The test's node store: ZooKeeper or KeeperMap (``nodes`` in conftest)."""
+    return nodes()
+
+
+@pytest.fixture
+def driver(zk: NodeStore) -> tuple[Coordinator, int]:
     return new_coordinator(zk)
 
 
@@ -408,7 +417,7 @@ def test_abort_rolls_back_every_branch_and_publishes_nothing(
     assert {b.state for b in coord.branches(EPOCH)} == {BranchState.ABORTED}
 
 
-def test_begin_by_a_newer_generation_adopts_an_initialized_xid(zk: KazooClient) -> None:
+def test_begin_by_a_newer_generation_adopts_an_initialized_xid(zk: NodeStore) -> None:
     old, old_generation = new_coordinator(zk)
     old.begin(EPOCH, old_generation)
     new, new_generation = new_coordinator(zk)
@@ -419,7 +428,7 @@ def test_begin_by_a_newer_generation_adopts_an_initialized_xid(zk: KazooClient) 
 
 
 def test_begin_by_a_newer_generation_starts_a_new_attempt_of_an_aborted_xid(
-        zk: KazooClient) -> None:
+        zk: NodeStore) -> None:
     old, old_generation = new_coordinator(zk)
     bring_to(old, old_generation, X.ABORTED)
     new, new_generation = new_coordinator(zk)
@@ -429,7 +438,7 @@ def test_begin_by_a_newer_generation_starts_a_new_attempt_of_an_aborted_xid(
         X.INITIALIZED, 2, new_generation)
 
 
-def test_a_branch_of_an_aborted_attempt_can_never_win(zk: KazooClient) -> None:
+def test_a_branch_of_an_aborted_attempt_can_never_win(zk: NodeStore) -> None:
     old, old_generation = new_coordinator(zk)
     old_winners = bring_to(old, old_generation, X.ABORTED)
     new, new_generation = new_coordinator(zk)
@@ -440,7 +449,7 @@ def test_a_branch_of_an_aborted_attempt_can_never_win(zk: KazooClient) -> None:
     assert not target.visible
 
 
-def test_a_branch_of_an_aborted_attempt_cannot_register_again(zk: KazooClient) -> None:
+def test_a_branch_of_an_aborted_attempt_cannot_register_again(zk: NodeStore) -> None:
     old, old_generation = new_coordinator(zk)
     old_winners = bring_to(old, old_generation, X.ABORTED)
     new, new_generation = new_coordinator(zk)
@@ -449,7 +458,7 @@ def test_a_branch_of_an_aborted_attempt_cannot_register_again(zk: KazooClient) -
         new.register_branch(EPOCH, old_winners[0], new_generation, owner={})
 
 
-def test_a_new_attempt_commits_only_its_own_branches(zk: KazooClient) -> None:
+def test_a_new_attempt_commits_only_its_own_branches(zk: NodeStore) -> None:
     old, old_generation = new_coordinator(zk)
     bring_to(old, old_generation, X.ABORTED)
     new, new_generation = new_coordinator(zk)
@@ -473,7 +482,7 @@ def test_select_and_metrics_keep_the_state_and_add_no_history(
     assert after.selected == tuple(winners[:1]) and after.metrics == {"rows": 3}
 
 
-def test_reset_marks_an_epoch_committed_with_the_reset_move(zk: KazooClient) -> None:
+def test_reset_marks_an_epoch_committed_with_the_reset_move(zk: NodeStore) -> None:
     """``txsink reset --committed-through`` writes its marker xid through the table's
     ``Unknown → Committed`` move, replacing an aborted xid of that epoch."""
     coord, generation = new_coordinator(zk)

@@ -15,7 +15,10 @@ the sink while jobs commit, and judges each job by the outcome of its xid.
 Every test runs once per server and publish strategy (fixture ``sink``, ids such as
 ``[ch18-attach_marked-...]``): on ClickHouse 18.16 with a plain target (``attach_marked``)
 and a Replicated one (``attach_replicated``), and on the modern server with a plain target
-(``move``). The modern server has no ZooKeeper/Keeper, so no Replicated target there.
+(``move``), with the coordinator's records in ZooKeeper and, ``[km26-move]``, in KeeperMap
+tables of that server (``coordinator=keepermap``: the sink is given no ZooKeeper; a
+session "expires" when its process stops refreshing it). Replicated tables stay read-only
+on the modern server, so no Replicated target there.
 """
 
 from __future__ import annotations
@@ -33,10 +36,12 @@ from pyspark.sql.types import DateType, DoubleType, LongType, StringType, Struct
 
 import txsink.crashpoints
 from coordinator import Coordinator, SinkTakenOver, XidDecided, XidState
-from tests.conftest import kazoo_client, run_sql
+from coordinator.keepermap import CLOCK_MARGIN
+from coordinator.nodes import NodeStore
+from tests.conftest import RECORDS_DATABASE, kazoo_client, run_sql
 from tests.sinkutil import assert_exactly_once, id_counts, staging_tables
 from tests.test_coordinator_session import expire_session
-from txsink import driver
+from txsink import connections, driver
 from txsink.datasource import ClickHouseTxDataSource
 from txsink.harness.chaos.pipeline import create_fed_view, fed_table
 from txsink.operations import Operations
@@ -52,8 +57,11 @@ ENGINES = {
     "attach_replicated": "ReplicatedMergeTree('/clickhouse/tables/{db}/events', '{{replica}}')",
     "move": "MergeTree()",
 }
-# (server, strategy the sink picks there): what ``sink`` runs each test with
-SERVER_STRATEGIES = [("ch18", "attach_marked"), ("ch18", "attach_replicated"), ("ch26", "move")]
+# (server, strategy the sink picks there): what ``sink`` runs each test with; ``km26``: the
+# modern server with the coordinator's records in KeeperMap (``coordinator=keepermap``)
+SERVER_STRATEGIES = [("ch18", "attach_marked"), ("ch18", "attach_replicated"), ("ch26", "move"),
+                     ("km26", "move")]
+
 
 
 def task_batch(start: int, count: int) -> pa.RecordBatch:
@@ -69,13 +77,27 @@ def task_batch(start: int, count: int) -> pa.RecordBatch:
 class Sink:
     """One sink of the target table, and the ways actors reach it."""
 
-    def __init__(self, url: str, zk_hosts: str, table: str) -> None:
+    def __init__(self, url: str, zk_hosts: str, table: str, keepermap: bool = False) -> None:
         self.url = url
         self.zk_hosts = zk_hosts
-        self.options = {"url": url, "table": table, "zookeeper": zk_hosts,
+        self.keepermap = keepermap  # records in KeeperMap: the sink is given no ZooKeeper
+        store = ({"coordinator": "keepermap", "records_table": f"{RECORDS_DATABASE}.records"}
+                 if keepermap else {"zookeeper": zk_hosts})
+        self.options = {"url": url, "table": table, **store,
                         "sink_id": f"race-{uuid.uuid4().hex[:8]}",
                         "zk_root": f"/txsink-race-{uuid.uuid4().hex[:8]}"}
         self.table = table
+
+    def store_args(self) -> dict[str, str]:
+        """The operator's arguments for the sink's store."""
+        return ({"coordinator": "keepermap", "records_table": self.options["records_table"]}
+                if self.keepermap else {})
+
+    def session(self) -> NodeStore:
+        """A session of the sink's store of its own (a process of another actor)."""
+        if self.keepermap:
+            return connections.records(parse_options(self.options), shared=False)
+        return started_client(self.zk_hosts)
 
     def run_job(self, first_id: int) -> int:
         """One batch job: plan (fence + recovery), TASKS task attempts, commit. Its epoch."""
@@ -88,7 +110,8 @@ class Sink:
 
     def recover(self) -> dict:
         """``txsink recover --sink S``: its own ZooKeeper session, as the command has."""
-        ops = Operations(self.zk_hosts, zk_root=self.options["zk_root"], url=self.url)
+        ops = Operations(self.zk_hosts, zk_root=self.options["zk_root"], url=self.url,
+                         **self.store_args())
         try:
             return ops.recover(self.options["sink_id"])
         finally:
@@ -99,7 +122,7 @@ class Sink:
 
         It waits 1 s for a lease holder instead of the driver's 15 s: the holder here is
         alive and held until this actor returns."""
-        client = started_client(self.zk_hosts)
+        client = self.session()
         try:
             coord = Coordinator(client, self.options["sink_id"], root=self.options["zk_root"],
                                 role="second driver")
@@ -117,7 +140,7 @@ class Sink:
         for table in (self.table, fed_table(self.table)):
             assert_exactly_once(self.url, table, ids)
 
-    def coordinator(self, client: KazooClient) -> Coordinator:
+    def coordinator(self, client: NodeStore) -> Coordinator:
         return Coordinator(client, self.options["sink_id"], root=self.options["zk_root"])
 
 
@@ -175,15 +198,17 @@ def hold_at(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, Callable[[], obje
 @pytest.fixture(params=SERVER_STRATEGIES, ids=[f"{s}-{e}" for s, e in SERVER_STRATEGIES])
 def sink(request, zk_hosts: str) -> Iterator[Sink]:
     server, strategy = request.param
-    url = request.getfixturevalue("clickhouse_url" if server == "ch18"
-                                  else "modern_clickhouse_url")
+    url = request.getfixturevalue({"ch18": "clickhouse_url", "ch26": "modern_clickhouse_url",
+                                   "km26": "keepermap_url"}[server])
+    if server == "km26":
+        request.getfixturevalue("records_table")
     db = f"t_{uuid.uuid4().hex[:10]}"
     run_sql(url, f"CREATE DATABASE `{db}`")
     run_sql(url, f"CREATE TABLE `{db}`.`events` (id UInt64, day Date, name String, "
                  f"value Float64) ENGINE = {ENGINES[strategy].format(db=db)} "
                  "PARTITION BY toYYYYMM(day) ORDER BY id")
     create_fed_view(url, f"{db}.events")  # every row must reach the view's table too
-    sink = Sink(url, zk_hosts, f"{db}.events")
+    sink = Sink(url, zk_hosts, f"{db}.events", keepermap=server == "km26")
     assert check_target(parse_options(sink.options), SCHEMA).strategy == strategy  # the id's
     yield sink
     run_sql(url, f"DROP DATABASE IF EXISTS `{db}`")
@@ -218,18 +243,25 @@ def test_second_driver_starting_while_the_job_is_at_step_leaves_every_row_once(
 @pytest.mark.parametrize("step", ["publish.after_intent", "publish.after_attach"])
 def test_job_whose_session_expired_at_step_yields_to_recover_and_rows_appear_once(
         sink: Sink, hold_at, step: str) -> None:
-    from txsink import connections
-
     def expire_then_recover() -> dict:
-        expire_session(connections.zookeeper(sink.zk_hosts), sink.zk_hosts)
+        if sink.keepermap:  # the job's process freezes past its session's expiry
+            store = connections.records(parse_options(sink.options))
+            store.suspend_heartbeat()
+            time.sleep(store.session_timeout + CLOCK_MARGIN + 0.5)
+        else:
+            expire_session(connections.zookeeper(sink.zk_hosts), sink.zk_hosts)
         return sink.recover()
 
     reports = hold_at(step, expire_then_recover)
-    epoch = sink.run_job(0)
+    try:
+        epoch = sink.run_job(0)
+    finally:
+        if sink.keepermap:
+            connections.records(parse_options(sink.options)).resume_heartbeat()
     sink.assert_exactly_once(range(TASKS * ROWS_PER_TASK))
     (report,) = reports
     assert any("rolled_forward" in a for a in report["sinks"][0]["actions"])
-    client = started_client(sink.zk_hosts)
+    client = sink.session()
     try:
         assert sink.coordinator(client).xid(epoch).state is XidState.COMMITTED
     finally:

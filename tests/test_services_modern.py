@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -81,7 +82,7 @@ def test_capabilities_pick_move_and_see_no_keeper(modern_clickhouse: ModernClick
     caps = detect_capabilities(ClickHouseClient(modern_clickhouse.url))
     assert caps.version[0] == 26
     assert caps.move_partition
-    assert not caps.keeper  # no ZooKeeper/Keeper in chdb's server mode
+    assert not caps.keeper  # no system.zookeeper in chdb's server mode: Replicated stays off
     assert choose_strategy(caps, SimpleNamespace(replicated=False)) == "move"
 
 
@@ -122,6 +123,25 @@ def test_stop_and_start_keep_the_data(private: Services) -> None:
 
     private.up(modern_only=True)
     assert run_sql(server.url, "SELECT id FROM kept.t ORDER BY id") == "1\n2\n"
+
+
+def test_up_modern_gives_the_server_a_keeper_for_keepermap_tables(private: Services) -> None:
+    """``services up --modern`` writes the ``<zookeeper>`` section the keepermap store
+    needs (the ZooKeeper is the server's); ``--modern-only`` starts none and writes none."""
+    server = private.modern
+    server.start()
+    config = server.config_file.read_text()
+    assert f"<port>{private.zookeeper.port}</port>" in config
+    assert "<keeper_map_path_prefix>" in config
+    name = f"km_{uuid.uuid4().hex[:8]}"
+    run_sql(server.url, f"CREATE TABLE default.{name} (k String, v String) "
+                        f"ENGINE = KeeperMap('/{name}') PRIMARY KEY k")
+    run_sql(server.url, f"INSERT INTO default.{name} VALUES ('a', '1')")
+    assert run_sql(server.url, f"SELECT v FROM default.{name}") == "1\n"
+    run_sql(server.url, f"DROP TABLE default.{name} SYNC")
+    private.down(modern_only=True)
+    private.up(modern_only=True)
+    assert "<zookeeper>" not in server.config_file.read_text()
 
 
 def test_a_taken_port_is_named(private: Services) -> None:

@@ -99,6 +99,27 @@ def _print_https(clickhouse) -> None:
         print(f"warning: {problem}", file=sys.stderr)
 
 
+def _records(args: argparse.Namespace, credentials: dict[str, str]) -> int:
+    """``txsink records create``: the records table of ``coordinator=keepermap``."""
+    from server_ext.keepermap import KeeperMapTable
+    from txsink import connections
+
+    database, _, table = args.records_table.partition(".")
+    if not table:
+        raise ValueError(f"--records-table {args.records_table!r} must be database.table")
+    client = connections.clickhouse_client(args.records_url or args.url,
+                                           credentials.get("user"), credentials.get("password"))
+    records = KeeperMapTable(client, database, table)
+    records.create(args.keeper_path)
+    problem = records.problem()
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 1
+    print(f"{args.records_table} on {client.url}: ready for coordinator=keepermap "
+          f"(records_table={args.records_table})")
+    return 0
+
+
 def _operations(args: argparse.Namespace) -> int:
     from server_ext.sharding import url_problem
     from txsink import operations
@@ -110,10 +131,14 @@ def _operations(args: argparse.Namespace) -> int:
     credentials = credentials_from(os.environ)
     ca_file = os.environ.get(ZOOKEEPER_CA_FILE_VARIABLE) or None
     require_file(ZOOKEEPER_CA_FILE_VARIABLE, ca_file)
+    if args.command == "records":
+        return _records(args, credentials)
     ops = operations.Operations(
         zookeeper=args.zookeeper, zk_root=args.zk_root, url=getattr(args, "url", None),
         user=credentials.get("user"), password=credentials.get("password"),
         zookeeper_auth=credentials.get("zookeeper_auth"), zookeeper_ca_file=ca_file,
+        coordinator=args.coordinator, records_url=args.records_url,
+        records_table=args.records_table,
     )
     try:
         if args.command == "status":
@@ -264,12 +289,26 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--zookeeper", default="127.0.0.1:2181", help="host:port[/chroot]")
         p.add_argument("--zk-root", default="/txsink", type=_zk_root,
                        help="root of the sinks' records in ZooKeeper (the sinks' zk_root)")
+        p.add_argument("--coordinator", choices=("zookeeper", "keepermap"),
+                       default="zookeeper", help="where the sinks keep their records (the "
+                       "sinks' coordinator option); keepermap: --records-url/--records-table")
+        p.add_argument("--records-url", help="keepermap: the ClickHouse of the records "
+                       "table (default: --url)")
+        p.add_argument("--records-table", default="txsink.records",
+                       help="keepermap: database.table of the records (the sinks' "
+                       "records_table)")
         p.add_argument("--json", action="store_true", help="machine-readable output")
         if url:
             p.add_argument("--url", default="http://127.0.0.1:8123", help="ClickHouse HTTP URL")
         p.set_defaults(func=_operations)
         return p
 
+    records = ops_parser("records", "create the KeeperMap table of the coordinator's "
+                         "records (coordinator=keepermap)", url=True)
+    records.add_argument("action", choices=("create",),
+                         help="create: the table, with its format row (idempotent)")
+    records.add_argument("--keeper-path", default="/txsink_records",
+                         help="the table's path in the server's Keeper")
     status = ops_parser("status", "sinks, committed epochs, in-doubt xids, metrics", url=False,
                         credentials=True)
     status.add_argument("--sink", help="only this sink id")

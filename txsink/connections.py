@@ -1,27 +1,36 @@
-"""Per-process clients for ClickHouse and ZooKeeper.
+"""Per-process clients for ClickHouse and the coordinator's node store.
 
 Spark reuses its Python workers across tasks, so a worker keeps one kazoo session per
-ensemble and one HTTP connection pool per ClickHouse URL and user instead of paying
-the ~16 ms ZooKeeper handshake on every task.
+ensemble (or one KeeperMap store session per records table) and one HTTP connection pool
+per ClickHouse URL and user instead of paying the ~16 ms ZooKeeper handshake on every task.
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 
 from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
 from coordinator import AccessDenied, Coordinator, DigestAuth, ZooKeeperTLS, tls_hint
+from coordinator.keepermap import KeeperMapNodes
+from coordinator.nodes import NodeStore
 from server_ext.client import DEFAULT_RETRIES, DEFAULT_TIMEOUT, ClickHouseClient
+from server_ext.keepermap import KeeperMapTable
 from txsink import crashpoints
-from txsink.options import SinkOptions
+from txsink.options import KEEPERMAP, SinkOptions
 
 _lock = threading.Lock()
 _zk: dict[tuple[str, str | None, str | None], KazooClient] = {}  # (hosts, credentials, CA)
 _allowed: set[tuple[str, str | None, str, str]] = set()  # sinks this process may read
 _ch: dict[tuple[str, str | None, str | None, float, int, str | None], ClickHouseClient] = {}
+_records: dict[tuple[int, str, str | None, str], KeeperMapNodes] = {}  # (pid, url, user, table)
+
+
+class RecordsUnusable(ValueError):
+    """The KeeperMap table named for the coordinator's records cannot hold them."""
 
 
 class ZooKeeperUnreachable(ConnectionError):
@@ -99,18 +108,53 @@ def clickhouse(options: SinkOptions, url: str | None = None) -> ClickHouseClient
                              ca_file=options.ca_file)
 
 
+def records(options: SinkOptions, *, shared: bool = True) -> KeeperMapNodes:
+    """The process's KeeperMap node store for the options' records table
+    (``coordinator=keepermap``): one session per process (a forked worker makes its own);
+    ``shared=False``: a session of its own (an operator command, which stops it).
+
+    The table is checked once per process before its first use: a server without
+    KeeperMap or without Keeper, a missing table and a table of another format are
+    refused with :class:`RecordsUnusable` naming the problem, before anything is staged.
+    """
+    database, table = options.records_table.split(".", 1)
+    key = (os.getpid(), options.records_server, options.user, options.records_table)
+    with _lock:
+        store = _records.get(key)
+        if store is not None:
+            return store if shared else KeeperMapNodes(store.table)
+    records_table = KeeperMapTable(clickhouse(options, options.records_server), database, table)
+    problem = records_table.problem()
+    if problem is not None:
+        raise RecordsUnusable(f"coordinator=keepermap: {problem}")
+    if not shared:
+        return KeeperMapNodes(records_table)
+    with _lock:
+        return _records.setdefault(key, KeeperMapNodes(records_table))
+
+
+def node_store(options: SinkOptions) -> NodeStore:
+    """Where the options keep the coordinator's records: a kazoo client or the KeeperMap
+    store (the option ``coordinator``)."""
+    if options.coordinator == KEEPERMAP:
+        return records(options)
+    return zookeeper(options.zookeeper, auth=options.zookeeper_auth,
+                     ca_file=options.zookeeper_ca_file)
+
+
 def coordinator(options: SinkOptions, sink_id: str) -> Coordinator:
     """The sink's coordinator; its commit and abort steps pass the named crash points.
 
     A sink whose records this session may not read (their ACL names other credentials)
     is refused here with :class:`AccessDenied`, before anything is claimed or staged; so
     is an existing tree that is damaged or, with ``zookeeper_auth``, not protected by
-    this writer's credentials (``Coordinator.check_tree``), once per process and sink.
+    this writer's credentials (``Coordinator.check_tree``), once per process and sink;
+    with ``coordinator=keepermap``, a records table that cannot hold the records
+    (:class:`RecordsUnusable`).
     """
-    client = zookeeper(options.zookeeper, auth=options.zookeeper_auth,
-                       ca_file=options.zookeeper_ca_file)
+    client = node_store(options)
     coord = Coordinator(client, sink_id, root=options.zk_root, on_step=crashpoints.hit)
-    key = (options.zookeeper, options.zookeeper_auth, options.zk_root, sink_id)
+    key = (options.root_identity, options.zookeeper_auth, options.zk_root, sink_id)
     if key not in _allowed:
         if not coord.readable():
             raise AccessDenied(
@@ -124,6 +168,9 @@ def coordinator(options: SinkOptions, sink_id: str) -> Coordinator:
 
 @atexit.register
 def _close() -> None:
+    for key, store in list(_records.items()):
+        if key[0] == os.getpid():  # ends the session: its liveness holders go at once
+            store.stop()
     for client in list(_zk.values()):
         try:
             client.stop()

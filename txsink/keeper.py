@@ -6,8 +6,8 @@ that worker's session (``coordinator/liveness.py``) would vanish mid-job and the
 would look abandoned. So the planner starts a keeper, detached in its own session (a
 kill of the driver's process group leaves it), which joins the xid's holders and holds
 until the xid is decided or the Spark driver process (the nearest ``java`` ancestor of
-the planner, else its parent) is gone. Then it ends its ZooKeeper session, and with it
-the holder: ``txsink recover``/``gc`` see the writer gone.
+the planner, else its parent) is gone. Then it ends its session (ZooKeeper's, or the
+KeeperMap store's), and with it the holder: ``txsink recover``/``gc`` see the writer gone.
 
 Contract: :func:`start` returns once the keeper holds (True) or failed (False, logged);
 the caller keeps its own holder until the keeper holds. :func:`hand_over` does that in a
@@ -80,12 +80,22 @@ def _alive(pid: int, started: str | None) -> bool:
     return fields[0] != "Z" and (started is None or fields[19] == started)
 
 
+#: the options a keeper needs to reach the node store (credentials included: they travel
+#: on the keeper's stdin, never on its command line)
+STORE_FIELDS = ("url", "user", "password", "timeout", "retries", "ca_file", "zookeeper",
+                "zookeeper_auth", "zookeeper_ca_file", "coordinator", "records_url",
+                "records_table")
+
+
+def store_settings(options: SinkOptions) -> dict[str, object]:
+    return {name: getattr(options, name) for name in STORE_FIELDS}
+
+
 def start(options: SinkOptions, sink_id: str, epoch: int) -> bool:
     """Start a keeper for xid ``(sink_id, epoch)``; True once it holds."""
     watched = driver_pid()
     fields = _stat(watched)
-    settings = {"zookeeper": options.zookeeper, "zookeeper_auth": options.zookeeper_auth,
-                "zookeeper_ca_file": options.zookeeper_ca_file, "zk_root": options.zk_root,
+    settings = {"store": store_settings(options), "zk_root": options.zk_root,
                 "sink_id": sink_id, "epoch": epoch, "pid": watched,
                 "started": fields[19] if fields else None}
     try:
@@ -149,10 +159,9 @@ def keep(settings: dict) -> int:
     """The keeper's body: join the holders, hold until the xid is decided or the
     driver is gone."""
     from coordinator import XidState
-    from txsink.connections import zookeeper
+    from txsink.connections import node_store
 
-    client = zookeeper(settings["zookeeper"], auth=settings["zookeeper_auth"],
-                       ca_file=settings["zookeeper_ca_file"])
+    client = node_store(SinkOptions(table="", **settings["store"]))
     coord = Coordinator(client, settings["sink_id"], root=settings["zk_root"])
     epoch = int(settings["epoch"])
     if not coord.hold(epoch, "batch keeper"):

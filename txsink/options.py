@@ -44,6 +44,16 @@ TX_EPOCH = "txsink.tx.epoch"
 TX_GENERATION = "txsink.tx.generation"
 
 
+#: Where the coordinator's records live: ZooKeeper (or Keeper) through kazoo, or KeeperMap
+#: tables of a ClickHouse the sink writes to (``coordinator/keepermap.py``).
+ZOOKEEPER, KEEPERMAP = "zookeeper", "keepermap"
+STORES = (ZOOKEEPER, KEEPERMAP)
+DEFAULT_RECORDS_TABLE = "txsink.records"
+#: options that name one store only: giving them with the other store names both
+STORE_OPTIONS = {ZOOKEEPER: ("zookeeper", "zookeeper_auth", "zookeeper_ca_file"),
+                 KEEPERMAP: ("records_url", "records_table")}
+
+
 class OptionError(ValueError):
     """An option is missing, unknown or has a value that cannot be used."""
 
@@ -54,7 +64,7 @@ class SinkOptions:
 
     url: str
     table: str
-    zookeeper: str
+    zookeeper: str  # "" with coordinator=keepermap
     user: str | None = None
     password: str | None = field(default=None, repr=False)
     zookeeper_auth: str | None = field(default=None, repr=False)  # user:password (digest)
@@ -77,6 +87,9 @@ class SinkOptions:
     materialized_views: str = "stage"  # one of VIEW_CHOICES
     # partitions one write's rows may span (server_ext.partition_bound); 0: no bound
     max_partitions_per_job: int = DEFAULT_PARTITION_LIMIT
+    coordinator: str = ZOOKEEPER  # where the coordinator's records live: one of STORES
+    records_url: str | None = None  # keepermap: the server of the records table (else url)
+    records_table: str = DEFAULT_RECORDS_TABLE  # keepermap: database.table of the records
     tx_epoch: int | None = None
     tx_generation: int | None = None
 
@@ -92,8 +105,16 @@ class SinkOptions:
 
     @property
     def root_identity(self) -> str:
-        """The coordinator root this sink's xids live under (see :func:`root_identity`)."""
+        """The coordinator root this sink's xids live under (see :func:`root_identity`);
+        with the KeeperMap store, the records table's name before ``zk_root``."""
+        if self.coordinator == KEEPERMAP:
+            return f"/keepermap/{self.records_table}{root_identity('', self.zk_root)}"
         return root_identity(self.zookeeper, self.zk_root)
+
+    @property
+    def records_server(self) -> str:
+        """The ClickHouse whose KeeperMap table holds the records (``coordinator=keepermap``)."""
+        return self.records_url or self.url
 
     def in_transaction(self) -> bool:
         return self.tx_epoch is not None
@@ -142,7 +163,8 @@ PUBLIC_OPTIONS = (
     "url", "table", "zookeeper", "user", "password", "zookeeper_auth", "sink_id", "zk_root",
     "strategy", "insert_block_rows", "timeout", "retries", "recover_on_start", "shards",
     "sharding_key", "replica_choice", "txn_version", "compression", "ca_file",
-    "zookeeper_ca_file", "materialized_views", "max_partitions_per_job",
+    "zookeeper_ca_file", "materialized_views", "max_partitions_per_job", "coordinator",
+    "records_url", "records_table",
 )
 
 _NAMES = {
@@ -195,6 +217,35 @@ def _number(name: str, raw: str, kind: type, minimum: float,
     return value
 
 
+def _store(values: dict[str, object]) -> str:
+    """The ``coordinator`` option, checked: one store, and no option of the other one."""
+    raw = str(values.get("coordinator", ZOOKEEPER)).strip().lower()
+    named = [s for s in STORES if s in raw]
+    if len(named) > 1:
+        raise OptionError(f"option coordinator={raw!r} names both stores; the records live in "
+                          f"one: {ZOOKEEPER} (the default) or {KEEPERMAP}")
+    if raw not in STORES:
+        raise OptionError(f"option coordinator={raw!r} is not one of {', '.join(STORES)}")
+    other = KEEPERMAP if raw == ZOOKEEPER else ZOOKEEPER
+    given = [n for n in STORE_OPTIONS[other] if values.get(n)]
+    if given:
+        raise OptionError(
+            f"option coordinator={raw} keeps the records in {raw}, but option(s) "
+            f"{', '.join(given)} name the {other} store: give the options of one store "
+            f"({', '.join(STORE_OPTIONS[raw])})")
+    values["coordinator"] = raw
+    if raw == KEEPERMAP:
+        table = str(values.get("records_table", DEFAULT_RECORDS_TABLE))
+        if table.count(".") != 1 or not all(table.split(".")):
+            raise OptionError(f"option records_table={table!r} must be database.table")
+        url = values.get("records_url")
+        if url is not None and (not str(url).startswith(("http://", "https://"))
+                                or url_problem(str(url))):
+            raise OptionError(f"option records_url must be an http(s):// URL without "
+                              f"credentials or a query string, got {shown_url(str(url))}")
+    return raw
+
+
 def parse_options(
     raw: Mapping[str, str], env: Mapping[str, str] | None = None, *, require_table: bool = True
 ) -> SinkOptions:
@@ -216,7 +267,11 @@ def parse_options(
         values["insert_settings"] = insert_settings.parse(given)
     except insert_settings.SettingRefused as exc:
         raise OptionError(str(exc)) from None
+    store = _store(values)
     required = ("url", "table", "zookeeper") if require_table else ("url", "zookeeper")
+    if store == KEEPERMAP:
+        required = tuple(n for n in required if n != "zookeeper")
+        values.setdefault("zookeeper", "")
     missing = [n for n in required if not values.get(n)]
     if missing:
         raise OptionError(f"missing required option(s): {', '.join(missing)}")

@@ -118,9 +118,12 @@ class Transaction:
 
 
 @contextmanager
-def transaction(spark: SparkSession, *, url: str, zookeeper: str, sink_id: str,
+def transaction(spark: SparkSession, *, url: str, sink_id: str, zookeeper: str | None = None,
                 **options: str) -> Iterator[Transaction]:
     """Group DataFrame writes into one xid: all become visible together, or none.
+
+    ``zookeeper`` names the coordinator's ensemble; with ``coordinator="keepermap"`` there
+    is none (the records live in ClickHouse: docs/usage.md).
 
     With ``txn_version="N"`` (see docs/usage.md) a transaction whose version the sink
     has committed already writes nothing: its ``write`` calls return at once.
@@ -130,7 +133,8 @@ def transaction(spark: SparkSession, *, url: str, zookeeper: str, sink_id: str,
     only see the environment the session started with (and what ``register`` hands them).
     """
     register(spark)
-    opts = {"url": url, "zookeeper": zookeeper, **credentials_from(os.environ),
+    store = {"zookeeper": zookeeper} if zookeeper else {}  # none: coordinator=keepermap
+    opts = {"url": url, **store, **credentials_from(os.environ),
             **{k: str(v) for k, v in options.items()}}
     tx = Transaction(spark, opts, sink_id)
     try:

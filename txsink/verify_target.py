@@ -50,8 +50,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kazoo.client import KazooClient
-
 import server_ext
 from coordinator import Coordinator, XidState
 from coordinator.audit import (
@@ -61,6 +59,7 @@ from coordinator.audit import (
     read_all_branches,
     read_history,
 )
+from coordinator.nodes import NodeStore
 from server_ext.client_protocol import SqlClient
 from server_ext.digest import MODULUS, ContentDigest, combine
 from server_ext.target_rows import TableRows, table_rows
@@ -148,7 +147,7 @@ class _Unreadable(Exception):
     """A winner's record does not say what it published."""
 
 
-def check_targets(zk: KazooClient, root: str, sinks: Iterable[str],
+def check_targets(zk: NodeStore, root: str, sinks: Iterable[str],
                   client_for: Callable[[str | None], SqlClient], default_url: str | None,
                   writers: Writers = "unknown") -> dict[str, dict[str, Any]]:
     """The target report of each sink in ``sinks`` (see the module docstring).
@@ -296,7 +295,7 @@ class _Unpublished:
     """The digests of branches that were never to be published, per target partition:
     (xid, branch, xid state, digest). Read on first use only (it reads every branch)."""
 
-    def __init__(self, zk: KazooClient, root: str, sinks: list[str],
+    def __init__(self, zk: NodeStore, root: str, sinks: list[str],
                  default_url: str | None) -> None:
         self.zk, self.root, self.sinks, self.default_url = zk, root, sinks, default_url
         self._found: dict[tuple[str, str, str], list[tuple[str, str, str, ContentDigest]]] \

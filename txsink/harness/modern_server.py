@@ -22,8 +22,13 @@ users, UTC, ``TabSeparated`` as the HTTP default format (chdb otherwise answers 
 format of the starting call), plus ``system.query_log`` (tests check which statements
 the sink ran there). Everything else keeps the server's own defaults.
 
-Limits: no ZooKeeper/Keeper in this mode (a ``<zookeeper>`` section is not picked up,
-so Replicated tables stay read-only); only HTTP and native TCP listeners.
+With ``zookeeper`` (``host:port``) the config gets a ``<zookeeper>`` section rooted at
+``zookeeper_root`` (created first: the server does not create its own root) and a
+``<keeper_map_path_prefix>``, so ``KeeperMap`` tables work; that ZooKeeper is then the
+server's own, which the ``keepermap`` coordinator store of the sink relies on without a
+ZooKeeper connection of its own. Replicated tables stay read-only in this mode
+(``is_readonly = 1`` in ``system.replicas``), and there is no ``system.zookeeper``.
+Only HTTP and native TCP listeners.
 
 This relies on chdb's internal entry point: :data:`TESTED_CHDB_VERSIONS` records the
 versions it was tested with (``pyproject.toml`` pins the dev extra to them), another
@@ -72,6 +77,8 @@ TESTED_CHDB_VERSIONS = ("4.4.0",)
 DEFAULT_HTTP_PORT = 8124
 DEFAULT_TCP_PORT = 9001
 NAME = "clickhouse-modern"
+KEEPER_ROOT = "/clickhouse-modern"  # the server's chroot in its ZooKeeper
+KEEPER_MAP_PREFIX = "/keeper_map"  # under the chroot: where KeeperMap tables keep rows
 KEEPALIVE_MARKER = "txsink_keepalive"
 KEEPALIVE = (
     f"INSERT INTO FUNCTION null('{KEEPALIVE_MARKER} UInt8') "
@@ -126,6 +133,8 @@ class ModernClickHouse:
     http_port: int = DEFAULT_HTTP_PORT
     tcp_port: int = DEFAULT_TCP_PORT
     name: str = NAME
+    zookeeper: str | None = None  # host:port of the server's ZooKeeper (KeeperMap tables)
+    zookeeper_root: str = KEEPER_ROOT
 
     def __post_init__(self) -> None:
         self.dir = self.home / self.name
@@ -186,9 +195,38 @@ class ModernClickHouse:
         <database>system</database><table>query_log</table>
         <flush_interval_milliseconds>1000</flush_interval_milliseconds>
         <ttl>event_date + INTERVAL 3 DAY DELETE</ttl>
-    </query_log>
+    </query_log>{self._keeper_section()}
 </clickhouse>
 """)
+
+    def _keeper_section(self) -> str:
+        if self.zookeeper is None:
+            return ""
+        host, _, port = self.zookeeper.rpartition(":")
+        return f"""
+    <zookeeper>
+        <node><host>{host}</host><port>{port}</port></node>
+        <root>{self.zookeeper_root}</root>
+    </zookeeper>
+    <keeper_map_path_prefix>{KEEPER_MAP_PREFIX}</keeper_map_path_prefix>"""
+
+    def ensure_keeper_root(self) -> None:
+        """Create the server's ZooKeeper root (the server refuses a missing one)."""
+        if self.zookeeper is None:
+            return
+        from kazoo.client import KazooClient
+
+        client = KazooClient(hosts=self.zookeeper)
+        try:
+            client.start(timeout=15)
+            client.ensure_path(self.zookeeper_root)
+        except Exception as exc:  # noqa: BLE001 - any failure: name the address
+            raise ModernServerError(
+                f"cannot create the modern server's ZooKeeper root {self.zookeeper_root} "
+                f"at {self.zookeeper}: {type(exc).__name__}: {exc}") from None
+        finally:
+            client.stop()
+            client.close()
 
     def launch(self) -> None:
         """Spawn the server unless ours already runs; returns without waiting."""
@@ -211,6 +249,7 @@ class ModernClickHouse:
                     f"port {port} is taken by a process not started by txsink; stop it or "
                     f"choose another port for the modern ClickHouse ({env}, "
                     f"--modern-{'http' if env.endswith('HTTP_PORT') else 'tcp'}-port)")
+        self.ensure_keeper_root()
         self.write_config()
         self.process.spawn(
             [sys.executable, "-m", "txsink.harness.modern_server", str(self.config_file)],

@@ -59,7 +59,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -959,10 +959,13 @@ class Services:
 
     @property
     def modern(self) -> ModernClickHouse:
-        """The modern ClickHouse server (26.x from chdb) of this home; not started."""
+        """The modern ClickHouse server (26.x from chdb) of this home; not started. Its
+        config names this home's ZooKeeper, for KeeperMap tables (the ``keepermap``
+        coordinator store): that ZooKeeper is then the server's, not the sink's."""
         from txsink.harness.modern_server import ModernClickHouse
 
-        return ModernClickHouse(self.home, self.modern_http_port, self.modern_tcp_port)
+        return ModernClickHouse(self.home, self.modern_http_port, self.modern_tcp_port,
+                                zookeeper=self.zookeeper.hosts)
 
     def cluster(self, shards: int | None = None, replicas: int | None = None) -> Cluster:
         """The topology object (not started): arguments, else ``self.shards``/``replicas``.
@@ -987,7 +990,9 @@ class Services:
         """
         if not modern_only:
             self._up_classic()
-        if modern or modern_only:
+        if modern_only:  # no ZooKeeper started: a server without KeeperMap
+            replace(self.modern, zookeeper=None).start()
+        elif modern:
             self.modern.start()
 
     def _up_classic(self) -> None:

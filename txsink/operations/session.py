@@ -1,5 +1,6 @@
-"""The operator's session: one ZooKeeper session and the ClickHouse clients of one
-command, and the sinks of the root it may read.
+"""The operator's session: one session of the node store (ZooKeeper, or the KeeperMap
+store with ``--coordinator keepermap``) and the ClickHouse clients of one command, and the
+sinks of the root it may read.
 
 Every command (``status.py``, ``recover.py``, ``gc.py``, ``verify.py``, ``reset.py``) is a
 mixin of :class:`Session`; ``txsink.operations.Operations`` is all of them. Each returns
@@ -16,9 +17,16 @@ from coordinator import (
     Coordinator,
     XidState,
 )
+from coordinator.nodes import NodeStore
 from server_ext.client import ClickHouseClient
 from txsink import connections
-from txsink.options import root_identity
+from txsink.options import (
+    DEFAULT_RECORDS_TABLE,
+    KEEPERMAP,
+    ZOOKEEPER,
+    SinkOptions,
+    root_identity,
+)
 from txsink.payload import BranchOwner
 
 OPEN_STATES = (XidState.INITIALIZED, XidState.COMMITTING, XidState.ABORTING)
@@ -36,14 +44,27 @@ class Session:
     def __init__(self, zookeeper: str, zk_root: str = "/txsink", url: str | None = None,
                  user: str | None = None, password: str | None = None,
                  zookeeper_auth: str | None = None,
-                 zookeeper_ca_file: str | None = None) -> None:
+                 zookeeper_ca_file: str | None = None, coordinator: str = ZOOKEEPER,
+                 records_url: str | None = None,
+                 records_table: str = DEFAULT_RECORDS_TABLE) -> None:
         self.root = zk_root
-        self.root_identity = root_identity(zookeeper, zk_root)  # what gc may judge
-        self.zk = connections.zookeeper(
-            zookeeper, timeout=CONNECT_SECONDS, auth=zookeeper_auth,
-            ca_file=zookeeper_ca_file, shared=False, named="--zookeeper",
-            ca_named="TXSINK_ZOOKEEPER_CA_FILE",
-            ca_advice="set TXSINK_ZOOKEEPER_CA_FILE to the CA of its certificate")
+        self.zk: NodeStore
+        if coordinator == KEEPERMAP:  # the records live in a KeeperMap table
+            server = records_url or url
+            if server is None:
+                raise ValueError("--coordinator keepermap needs --records-url (or --url)")
+            options = SinkOptions(url=server, table="", zookeeper="", user=user,
+                                  password=password, zk_root=zk_root, coordinator=KEEPERMAP,
+                                  records_url=records_url, records_table=records_table)
+            self.root_identity = options.root_identity  # what gc may judge
+            self.zk = connections.records(options, shared=False)
+        else:
+            self.root_identity = root_identity(zookeeper, zk_root)
+            self.zk = connections.zookeeper(
+                zookeeper, timeout=CONNECT_SECONDS, auth=zookeeper_auth,
+                ca_file=zookeeper_ca_file, shared=False, named="--zookeeper",
+                ca_named="TXSINK_ZOOKEEPER_CA_FILE",
+                ca_advice="set TXSINK_ZOOKEEPER_CA_FILE to the CA of its certificate")
         self.url = url
         self.protected: list[str] = []  # sinks left out: their ACL names other credentials
         self._credentials = (user, password)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from txsink.harness.chaos import checker
@@ -76,6 +76,7 @@ class CrashPointRun:
     log: Callable[[str], None] = lambda line: None
     standby: int = 2  # drivers kept warm: a restart promotes one instead of booting
     views: bool = True  # the target feeds a materialized view, checked like the target
+    options: dict[str, str] = field(default_factory=dict)  # more sink options (the store)
 
     def __post_init__(self) -> None:
         self.files = 0
@@ -94,7 +95,7 @@ class CrashPointRun:
             source=self.workdir / "input", checkpoint=self.checkpoint, table=self.table,
             url=self.url, zookeeper=self.zookeeper, mode=self.mode,
             interval="200 milliseconds", sink_id=f"crash-{self.mode}",
-            fail_flag=self.fail_flag,
+            fail_flag=self.fail_flag, options=dict(self.options),
         )
         self.driver = DriverProcess(spec, self.workdir / "logs", self.arming.env(),
                                     standby=self.standby)

@@ -245,7 +245,16 @@ def _sink_options(args: argparse.Namespace) -> dict[str, str]:
     for item in args.option:
         key, _, value = item.partition("=")
         options[key] = value
+    if options.get("coordinator") == "keepermap":  # records in KeeperMap: no ZooKeeper
+        del options["zookeeper"]
     return options
+
+
+def _store_args(args: argparse.Namespace) -> dict[str, str]:
+    """The operator's arguments for the store the sink's options name."""
+    options = _sink_options(args)
+    return {name: options[name] for name in ("coordinator", "records_url", "records_table")
+            if name in options}
 
 
 def _run_stream(spark, args: argparse.Namespace) -> None:
@@ -290,7 +299,9 @@ def _recover_sink(args: argparse.Namespace) -> None:
     from txsink.operations import Operations
 
     deadline = time.monotonic() + RECOVER_PATIENCE_SECONDS
-    ops = Operations(zookeeper=args.zookeeper, zk_root=args.zk_root, url=args.url)
+    ops = Operations(zookeeper=args.zookeeper, url=args.url,
+                     zk_root=_sink_options(args).get("zk_root", args.zk_root),
+                     **_store_args(args))
     try:
         while _in_progress(ops.recover(args.sink_id)) and time.monotonic() < deadline:
             time.sleep(1.0)
