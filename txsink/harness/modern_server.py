@@ -59,7 +59,7 @@ from pathlib import Path
 
 import requests
 
-from txsink.harness.services import (
+from txsink.harness.processes import (
     READONLY_USER,
     SECRET_PASSWORD,
     SECRET_USER,

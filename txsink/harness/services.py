@@ -48,17 +48,13 @@ runs beside them on demand, on its own ports (HTTP 8124, native 9001)::
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -66,6 +62,17 @@ from typing import TYPE_CHECKING
 import requests
 
 from coordinator.tls import ZooKeeperTLS, handshake_problem
+from txsink.harness.processes import (
+    READONLY_USER,
+    SECRET_PASSWORD,
+    SECRET_USER,
+    START_TIMEOUT,
+    ManagedProcess,
+    ServiceError,
+    _file_lock,
+    _wait,
+    port_open,
+)
 
 if TYPE_CHECKING:
     from txsink.harness.modern_server import ModernClickHouse
@@ -81,25 +88,12 @@ ZOOKEEPER_NETTY_JARS = tuple(f"/usr/share/java/netty-{name}.jar"
 APT_PACKAGES = ("clickhouse-server", "clickhouse-client", "zookeeper")
 OPENSSL_BINARY = "openssl"
 CERTIFICATE_DAYS = 3650  # kept in the services home for as long as the home lives
-SECRET_USER = "txsink_secret"
-SECRET_PASSWORD = "s3cr3t-Pa55"
-READONLY_USER = "reader"
 CLUSTER_NAME = "txsink_cluster"
 CLUSTER_PORT_BASE = 28500
 
 
-class ServiceError(RuntimeError):
-    """A service could not be installed, started or reached."""
-
-
 def default_home() -> Path:
     return Path(os.environ.get("TXSINK_SERVICES_DIR", "/tmp/txsink-services"))
-
-
-def port_open(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.3)
-        return sock.connect_ex((host, port)) == 0
 
 
 def ensure_installed() -> None:
@@ -183,110 +177,6 @@ def ensure_certificate(folder: Path) -> tuple[Path, Path]:
     return cert, key
 
 
-@dataclass
-class ManagedProcess:
-    """A background server process tracked by a pid file."""
-
-    name: str
-    home: Path
-    marker: str  # a string that must appear in the process's command line
-
-    @property
-    def pid_file(self) -> Path:
-        return self.home / f"{self.name}.pid"
-
-    @property
-    def log_file(self) -> Path:
-        return self.home / f"{self.name}.log"
-
-    def pid(self) -> int | None:
-        """The recorded pid if that process is alive and still ours, else None."""
-        try:
-            pid = int(self.pid_file.read_text().strip())
-        except (FileNotFoundError, ValueError):
-            return None
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        except FileNotFoundError:
-            return None
-        if self.marker not in cmdline:
-            return None
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-        except (FileNotFoundError, IndexError):
-            return None
-        return None if state == "Z" else pid
-
-    def spawn(self, argv: list[str], cwd: Path) -> int:
-        self.home.mkdir(parents=True, exist_ok=True)
-        with open(self.log_file, "ab") as out:
-            proc = subprocess.Popen(
-                argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )
-        self.pid_file.write_text(str(proc.pid))
-        return proc.pid
-
-    def exited(self) -> bool:
-        """True once the recorded process is gone (or a zombie).
-
-        Unlike :meth:`pid` this ignores the command line: right after ``spawn`` the child
-        may still show the parent's command line until it has exec'd the server.
-        """
-        try:
-            pid = int(self.pid_file.read_text().strip())
-            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-        except (FileNotFoundError, ValueError, IndexError):
-            return True
-        if state == "Z":
-            _reap(pid)
-            return True
-        return False
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> bool:
-        """Stop the recorded process; returns True if one was running."""
-        pid = self.pid()
-        if pid is None:
-            self.pid_file.unlink(missing_ok=True)
-            return False
-        _signal(pid, sig)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.pid() is not None:
-            _reap(pid)
-            time.sleep(0.05)
-        if self.pid() is not None:
-            _signal(pid, signal.SIGKILL)
-            while self.pid() is not None:
-                _reap(pid)
-                time.sleep(0.05)
-        self.pid_file.unlink(missing_ok=True)
-        return True
-
-    def kill(self) -> bool:
-        """SIGKILL: the crash a fault test wants."""
-        return self.stop(signal.SIGKILL, timeout=5.0)
-
-    def tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return ""
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-
-
 RESTART = "restart the services (txsink services down, then txsink services up)"
 
 
@@ -302,23 +192,6 @@ def _listener_problem(ca_file: Path, port: int, listener: str, plain_port: int,
         return f"{server} is not running"
     return (f"nothing listens on {listener}: {server} was started from a config without "
             f"{what}; {RESTART}")
-
-
-#: Seconds a ClickHouse 18.16 server may take to answer after its start: it loads every
-#: table's metadata first, and one with thousands of tables left by earlier runs (crashed
-#: jobs' staging) was not ready within 60 s on a 2-core machine.
-START_TIMEOUT = 180.0
-
-
-def _wait(ready, proc: ManagedProcess, what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.exited():
-            raise ServiceError(f"{what} exited during start-up; last log lines:\n{proc.tail()}")
-        if ready():
-            return
-        time.sleep(0.1)
-    raise ServiceError(f"{what} not ready after {timeout:.0f}s; last log lines:\n{proc.tail()}")
 
 
 @dataclass
@@ -903,18 +776,6 @@ class Cluster:
             }
             for server in self.servers + self.leftovers()
         }
-
-
-@contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """Serialise ``up``/``down`` of the cluster between processes (parallel test runs)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @dataclass
