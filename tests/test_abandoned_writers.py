@@ -14,13 +14,14 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 import txsink
 from coordinator import Coordinator, XidState
-from tests.conftest import run_sql
+from tests.conftest import RECORDS_DATABASE, run_sql
 from tests.sinkutil import assert_exactly_once, create_events, events_df, id_counts, staging_tables
 from txsink import cli, crashpoints
 from txsink.harness.crash_arming import arm_env
@@ -34,13 +35,14 @@ def zookeeper(zk_hosts: str, zk_chroot: str) -> str:
 
 
 def killed_writer(kind: str, url: str, zookeeper: str, table: str, point: str,
-                  once_dir: Path) -> subprocess.CompletedProcess:
+                  once_dir: Path, options: dict[str, str] | None = None
+                  ) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
            **arm_env([point], "group", once_dir)}
     return subprocess.run(
         [sys.executable, "-m", "tests.jobs.abandoned_writer", kind, url, zookeeper, table,
-         "400"], cwd=ROOT, capture_output=True, text=True, timeout=240, env=env,
-        start_new_session=True)
+         "400", json.dumps(options or {})], cwd=ROOT, capture_output=True, text=True,
+        timeout=240, env=env, start_new_session=True)
 
 
 def operator(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:
@@ -48,12 +50,14 @@ def operator(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]
     return code, json.loads(capsys.readouterr().out)
 
 
-def abandoned_status(capsys, zookeeper: str, timeout: float = 30.0) -> list[dict]:
+def abandoned_status(capsys, zookeeper: str, timeout: float = 30.0,
+                     store: tuple[str, ...] = ()) -> list[dict]:
     """The open xids ``status`` marks abandoned, once there are any (the killed driver's
-    keeper notices the driver's death within a second)."""
+    keeper notices the driver's death within a second). ``store``: the operator's store
+    arguments, instead of ``--zookeeper``."""
     deadline = time.monotonic() + timeout
     while True:
-        _, status = operator(capsys, "status", "--zookeeper", zookeeper)
+        _, status = operator(capsys, "status", *(store or ("--zookeeper", zookeeper)))
         found = [x for s in status["sinks"] for x in s["open"] if x.get("abandoned")]
         if found or time.monotonic() > deadline:
             return found
@@ -196,3 +200,38 @@ def test_batch_job_killed_between_begin_and_decision_leaves_nothing_after_gc(
     finally:
         live.abort(live_epoch, live.generation(), rollback=lambda branch: run_sql(
             server_url, f"DROP TABLE IF EXISTS txsink_staging.`{branch.owner['staging']}`"))
+
+
+def test_batch_job_killed_with_its_records_in_keepermap_is_rolled_back_by_gc(
+        keepermap_url, records_table, tmp_path, capsys):
+    """The same kill (``branch.after_staging_write``) on the KeeperMap store: the writer's
+    session is judged gone once its expiry passes, and one ``gc`` over that store rolls
+    the xid back: its staging dropped, ``Aborted``, no row visible."""
+    db = f"t_{uuid.uuid4().hex[:10]}"
+    run_sql(keepermap_url, f"CREATE DATABASE `{db}`")
+    try:
+        table = create_events(keepermap_url, db)
+        root = f"/tests/{uuid.uuid4().hex[:10]}"
+        options = {"coordinator": "keepermap", "records_table": f"{RECORDS_DATABASE}.records",
+                   "zk_root": root}
+        store = ("--coordinator", "keepermap", "--records-url", keepermap_url,
+                 "--records-table", options["records_table"], "--zk-root", root)
+        killed = killed_writer("batch", keepermap_url, "", table,
+                               "branch.after_staging_write", tmp_path, options)
+        assert killed.returncode == -9, killed.stderr[-3000:]
+        [xid] = abandoned_status(capsys, "", timeout=60.0, store=store)
+        assert xid["state"] == "Initialized" and xid["staging"]
+
+        code, result = operator(capsys, "gc", *store, "--url", keepermap_url)
+
+        assert code == 0, result
+        [rolled] = result["abandoned"]["rolled_back"]
+        assert rolled["staging"] == xid["staging"]
+        _, status = operator(capsys, "status", *store)
+        assert [s["open"] for s in status["sinks"]] == [[]]
+        staged = run_sql(keepermap_url, "SELECT name FROM system.tables WHERE database = "
+                                        "'txsink_staging'").split()
+        assert not set(xid["staging"]) & set(staged)
+        assert id_counts(keepermap_url, table) == {}
+    finally:
+        run_sql(keepermap_url, f"DROP DATABASE IF EXISTS `{db}`")
