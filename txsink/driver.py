@@ -114,7 +114,8 @@ class SinkBlocked(RecoveryIncomplete):
         where = f" --epoch {epochs[0]}" if epochs else ""
         return cls(f"{exc}. The sink cannot start while a decided xid of it is unfinished; a "
                    f"decided xid is never aborted. Run `txsink recover --sink {sink_id}{where}` "
-                   "(with this sink's --zookeeper and --zk-root): it retries the publish and "
+                   "(with this sink's --zk-root and its store: --zookeeper, or --coordinator "
+                   "keepermap with --records-url and --records-table): it retries the publish and "
                    "prints what can be done (docs/operations.md, \"Stuck Committing xids\")",
                    report)
 
