@@ -151,14 +151,23 @@ def spark_session(master: str):
     return spark
 
 
+FAIL_AFTER_SECONDS = 1.0  # the sink's task begins its xid before it reads a row
+
+
 def _fail_while(flag: str):
-    """A mapInArrow function that fails every task while ``flag`` exists (a bad epoch)."""
+    """A mapInArrow function that fails every task while ``flag`` exists (a bad epoch).
+
+    The failure comes after the task's rows were handed on and a second has passed, so
+    that the sink's task has begun the epoch's xid by then: failing at once raced the
+    sink's task start-up, and an epoch whose xid never began has nothing for Spark's
+    abort to roll back (the ``abort.*`` crash points would then never be reached).
+    """
 
     def fn(batches):
-        for batch in batches:
-            if os.path.exists(flag):
-                raise RuntimeError(f"injected task failure: {flag} exists")
-            yield batch
+        yield from batches
+        if os.path.exists(flag):
+            time.sleep(FAIL_AFTER_SECONDS)
+            raise RuntimeError(f"injected task failure: {flag} exists")
 
     return fn
 
