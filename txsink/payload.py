@@ -227,6 +227,12 @@ class Share(NamedTuple):
     digest: ContentDigest | None  # None: not recorded (an older release)
 
 
+def task_branches(payload: Payload) -> int:
+    """How many task branches' rows a winner makes visible: a combined branch's sources,
+    else its own."""
+    return len(payload.sources) if isinstance(payload, CombinedBranch) and payload.sources else 1
+
+
 def contributions(payload: Payload) -> list[Share]:
     """One :class:`Share` per partition a winner makes visible."""
     if isinstance(payload, StagedBranch):

@@ -37,7 +37,7 @@ from txsink.options import (
     credentials_from,
     parse_options,
 )
-from txsink.payload import CombinedBranch, from_record
+from txsink.payload import from_record, task_branches
 from txsink.plan import check_server_options
 from txsink.registration import register
 
@@ -102,8 +102,7 @@ class Transaction:
         return EpochMetrics.timed(
             started, final.updated, final.created,
             rows=sum(p.rows for p in winners if p is not None),
-            branches=sum(len(p.sources) if isinstance(p, CombinedBranch) and p.sources
-                         else 1 for p in winners if p is not None),
+            branches=sum(task_branches(p) for p in winners if p is not None),
             tables=len(self.tables))
 
     def abort(self) -> None:

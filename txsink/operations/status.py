@@ -15,7 +15,7 @@ from coordinator import (
 from coordinator.liveness import Verdict
 from txsink.metrics import UNKNOWN, WRITER, EpochMetrics
 from txsink.operations.session import NO_SINKS, OPEN_STATES, Session, protected_lines, staging_of
-from txsink.payload import CombinedBranch, from_record
+from txsink.payload import from_record, task_branches
 from txsink.status_report import SinkHealth, sink_health
 
 
@@ -170,8 +170,7 @@ def _winners_metrics(coord: Coordinator, record: XidRecord,
     payloads = [from_record(b.manifest) for b in coord.branches(record.epoch, record.winners)]
     return replace(metrics, finished_by=metrics.finished_by or UNKNOWN,
                    rows=sum(p.rows for p in payloads if p is not None),
-                   branches=sum(len(p.sources) if isinstance(p, CombinedBranch) and p.sources
-                                else 1 for p in payloads if p is not None)).shown()
+                   branches=sum(task_branches(p) for p in payloads if p is not None)).shown()
 
 
 def _decisions(*groups: list[XidRecord]) -> list[dict[str, Any]]:
