@@ -112,6 +112,9 @@ def parse_exception(text: str) -> tuple[int, str, str | None] | None:
     return int(match.group("code")), message.strip(), name
 
 
+OUTCOME_UNKNOWN = ("CONNECTION_LOST", "TIMEOUT")  # names the client gives a lost answer
+
+
 class ClickHouseError(Exception):
     """A statement failed on (or could not reach) the ClickHouse server.
 
@@ -138,6 +141,11 @@ class ClickHouseError(Exception):
         self.query_id = query_id
         self.server_message = message
         super().__init__(self._render(message))
+
+    @property
+    def outcome_unknown(self) -> bool:
+        """The request was sent but no answer came: the statement may or may not have run."""
+        return self.name in OUTCOME_UNKNOWN
 
     def _render(self, message: str) -> str:
         prefix = f"{self.purpose} failed" if self.purpose else "ClickHouse request failed"

@@ -13,7 +13,7 @@ import pytest
 
 from server_ext.capabilities import choose_strategy, detect_capabilities
 from server_ext.chdb_client import ChdbClient
-from server_ext.errors import StagingChanged
+from server_ext.errors import InDoubtPublish, StagingChanged
 from server_ext.ledger import MemoryLedger
 from server_ext.manifest import Manifest
 from server_ext.publish import publish
@@ -137,6 +137,60 @@ def test_move_rerun_after_a_crash_inside_the_multi_partition_alter_moves_the_res
                  f"'202402' TO TABLE `{database}`.t", purpose="the part of the ALTER that ran")
     publish(chdb, manifest, "move", ledger)
     assert keys_in(chdb, database) == ALL_ROWS
+
+
+def back_in_staging_after_a_restart(chdb: ChdbClient, database: str, staging_name: str,
+                                    partition_id: str) -> None:
+    """The state a server killed inside a MOVE can come back with (measured on 26.9): the
+    partition is in the target (one fresh block, the same parts) and still in staging."""
+    chdb.execute(f"ALTER TABLE `{database}`.t ATTACH PARTITION ID '{partition_id}' FROM "
+                 f"`{STAGING_DATABASE}`.`{staging_name}`", purpose="the move that ran")
+
+
+def test_move_rerun_after_a_restart_brought_a_moved_partition_back_moves_it_no_more(
+        chdb, database, staging_name) -> None:
+    manifest = stage(chdb, make_target(chdb, database), staging_name)
+    ledger = MemoryLedger()
+    with pytest.raises(Crash):
+        publish(chdb, manifest, "move", ledger, on_step=crash_at("publish.after_intent"))
+    back_in_staging_after_a_restart(chdb, database, staging_name, "202402")
+    report = publish(chdb, manifest, "move", ledger)
+    assert report.published == ["202401", "202402", "202403"]
+    assert keys_in(chdb, database) == ALL_ROWS
+
+
+def test_move_rerun_decides_again_after_a_second_interruption(
+        chdb, database, staging_name) -> None:
+    """The second intent records the decided partition as published, so a third run
+    does not judge it against a newer watermark (which would say "not moved")."""
+    manifest = stage(chdb, make_target(chdb, database), staging_name)
+    ledger = MemoryLedger()
+    with pytest.raises(Crash):
+        publish(chdb, manifest, "move", ledger, on_step=crash_at("publish.after_intent"))
+    back_in_staging_after_a_restart(chdb, database, staging_name, "202402")
+    with pytest.raises(Crash):
+        publish(chdb, manifest, "move", ledger, on_step=crash_at("publish.after_intent"))
+    publish(chdb, manifest, "move", ledger)
+    assert keys_in(chdb, database) == ALL_ROWS
+
+
+def test_move_rerun_is_in_doubt_when_a_merge_mixed_the_moved_part(
+        chdb, database, staging_name) -> None:
+    target = make_target(chdb, database)
+    chdb.execute(f"INSERT INTO `{database}`.t (d, k) VALUES ('2024-02-09', 900)",
+                 purpose="an earlier row in the partition")
+    manifest = stage(chdb, target, staging_name)
+    ledger = MemoryLedger()
+    with pytest.raises(Crash):
+        publish(chdb, manifest, "move", ledger, on_step=crash_at("publish.after_intent"))
+    back_in_staging_after_a_restart(chdb, database, staging_name, "202402")
+    chdb.execute(f"OPTIMIZE TABLE `{database}`.t PARTITION ID '202402' FINAL",
+                 purpose="a merge after the restart")
+    with pytest.raises(InDoubtPublish, match="202402") as err:
+        publish(chdb, manifest, "move", ledger)
+    assert err.value.partition_ids == ["202402"] and "merged" in err.value.found
+    moved = next(p.rows for p in manifest.partitions if p.partition_id == "202402")
+    assert keys_in(chdb, database)[0] == 1 + moved  # the earlier row, the partition once
 
 
 def test_move_refuses_a_partition_gone_from_staging_without_an_intent(
