@@ -43,16 +43,29 @@ holder's node is gone from the log order of the ``expire`` entry on, so its
 ``check(lease node)`` fails and ``PublishLease.check`` reports ``PublishLeaseLost``.
 Holders' clocks must agree within :data:`CLOCK_MARGIN`.
 
-Limits: the log is not compacted yet (each entry is one Keeper node; a new process reads a
-sink's whole log once); an entry is one Keeper node, so a record near the coordinator's
-900 kB cap (escaped once more inside its entry) may exceed Keeper's 1 MB node limit; the
-publish lock is this module's own (:class:`KeeperMapLock`).
+Snapshots. Every :data:`COMPACT_EVERY` entries the writer that appended the entry stores
+the folded tree at that sequence number (``snap:<sink>:<seq>``: chunk keys, then a head
+key naming their count, each a strict INSERT) and points ``base:<sink>`` at it. A process
+that meets a sink for the first time reads the pointer with its first log read, loads the
+snapshot and folds only the entries after it. Both are safe to repeat and to race: the
+fold at a sequence number is deterministic and serialized canonically, so two writers
+store the same chunks (a chunk or head that exists already is the same); a head is
+written only after all its chunks, so a head found means a whole snapshot; and a pointer
+that a racing writer moves back to an older snapshot only makes readers fold more
+entries. Entries are never deleted: an existing key is what stops a writer with a stale
+copy of the tree from appending at a number already taken (a strict INSERT refuses only
+keys that exist), so each entry stays one small Keeper node.
+
+Limits: an entry is one Keeper node, so a record near the coordinator's 900 kB cap
+(escaped once more inside its entry) may exceed Keeper's 1 MB node limit; the publish
+lock is this module's own (:class:`KeeperMapLock`).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import threading
 import time
 import uuid
@@ -73,11 +86,16 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 
+logger = logging.getLogger(__name__)
+
 SESSION_TIMEOUT = 10.0  # seconds, as the sink's ZooKeeper sessions
 CLOCK_MARGIN = 2.0  # a session is expired by others this long after its own expiry
 READ_AHEAD = 8  # log keys asked for per point-lookup SELECT
 KEPT_IDS = 256  # ids of recent entries remembered, to recognise a write whose answer was lost
 PIPELINE_GAP = 0.005  # seconds between reads of one pipelined batch
+COMPACT_EVERY = 256  # entries between snapshots of a sink's tree
+SNAPSHOT_CHUNK = 256_000  # characters per snapshot key, far below Keeper's 1 MB node limit
+SNAPSHOT_FORMAT = 1
 
 
 class KeyValueTable(Protocol):
@@ -131,6 +149,33 @@ class _Log:
     sessions: dict[str, float] = field(default_factory=dict)  # session -> expires at
     ended: set[str] = field(default_factory=set)
     recent: list[str] = field(default_factory=list)  # ids of the last entries
+    based: int = 0  # sequence number of the newest snapshot known
+
+    def snapshot(self) -> str:
+        """The folded tree at ``seq``, serialized canonically (the same text from every
+        writer that folded the same entries)."""
+        nodes = {path: [_pack(n.data), n.version, n.ctime, n.mtime, n.owner,
+                        sorted(n.children)] for path, n in self.nodes.items()}
+        state = {"format": SNAPSHOT_FORMAT, "seq": self.seq, "nodes": nodes,
+                 "sessions": self.sessions, "ended": sorted(self.ended),
+                 "recent": self.recent}
+        return json.dumps(state, separators=(",", ":"), sort_keys=True)
+
+    def restore(self, text: str) -> None:
+        """Replace the fold by a snapshot's (one taken at a later sequence number)."""
+        state = json.loads(text)
+        if state.get("format") != SNAPSHOT_FORMAT:
+            raise RuntimeInconsistency(
+                f"snapshot of {self.root} has format {state.get('format')!r}, not "
+                f"{SNAPSHOT_FORMAT}: written by another release of txsink")
+        self.nodes = {path: _Node(_unpack(data), version, ctime, mtime, owner,
+                                  frozenset(children))
+                      for path, (data, version, ctime, mtime, owner, children)
+                      in state["nodes"].items()}
+        self.sessions = {k: float(v) for k, v in state["sessions"].items()}
+        self.ended = set(state["ended"])
+        self.recent = list(state["recent"])
+        self.seq = self.based = int(state["seq"])
 
 
 class _Done:
@@ -333,10 +378,11 @@ class KeeperMapNodes:
     connected = True
 
     def __init__(self, table: KeyValueTable, session_timeout: float = SESSION_TIMEOUT,
-                 namespace: str = "") -> None:
+                 namespace: str = "", compact_every: int = COMPACT_EVERY) -> None:
         self.table = table
         self.namespace = namespace  # a prefix of every key: kazoo's chroot, for one table
         self.session_timeout = session_timeout
+        self.compact_every = compact_every
         self.handler = SimpleNamespace(sleep_func=time.sleep)
         self.session = uuid.uuid4().hex
         self._logs: dict[str, _Log] = {}
@@ -528,7 +574,12 @@ class KeeperMapNodes:
     def _catch_up(self, log: _Log) -> None:
         while True:
             keys = [self._key(log.root, log.seq + i) for i in range(1, READ_AHEAD + 1)]
-            found = self._call(self.table.get_many, keys)
+            first = log.seq == 0  # a sink new to this process: its snapshot pointer too
+            found = self._call(self.table.get_many,
+                               [*keys, self._base(log.root)] if first else keys)
+            if first and int(found.get(self._base(log.root)) or 0) > 0:
+                self._load_snapshot(log, int(found[self._base(log.root)]))
+                continue
             applied = 0
             for key in keys:
                 raw = found.get(key)
@@ -538,6 +589,30 @@ class KeeperMapNodes:
                 applied += 1
             if applied < READ_AHEAD:
                 return
+
+    def _load_snapshot(self, log: _Log, seq: int) -> None:
+        head = self._snapshot_key(log.root, seq)
+        count = int(json.loads(self._call(self.table.get_many, [head])[head])["chunks"])
+        chunks = [f"{head}:{i:04d}" for i in range(count)]
+        found = self._call(self.table.get_many, chunks)
+        log.restore("".join(found[key] for key in chunks))
+
+    def _compact(self, log: _Log) -> None:
+        """Store the fold at ``log.seq`` and point the sink's readers at it (module
+        docstring, "Snapshots"). Best effort: the entry is written already, and a failed
+        snapshot only leaves readers more entries to fold."""
+        head = self._snapshot_key(log.root, log.seq)
+        text = log.snapshot()
+        chunks = [text[i:i + SNAPSHOT_CHUNK] for i in range(0, len(text), SNAPSHOT_CHUNK)]
+        try:
+            for i, chunk in enumerate(chunks):  # one INSERT each: a multi has Keeper's limit too
+                self._call(self.table.create_new, {f"{head}:{i:04d}": chunk})
+            self._call(self.table.create_new, {head: json.dumps({"chunks": len(chunks)})})
+            self._call(self.table.put, self._base(log.root), str(log.seq))
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            logger.warning("snapshot of %s at entry %d not stored: %s", log.root, log.seq, exc)
+            return
+        log.based = log.seq
 
     def _fold(self, log: _Log, entry: dict[str, Any]) -> None:
         overlay = _Overlay(log)
@@ -608,6 +683,8 @@ class KeeperMapNodes:
                     self._track(root, ops)
                     if any(op[0] == "create" and op[1] == root for op in ops):
                         self._call(self.table.put, self._index(root), "")
+                    if log.seq - log.based >= self.compact_every:
+                        self._compact(log)
                     return results
                 self._catch_up(log)  # another writer took the number: validate again
                 caught_up = True
@@ -673,6 +750,12 @@ class KeeperMapNodes:
 
     def _index(self, root: str) -> str:
         return f"index:{self.namespace}{root}"
+
+    def _base(self, root: str) -> str:
+        return f"base:{self.namespace}{root}"
+
+    def _snapshot_key(self, root: str, seq: int) -> str:
+        return f"snap:{self.namespace}{root}:{seq:020d}"
 
 
 class KeeperMapLock:

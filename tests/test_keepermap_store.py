@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import pytest
 import requests
+from kazoo.exceptions import BadVersionError
 
 import txsink
 from coordinator import Coordinator, PublishLeaseLost, XidState
@@ -164,6 +165,93 @@ def test_a_keeper_holds_a_batch_xid_over_the_keepermap_store_until_its_decision(
         time.sleep(0.2)
     assert writer.get_children(coord.layout.live) == []  # the keeper let go
     writer.stop()
+
+
+# -- snapshots: a process new to a sink does not read its whole log -----------------------
+
+
+class CountingTable:
+    """The records table, counting the SELECTs sent through it."""
+
+    def __init__(self, table: KeeperMapTable) -> None:
+        self.table, self.reads = table, 0
+
+    def get_many(self, keys):
+        self.reads += 1
+        return self.table.get_many(keys)
+
+    def __getattr__(self, name: str):
+        return getattr(self.table, name)
+
+
+SINK = "/r/sinks/s"
+
+
+def tree(store: NodeStore, path: str = SINK) -> dict[str, tuple[bytes, int]]:
+    """Every node under ``path``: its data and version."""
+    data, stat = store.get(path)
+    found = {path: (data, stat.version)}
+    for child in store.get_children(path):
+        found.update(tree(store, f"{path}/{child}"))
+    return found
+
+
+def write_entries(store: KeeperMapNodes, count: int, first: int = 0) -> None:
+    store.ensure_path(f"{SINK}/a")
+    for i in range(first, first + count):
+        store.set(f"{SINK}/a", f"value {i}".encode())
+        if i % 10 == 0:
+            store.create(f"{SINK}/child-{i:04d}", bytes([i % 256]) * 3)
+
+
+def test_a_process_new_to_a_sink_reads_its_newest_snapshot_and_only_the_entries_after_it(
+        records_table) -> None:
+    namespace = f"/tests/{uuid.uuid4().hex[:10]}"
+    writer = KeeperMapNodes(records_table, namespace=namespace, compact_every=50)
+    write_entries(writer, 103)
+    counting = CountingTable(records_table)
+    reader = KeeperMapNodes(counting, namespace=namespace)
+    reader.get(SINK)
+    # 116 entries (2 paths, 103 sets, 11 children), snapshots at 50 and 100: the pointer
+    # with the first entries, the head, its chunk, the 16 entries after it (3 reads of 8
+    # keys); not 15 reads of every entry
+    assert counting.reads == 6
+    assert tree(reader) == tree(writer)
+    writer.stop()
+    reader.stop()
+
+
+def test_writers_that_snapshot_in_turn_leave_every_reader_the_same_tree(
+        records_table, monkeypatch) -> None:
+    """Snapshots of several chunks, taken by two writers at interleaved entries: a fresh
+    reader, which starts from the newest one, folds the same tree as the writers."""
+    monkeypatch.setattr("coordinator.keepermap.SNAPSHOT_CHUNK", 64)
+    namespace = f"/tests/{uuid.uuid4().hex[:10]}"
+    first, second = (KeeperMapNodes(records_table, namespace=namespace, compact_every=3)
+                     for _ in range(2))
+    for turn in range(6):
+        write_entries(first if turn % 2 else second, 4, first=turn * 4)
+    reader = KeeperMapNodes(records_table, namespace=namespace)
+    assert tree(reader) == tree(first) == tree(second)
+    for store in (first, second, reader):
+        store.stop()
+
+
+def test_a_writer_with_a_copy_older_than_the_snapshots_is_refused_by_version(
+        records_table) -> None:
+    """Entries are never deleted, so a stale writer cannot append at a taken number: its
+    conditional write is judged against the newest tree."""
+    namespace = f"/tests/{uuid.uuid4().hex[:10]}"
+    stale = KeeperMapNodes(records_table, namespace=namespace)
+    stale.ensure_path(f"{SINK}/a")
+    _, seen = stale.get(f"{SINK}/a")
+    busy = KeeperMapNodes(records_table, namespace=namespace, compact_every=5)
+    write_entries(busy, 12)
+    with pytest.raises(BadVersionError):
+        stale.set(f"{SINK}/a", b"late", version=seen.version)
+    assert stale.get(f"{SINK}/a") == busy.get(f"{SINK}/a")
+    stale.stop()
+    busy.stop()
 
 
 # -- a Spark job whose coordinator keeps its records in KeeperMap -------------------------
