@@ -243,6 +243,7 @@ def zk(zk_hosts: str, zk_chroot: str) -> Iterator[KazooClient]:
 
 STORES = ("zookeeper", "keepermap")
 RECORDS_DATABASE = "txsink_test_records"
+SNAPSHOT_EVERY = 16  # the property tests' KeeperMap stores: snapshots between their steps
 
 
 @pytest.fixture(scope="session")
@@ -298,7 +299,8 @@ def nodes(request, store_kind: str):
         namespace = f"/tests/{uuid.uuid4().hex[:10]}"
 
         def open_store():
-            store = KeeperMapNodes(table, namespace=namespace)
+            # snapshots every few entries: a store opened later starts from one
+            store = KeeperMapNodes(table, namespace=namespace, compact_every=SNAPSHOT_EVERY)
             opened.append(store)
             return store
     yield open_store
