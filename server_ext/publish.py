@@ -115,7 +115,7 @@ from server_ext.publish_steps import (
     drop_partitions,
     no_step,
 )
-from server_ext.seal import read_staged_partitions
+from server_ext.seal import read_staged_partitions, read_staged_with_watermark
 from server_ext.sql import qualified_name, sql_string
 from server_ext.staging import table_settings
 
@@ -201,12 +201,15 @@ class _Publisher:
         """Make ``pending`` visible and end with ``mark_published``."""
         raise NotImplementedError
 
-    def sealed(self, pending: list[PartitionManifest]) -> dict[str, bool]:
-        """Per partition: True if staging holds exactly the sealed parts, False if none."""
-        staged = read_staged_partitions(
+    def read_staged(self) -> dict[str, PartitionManifest]:
+        return read_staged_partitions(
             self.client, self.manifest.staging_database, self.manifest.staging_table,
             purpose="read staged parts before publish",
         )
+
+    def sealed(self, pending: list[PartitionManifest]) -> dict[str, bool]:
+        """Per partition: True if staging holds exactly the sealed parts, False if none."""
+        staged = self.read_staged()
         result = {}
         for partition in pending:
             found = staged.get(partition.partition_id)
@@ -284,6 +287,15 @@ class _Publisher:
 class _MovePublisher(_Publisher):
     strategy = "move"
     drops_staging = False
+    watermark: int | None = None  # the target's, read with the staged parts
+
+    def read_staged(self) -> dict[str, PartitionManifest]:
+        staged, self.watermark = read_staged_with_watermark(
+            self.client, self.manifest.staging_database, self.manifest.staging_table,
+            (self.manifest.target_database, self.manifest.target_table),
+            purpose="read staged parts and the target's block number before publish",
+        )
+        return staged
 
     def publish_pending(self, pending: list[PartitionManifest], record: PublishRecord,
                         sealed: dict[str, bool]) -> None:
@@ -298,10 +310,8 @@ class _MovePublisher(_Publisher):
         # gone from staging (intended, by require_staged) or decided: moved earlier
         moved |= {p.partition_id for p in pending if not sealed[p.partition_id]}
         movable = [p for p in pending if p.partition_id not in moved]
-        if movable:
-            watermark = max_block_number(self.client, self.manifest.target_database,
-                                         self.manifest.target_table)
-            self.put_intent(movable, {*record.published, *moved}, watermark=watermark)
+        if movable:  # staging holds rows, so the staged parts' read gave the watermark
+            self.put_intent(movable, {*record.published, *moved}, watermark=self.watermark)
             try:
                 alter_in_chunks(
                     self.client, self.staging,

@@ -69,12 +69,32 @@ def read_staged_tables(
     if not tables:
         return {}
     names = ", ".join(sql_string(t) for t in tables)
-    rows = client.query_rows(
-        "SELECT table, partition_id, partition, name, rows, bytes_on_disk FROM system.parts "
-        f"WHERE database = {sql_string(database)} AND table IN ({names}) "
-        "AND active AND rows > 0 ORDER BY table, partition_id, min_block_number, name",
-        purpose=purpose,
-    )
+    rows = client.query_rows(_STAGED_PARTS.format(extra="", database=sql_string(database),
+                                                  names=names), purpose=purpose)
+    return _grouped(rows)
+
+
+def read_staged_with_watermark(
+    client: SqlClient, database: str, table: str, target: tuple[str, str], *, purpose: str
+) -> tuple[dict[str, PartitionManifest], int | None]:
+    """``read_staged_partitions`` and, in the same query, the highest block number of
+    any part of ``target`` (database, table): 0 for none; None when staging holds nothing."""
+    watermark = ("(SELECT max(max_block_number) FROM system.parts WHERE database = "
+                 f"{sql_string(target[0])} AND table = {sql_string(target[1])}) AS watermark, ")
+    rows = client.query_rows(_STAGED_PARTS.format(extra=watermark,
+                                                  database=sql_string(database),
+                                                  names=sql_string(table)), purpose=purpose)
+    return _grouped(rows).get(table, {}), (int(rows[0]["watermark"]) if rows else None)
+
+
+_STAGED_PARTS = (
+    "SELECT {extra}table, partition_id, partition, name, rows, bytes_on_disk FROM system.parts "
+    "WHERE database = {database} AND table IN ({names}) "
+    "AND active AND rows > 0 ORDER BY table, partition_id, min_block_number, name"
+)
+
+
+def _grouped(rows: list[dict]) -> dict[str, dict[str, PartitionManifest]]:
     grouped: dict[str, dict[str, list[dict]]] = {}
     for row in rows:
         grouped.setdefault(row["table"], {}).setdefault(row["partition_id"], []).append(row)
