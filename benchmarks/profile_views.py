@@ -16,7 +16,7 @@ without it: the extra statements per epoch and their extra milliseconds (medians
 rounds), and the inserts' times per round. ``zk: commit`` contains the publish
 statements listed beside it (they run inside the coordinator's commit).
 
-Usage: python benchmarks/profile_views.py [--url http://127.0.0.1:8123] [--rounds 10]
+Usage: python benchmarks/profile_views.py [--url http://127.0.0.1:8123] [--rounds 10] [--rows N]
 """
 
 from __future__ import annotations
@@ -133,10 +133,11 @@ def main() -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8123")
     parser.add_argument("--zookeeper", default="127.0.0.1:2181")
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--rows", type=int, default=1_000_000, help="rows per epoch")
     args = parser.parse_args()
     recorder = Recorder()
     recorder.install()
-    batches = _branch_batches(EpochShape(2, 4, 1_000_000))
+    batches = _branch_batches(EpochShape(2, 4, args.rows))
     scratch = Scratch.create(args.url, args.zookeeper)
     times: dict[str, list[dict]] = collections.defaultdict(list)
     loads = []
@@ -155,6 +156,14 @@ def main() -> None:
         rows = times[variant]
         print(f"  {variant:<13}" + "  ".join(
             f"{k} {statistics.median(r[k] for r in rows):.0f}" for k in rows[0]))
+    print("\ntx_noview, every call per epoch (medians over rounds): phase, what, calls, ms")
+    for phase, what in sorted({(p, w) for v, _, p, w, _ in recorder.calls
+                               if v == "tx_noview"}):
+        calls = recorder.per_round("tx_noview", phase, what)
+        if not calls:  # the warm-up round's only
+            continue
+        print(f"  {phase:<7}{what:<72}{statistics.median(len(c) for c in calls.values()):5.0f}"
+              f"{statistics.median(sum(c) for c in calls.values()):9.1f}")
     print("\ntx_view beyond tx_noview, per epoch (medians over rounds): "
           "phase, what, extra calls, extra ms")
     keys = sorted({(p, w) for v, _, p, w, _ in recorder.calls if v.startswith("tx")})

@@ -9,15 +9,17 @@ table with the strategy's ordinary ``publish``: one pass per xid and server.
 How the rows get there depends on their size (``docs/benchmarks.md`` has the figures):
 
 - if every source *contributed* its parts to the xid's **pre-combined** table while its
-  task ran (:func:`contribute`), they are taken from there: one ``OPTIMIZE ... FINAL``
-  of what the background merges left (26.x merges attached parts as they come; 18.16
-  does not wake its merges for an ATTACH) and one ``ATTACH PARTITION ... FROM`` per
-  partition, so the commit's cost no longer grows with the epoch's branches;
+  task ran (:func:`contribute`), they are taken from there: one ``ATTACH PARTITION ...
+  FROM`` per partition, after an ``OPTIMIZE ... FINAL`` of each partition in which the
+  background merges left more than ``SizeLimits.merge_above_parts`` parts (26.x merges
+  attached parts as they come; 18.16 does not wake its merges for an ATTACH), so the
+  commit's cost no longer grows with the epoch's branches;
 - otherwise, up to ``SizeLimits.rewrite_max_bytes`` on disk and ``rewrite_max_sources``
   sources, one ``INSERT ... SELECT`` from all sources (``merge()`` over their names) rewrites them:
   one part per target partition, in one statement;
 - beyond either, the sources' parts are attached (hard links, nothing rewritten), and
-  partitions of at most ``SizeLimits.merge_max_bytes`` are merged into one part each;
+  partitions of more than ``SizeLimits.merge_above_parts`` parts and at most
+  ``SizeLimits.merge_max_bytes`` are merged into one part each;
 - staged parts larger than ``SizeLimits.small_part_bytes`` on average are neither
   rewritten nor merged: they are large already.
 
@@ -95,6 +97,16 @@ class SizeLimits:
     # +1.4 s for one part less per partition). Tiny parts are what "too many parts" is.
     small_part_bytes: int = 1024 * 1024
     merge_max_bytes: int = 256 * 1024 * 1024  # per partition, when attaching
+    # A partition of at most this many parts is published as it is, for the server's
+    # background merges, as a plain INSERT from as many tasks leaves it: merging it in the
+    # commit costs the epoch (100,000 rows in 4 partitions of 2 parts: ~140 ms on 26.x) and
+    # buys no fewer parts than plain's. An epoch of more branches adds one part instead.
+    merge_above_parts: int = 8
+
+    def merges(self, parts: int, size: int) -> bool:
+        """Whether a partition of ``parts`` staged parts, ``size`` bytes on disk in all,
+        is merged into one part before it is published."""
+        return parts > self.merge_above_parts and size <= self.merge_max_bytes
 
     def small(self, manifest: Manifest) -> bool:
         """Whether a branch's staged parts are small (worth combining) on average."""
@@ -229,18 +241,21 @@ def _adopt(client: SqlClient, sources: list[Manifest], precombined: str, staging
            limits: SizeLimits) -> dict[str, PartitionManifest] | None:
     """Merge the sources' partitions in the pre-combined table and copy them from there;
     the combined table's partitions as read last if each copied partition holds exactly
-    the rows the sources sealed there (see the module's contract), else None. What the
-    background merges left is merged before the copy, so the copy takes one part per
-    partition."""
+    the rows the sources sealed there (see the module's contract), else None. Where the
+    background merges left more than ``merge_above_parts`` parts, the partition is merged
+    before the copy, so the copy takes one part of it."""
     expected: dict[str, int] = {}
+    contributed: dict[str, int] = {}  # parts per partition; background merges only lessen
     for source in sources:
         for partition in source.partitions:
-            expected[partition.partition_id] = expected.get(partition.partition_id, 0) \
-                + partition.rows
+            pid = partition.partition_id
+            expected[pid] = expected.get(pid, 0) + partition.rows
+            contributed[pid] = contributed.get(pid, 0) + len(partition.parts)
     pool = staging_qualified(precombined)
     try:  # the pool's merges are on (create_precombined)
-        merge_partitions(client, pool, _to_merge(client, pool, set(expected), limits),
-                         merges_on=True)
+        if any(limits.merges(n, 0) for n in contributed.values()):  # else nothing to read
+            merge_partitions(client, pool, _to_merge(client, pool, set(expected), limits),
+                             merges_on=True)
         commands = [f"ATTACH PARTITION ID {sql_string(pid)} FROM {pool}"
                     for pid in sorted(expected)]
         for start in range(0, len(commands), MAX_COMMANDS_PER_ALTER):
@@ -276,7 +291,7 @@ def _to_merge(client: SqlClient, table: str, partition_ids: set[str], limits: Si
         found = read_staged_partitions(client, *split_table_name(table),
                                        purpose="read pre-combined parts")
     return sorted(pid for pid, p in found.items() if pid in partition_ids
-                  and len(p.parts) > 1 and p.bytes <= limits.merge_max_bytes)
+                  and limits.merges(len(p.parts), p.bytes))
 
 
 def _rewrites(sources: list[Manifest], limits: SizeLimits) -> bool:
@@ -319,15 +334,15 @@ def _rewrite(client: SqlClient, target: TargetTable, sources: list[Manifest],
 
 def _attach(client: SqlClient, sources: list[Manifest], staging: str,
             limits: SizeLimits) -> None:
-    """Attach every source partition (hard links), merging partitions of at most
-    ``merge_max_bytes`` whose parts are small into one part."""
+    """Attach every source partition (hard links), merging partitions that
+    ``SizeLimits.merges`` names and whose parts are small into one part."""
     sizes: dict[str, tuple[int, int]] = {}
     for source in sources:
         for partition in source.partitions:
             parts, size = sizes.get(partition.partition_id, (0, 0))
             sizes[partition.partition_id] = (parts + len(partition.parts), size + partition.bytes)
-    small = {pid for pid, (parts, size) in sizes.items() if parts > 1
-             and size <= min(limits.merge_max_bytes, parts * limits.small_part_bytes)}
+    small = {pid for pid, (parts, size) in sizes.items()
+             if limits.merges(parts, size) and size <= parts * limits.small_part_bytes}
     commands = [(p.partition_id, f"ATTACH PARTITION ID {sql_string(p.partition_id)} FROM "
                                  f"{qualified_name(m.staging_database, m.staging_table)}")
                 for m in sources for p in m.partitions]

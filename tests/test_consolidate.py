@@ -157,14 +157,27 @@ def test_source_that_lost_its_parts_is_refused_before_anything_is_combined(
     assert tables_left(clickhouse_url, [combined]) == []
 
 
-def test_sources_above_rewrite_max_bytes_are_attached_and_small_partitions_merged(
+def test_attached_partitions_of_more_parts_than_merge_above_parts_are_merged_into_one(
         client, clickhouse_url, ch_db, staging_names, combined):
     target = make_target(clickhouse_url, client, ch_db, "plain")
     sources = staged_branches(client, clickhouse_url, target, staging_names)
     publish_combined(client, sources, combined, "attach_marked", MemoryLedger(),
-                     limits=SizeLimits(rewrite_max_bytes=0))
+                     limits=SizeLimits(rewrite_max_bytes=0, merge_above_parts=BRANCHES - 1))
     assert keys_in(clickhouse_url, ch_db) == expect(range(BRANCHES * ROWS))
     assert active_parts(clickhouse_url, ch_db) == {"202401": 1, "202402": 1, "202403": 1}
+
+
+def test_attached_partitions_of_at_most_merge_above_parts_parts_are_published_as_staged(
+        client, clickhouse_url, ch_db, staging_names, combined):
+    """No merge in the commit: as many parts per partition as a plain INSERT from as many
+    tasks adds, left to the server's background merges."""
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    sources = staged_branches(client, clickhouse_url, target, staging_names)
+    publish_combined(client, sources, combined, "attach_marked", MemoryLedger(),
+                     limits=SizeLimits(rewrite_max_bytes=0, merge_above_parts=BRANCHES))
+    assert keys_in(clickhouse_url, ch_db) == expect(range(BRANCHES * ROWS))
+    assert active_parts(clickhouse_url, ch_db) == {"202401": BRANCHES, "202402": BRANCHES,
+                                                   "202403": BRANCHES}
 
 
 def test_partitions_above_merge_max_bytes_keep_their_parts(
@@ -262,6 +275,18 @@ def test_combine_takes_the_rows_from_the_precombined_table_when_every_source_con
         run_sql(clickhouse_url, f"DROP TABLE `{STAGING_DATABASE}`.`{source.staging_table}`")
     publish_combined(client, sources, combined, "attach_marked", MemoryLedger(),
                      precombined=precombined)
+    assert keys_in(clickhouse_url, ch_db) == expect(range(BRANCHES * ROWS))
+    assert all(n <= BRANCHES for n in active_parts(clickhouse_url, ch_db).values())
+
+
+def test_a_precombined_partition_of_more_parts_than_merge_above_parts_is_copied_as_one(
+        client, clickhouse_url, ch_db, staging_names, combined, precombined):
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    sources = staged_branches(client, clickhouse_url, target, staging_names)
+    contributed(client, target, sources, precombined)
+    publish_combined(client, sources, combined, "attach_marked", MemoryLedger(),
+                     precombined=precombined,
+                     limits=SizeLimits(merge_above_parts=BRANCHES - 1))
     assert keys_in(clickhouse_url, ch_db) == expect(range(BRANCHES * ROWS))
     assert active_parts(clickhouse_url, ch_db) == {"202401": 1, "202402": 1, "202403": 1}
 
