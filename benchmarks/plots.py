@@ -409,6 +409,37 @@ def views(data: dict, out: Path) -> Path | None:
     return _save(fig, out / ("views-modern.png" if data.get("modern") else "views.png"))
 
 
+def trigger_floor(data: dict, out: Path) -> Path | None:
+    """``bench_trigger_floor.py``: per input rate, each sink's median micro-batch time as
+    a share of its trigger interval; at or below 1 the interval is sustained."""
+    results = [r for r in data.get("results", []) if r.get("trigger_ms_median")]
+    if not results:
+        return None
+    rates = sorted({r["rate"] for r in results})
+    fig, axes = plt.subplots(1, len(rates), figsize=(SIZE[0] * 0.8 * len(rates), SIZE[1]),
+                             squeeze=False)
+    for ax, rate in zip(axes[0], rates, strict=True):
+        for sink in ("plain", "tx"):
+            points = sorted((r["trigger_s"], r["trigger_ms_median"] / (r["trigger_s"] * 1000))
+                            for r in results if r["rate"] == rate and r["sink"] == sink)
+            if points:
+                ax.plot([t for t, _ in points], [s for _, s in points], marker="o",
+                        color=COLORS[sink], label=LABELS[sink])
+        floor = data.get("floors", {}).get(str(rate), {})
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_xscale("log")
+        ax.set_xlabel("trigger interval, s", fontsize=8)
+        ax.set_ylabel("median micro-batch ÷ interval", fontsize=8)
+        ax.set_title(f"{rate:,} rows/s: smallest sustained " + ", ".join(
+            f"{sink} {value if value is not None else 'none'} s"
+            for sink, value in floor.items()), fontsize=8)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"trigger interval floor, ClickHouse {data.get('server_version', '')}",
+                 fontsize=9)
+    modern = not data.get("server_version", "").startswith("18.")
+    return _save(fig, out / ("trigger_floor-modern.png" if modern else "trigger_floor.png"))
+
+
 def components(results: Path, out: Path) -> Path | None:
     """The three component benchmarks side by side, if their JSON is there."""
     loaded = {name: json.loads((results / f"{name}.json").read_text())
@@ -560,6 +591,9 @@ def draw_all(results: Path) -> list[Path]:
     task_paths_file = results / "task_paths.json"
     if task_paths_file.exists():
         written.append(task_paths(json.loads(task_paths_file.read_text()), results))
+    for name in ("trigger_floor.json", "trigger_floor-modern.json"):
+        if (results / name).exists():
+            written.append(trigger_floor(json.loads((results / name).read_text()), results))
     for name in ("views.json", "views-modern.json"):
         if (results / name).exists():
             written.append(views(json.loads((results / name).read_text()), results))
