@@ -40,7 +40,7 @@ from server_ext.schema import (
     check_batch,
     describe_table,
 )
-from server_ext.seal import StagedRowsMismatch, seal
+from server_ext.seal import StagedRowsMismatch, seal, with_digests
 from server_ext.sharding import (
     Shard,
     ShardingError,
@@ -122,6 +122,7 @@ __all__ = [
     "resolve_partition",
     "rollback",
     "seal",
+    "with_digests",
     "staging_sink_key",
     "staging_table_name",
     "sweep",

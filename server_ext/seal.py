@@ -136,13 +136,8 @@ def require_sealed(client: SqlClient, manifests: list[Manifest], *, purpose: str
 
 
 def seal(client: SqlClient, target: TargetTable, staging: str, expected_rows: int | None,
-         partitions: dict[str, PartitionManifest] | None = None,
-         digest: bool = False) -> Manifest:
+         partitions: dict[str, PartitionManifest] | None = None) -> Manifest:
     """Check that ``staging`` holds ``expected_rows`` rows and return its manifest.
-
-    ``digest``: record each partition's content digest (``server_ext.digest``; one scan
-    of the table). A server that cannot compute it gives a manifest without digests (the
-    branch is then judged by row counts alone), never a failed seal.
 
     ``expected_rows`` None: the rows came from staging views (``server_ext.views``), whose
     output only the server knows; the manifest records what the table holds.
@@ -158,8 +153,6 @@ def seal(client: SqlClient, target: TargetTable, staging: str, expected_rows: in
     found = sum(p.rows for p in partitions.values())
     if expected_rows is not None and found != expected_rows:
         raise StagedRowsMismatch(f"{database}.{table}", expected_rows, found)
-    if digest and partitions:
-        partitions = _with_digests(client, target, database, table, partitions)
     return Manifest(
         target_database=target.database,
         target_table=target.name,
@@ -169,9 +162,17 @@ def seal(client: SqlClient, target: TargetTable, staging: str, expected_rows: in
     )
 
 
-def _with_digests(client: SqlClient, target: TargetTable, database: str, table: str,
-                  partitions: dict[str, PartitionManifest]) -> dict[str, PartitionManifest]:
-    """``partitions`` with the digest of each whose scan counted exactly its sealed rows."""
+def with_digests(client: SqlClient, target: TargetTable, manifest: Manifest) -> Manifest:
+    """A sealed ``manifest`` with the content digest of each partition whose scan counted
+    exactly its sealed rows (``server_ext.digest``; one scan of the staging table).
+
+    Only reads, so it may run beside other reads of the table (a task digests while it
+    contributes). A server that cannot compute a digest gives the manifest without one
+    (the branch is then judged by row counts alone), never a failure.
+    """
+    if not manifest.partitions:
+        return manifest
+    database, table = manifest.staging_database, manifest.staging_table
     columns = stored_columns((c.name, c.type, c.default_kind) for c in target.columns)
     try:
         digests = partition_digests(client, database, table, columns,
@@ -182,10 +183,11 @@ def _with_digests(client: SqlClient, target: TargetTable, database: str, table: 
     except ClickHouseError as exc:  # a column type the server cannot hash: count only
         log.warning("staging %s.%s: no content digest (verify counts its rows only): %s",
                     database, table, exc)
-        return partitions
-    return {pid: dataclasses.replace(p, digest=digests[pid])
-            if pid in digests and digests[pid].rows == p.rows else p
-            for pid, p in partitions.items()}
+        return manifest
+    return dataclasses.replace(manifest, partitions=tuple(
+        dataclasses.replace(p, digest=digests[p.partition_id])
+        if p.partition_id in digests and digests[p.partition_id].rows == p.rows else p
+        for p in manifest.partitions))
 
 
 def _merge_lookalike_parts(

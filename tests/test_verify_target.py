@@ -86,8 +86,8 @@ class Writer:
                               f"'x' FROM system.numbers WHERE number >= {ids.start} "
                               f"LIMIT {len(ids)}")
         total = sum(len(ids) for ids in rows.values())
-        manifest = server_ext.seal(self.client, self.target, qualified, expected_rows=total,
-                                   digest=True)
+        manifest = server_ext.with_digests(self.client, self.target, server_ext.seal(
+            self.client, self.target, qualified, expected_rows=total))
         payload = {"manifest": manifest.to_dict(), "strategy": self.strategy,
                    "overwrite": False, "staging": staging, "server": self.url, "rows": total}
         self.coord.prepare_branch(epoch, branch_id, payload)

@@ -39,6 +39,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import cached_property
 
@@ -57,6 +58,7 @@ from txsink.payload import BranchOwner
 from txsink.plan import WritePlan, send_columns
 
 log = logging.getLogger(__name__)
+DIGEST_WORKERS = 2  # staged tables of a task digested at once, beside its contributions
 
 
 class XidNotWritable(RuntimeError):
@@ -212,7 +214,7 @@ class _ShardBranch:
         # a merging variant may keep fewer rows than were sent (staging.merges_at_insert)
         expected = None if merges_at_insert(self.writer.target) else rows
         manifest = server_ext.seal(self.client, self.writer.target, self.writer.staging_table,
-                                   expected_rows=expected, digest=True)
+                                   expected_rows=expected)
         return manifest, manifest.rows if expected is None else rows, self.writer.bytes_sent
 
     def seal_views(self) -> list[tuple[_ViewBranch, server_ext.Manifest]]:
@@ -223,7 +225,7 @@ class _ShardBranch:
                 manifest = server_ext.Manifest.empty(share.table, share.staging)
             else:
                 manifest = server_ext.seal(self.client, share.table, share.staging,
-                                           expected_rows=None, digest=True)
+                                           expected_rows=None)
             sealed.append((share, manifest))
         return sealed
 
@@ -303,10 +305,16 @@ class _Attempt:
         # every staged table: the branch's own, then its views' shares
         staged = [(branch, branch, manifest, rows) for branch, manifest, rows, _ in sealed]
         staged += [(branch, share, manifest, manifest.rows) for branch, share, manifest in views]
-        contributed = [self.contribute(branch, manifest, part.table)
-                       for branch, part, manifest, _ in staged]
+        # the digests scan the staged rows while the contributions attach them: both read
+        with ThreadPoolExecutor(DIGEST_WORKERS, thread_name_prefix="txsink-digest") as pool:
+            digesting = [pool.submit(server_ext.with_digests, branch.client, part.table,
+                                     manifest) for branch, part, manifest, _ in staged]
+            contributed = [self.contribute(branch, manifest, part.table)
+                           for branch, part, manifest, _ in staged]
+            digested = [future.result() for future in digesting]
         crashpoints.hit(crashpoints.BRANCH_AFTER_CONTRIBUTE)
-        for (branch, part, manifest, rows), precombined in zip(staged, contributed, strict=True):
+        for (branch, part, _, rows), manifest, precombined in zip(staged, digested, contributed,
+                                                                  strict=True):
             self.coord.prepare_branch(self.epoch, part.branch_id, payload.to_record(
                 payload.StagedBranch(manifest=manifest, strategy=part.strategy,
                                      staging=part.staging, server=branch.server, rows=rows,
