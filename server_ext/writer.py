@@ -29,6 +29,14 @@ Contract (like Spark's ``DataWriter``: one writer per task attempt, used from on
   ``<dedup_token>-<block number>``, and one whose answer was lost (timeout or connection
   lost after the body was sent) is sent again: the server drops the repeat if the first
   try was written. Without it such an INSERT fails the writer (see above).
+- ``repeat_inserts=False`` (a staging table that staging views read): no INSERT that may
+  have written anything is sent again, neither after a lost answer nor after a transient
+  server error; only one that never reached the server is. The server fires the views per
+  block and commits the table's and each view's parts apart: measured on 26.x, a server
+  killed inside an INSERT kept a view's part of a block whose table part it lost, and the
+  repeat, deduplicated in the table or not, doubled (or, the other way round, would lose)
+  that block in the view. A view's output has no count to seal against, so the writer
+  fails instead and the task's next attempt stages afresh.
 - Every INSERT is synchronous: where the server knows ``async_insert`` (detected in
   ``capabilities``; 18.16 has no such setting) it is sent with ``async_insert=0``. A modern
   server may default to asynchronous inserts (ClickHouse Cloud does, and the 26.x test
@@ -96,6 +104,7 @@ class BranchWriter:
         extra_settings: Mapping[str, str] | None = None,
         dedup_token: str | None = None,
         encoding: str | None = None,
+        repeat_inserts: bool = True,
     ) -> None:
         if block_rows < 1 or chunk_rows < 1:
             raise ValueError("block_rows and chunk_rows must be positive")
@@ -117,6 +126,7 @@ class BranchWriter:
         if dedup_token is not None:
             self.insert_settings["insert_deduplicate"] = 1
         self.dedup_token = dedup_token
+        self.repeat_inserts = repeat_inserts
         self._blocks = 0
         self.value_ranges = caps.value_ranges  # Date/DateTime are checked against this server
         self.block_rows = block_rows
@@ -246,7 +256,7 @@ class BranchWriter:
                 purpose=f"insert {rows} rows into staging table {self.staging_table}",
                 columns=[c.name for c in self._columns or []],
                 settings=settings, deduplicated=self.dedup_token is not None,
-                encoding=self.encoding,
+                retry=self.repeat_inserts, encoding=self.encoding,
             )
         except BaseException as exc:
             self._failed = exc

@@ -293,6 +293,31 @@ def test_insert_repeated_after_a_lost_answer_keeps_its_rows_once(modern_clickhou
         client.execute(f"DROP DATABASE IF EXISTS `{database}`", purpose="drop database")
 
 
+def test_insert_whose_answer_was_lost_fails_a_writer_that_may_not_repeat_inserts(
+        modern_clickhouse_url) -> None:
+    """A staging table that staging views read (``repeat_inserts=False``): even with a
+    token and a deduplication window the INSERT is not sent again, since the views'
+    shares of the block may have been written apart from the table's."""
+    from server_ext.staging import create_staging
+
+    client = ClickHouseClient(modern_clickhouse_url)
+    caps = detect_capabilities(client)
+    database = f"t_{uuid.uuid4().hex[:10]}"
+    client.execute(f"CREATE DATABASE `{database}`", purpose="create database")
+    try:
+        target = make_table(client, database, name="target")
+        staging = create_staging(client, target, f"{database}.staging", dedup_window=True)
+        writer = BranchWriter(client, target, staging, caps, block_rows=100,
+                              dedup_token="branch-1", repeat_inserts=False)
+        client._session.post = LoseFirstAnswer(client._session.post)
+        with pytest.raises(ClickHouseError, match="may or may not have run"):
+            writer.write(rows_batch(0, 250))
+            writer.flush()
+        assert client._session.post.lost == 1
+    finally:
+        client.execute(f"DROP DATABASE IF EXISTS `{database}`", purpose="drop database")
+
+
 def test_insert_whose_answer_was_lost_fails_the_writer_without_a_token(clickhouse_url) -> None:
     """18.16 has no insert_deduplication_token: a lost answer leaves the outcome unknown,
     so the writer fails (the branch is rolled back) instead of risking a double."""

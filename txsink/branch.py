@@ -185,6 +185,7 @@ class _ShardBranch:
                 extra_settings={**given, **bound},
                 dedup_token=self.staging if dedup else None,
                 encoding=self.plan.options.compression,
+                repeat_inserts=not self.views,  # the views' shares have no count to seal
             )
         self.writer.write(batch)
 
