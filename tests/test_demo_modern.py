@@ -1,13 +1,17 @@
 """``txsink demo --server modern``: the demo's private modern server, killed and restarted.
 
-The demo itself (Spark, minutes) is not run here; this checks what it relies on: the
-private services it builds for ``--server modern`` (its own ZooKeeper and modern server,
-never the shared ones), a kill -9 and restart of that server through the chaos faults,
-and the strategy the sink picks there.
+This checks what the demo relies on: the private services it builds for ``--server
+modern`` (its own ZooKeeper and modern server, never the shared ones), a kill -9 and
+restart of that server through the chaos faults, and the strategy the sink picks there;
+with ``--coordinator keepermap``, the same server with that ZooKeeper as its Keeper,
+whose records table outlives kills of either. One short run of the demo itself (Spark,
+a few minutes) checks the keepermap demo end to end.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,7 +23,7 @@ from server_ext.client import ClickHouseClient
 from tests.conftest import run_sql
 from txsink import cli
 from txsink.harness.chaos.faults import kill_server, private_services, restart_server
-from txsink.harness.demo import PORT_BASE
+from txsink.harness.demo import PORT_BASE, RECORDS_TABLE
 from txsink.harness.modern_server import ModernClickHouse, chdb_version
 from txsink.harness.services import ClickHouse, Services, port_open
 
@@ -36,14 +40,24 @@ def free_base() -> int:
     raise RuntimeError("no free port range for a private modern server")
 
 
-@pytest.fixture
-def private(tmp_path: Path) -> Iterator[Services]:
-    services = private_services(tmp_path / "services", free_base(), "modern")
+def running(services: Services) -> Iterator[Services]:
     try:
         services.up()
         yield services
     finally:
         services.down()
+
+
+@pytest.fixture
+def private(tmp_path: Path) -> Iterator[Services]:
+    yield from running(private_services(tmp_path / "services", free_base(), "modern"))
+
+
+@pytest.fixture
+def keeper_private(tmp_path: Path) -> Iterator[Services]:
+    """The demo's services for ``--coordinator keepermap``: ZooKeeper is the server's Keeper."""
+    yield from running(private_services(tmp_path / "services", free_base(), "modern",
+                                        keeper=True))
 
 
 def test_cli_demo_server_option() -> None:
@@ -93,3 +107,51 @@ def test_kill_and_restart_the_private_modern_server(private: Services) -> None:
     assert kill_server(private, "zookeeper") and not private.zookeeper.ready()
     restart_server(private, "zookeeper")
     assert private.zookeeper.ready() and server.ready()
+
+
+def records_ready(services: Services) -> bool:
+    """The demo's records table on the private server can hold records (and is read)."""
+    return cli.create_records_table(services.clickhouse.url, RECORDS_TABLE).problem() is None
+
+
+def test_the_keeper_backed_private_modern_server_keeps_its_records_table_across_kills(
+        keeper_private: Services) -> None:
+    server, zookeeper = keeper_private.clickhouse, keeper_private.zookeeper
+    assert records_ready(keeper_private)
+
+    assert kill_server(keeper_private, "zookeeper") and server.ready()
+    restart_server(keeper_private, "zookeeper")
+    assert records_ready(keeper_private)
+
+    assert kill_server(keeper_private, "clickhouse")
+    restart_server(keeper_private, "clickhouse")
+    assert records_ready(keeper_private)
+
+    # both down: the server is brought back after its Keeper, which it needs to start
+    assert kill_server(keeper_private, "zookeeper") and kill_server(keeper_private, "clickhouse")
+    restart_server(keeper_private, "clickhouse")
+    assert zookeeper.ready() and server.ready()
+    assert records_ready(keeper_private)
+
+
+#: With 4 epochs, seed 0 kills ClickHouse while epoch 1 writes (its staging and its view's
+#: staging) and ZooKeeper (the records table's Keeper) while epoch 2 publishes.
+DEMO_ARGS = ("--server", "modern", "--coordinator", "keepermap", "--epochs", "4",
+             "--rows-per-epoch", "2000", "--seed", "0")
+DEMO_PORTS = range(PORT_BASE + 1, PORT_BASE + 7)
+
+
+@pytest.mark.timeout(1200)
+def test_the_demo_with_keepermap_records_on_the_modern_server_is_exactly_once() -> None:
+    if any(port_open(port) for port in DEMO_PORTS):
+        pytest.skip(f"the demo's ports {DEMO_PORTS.start}..{DEMO_PORTS.stop - 1} are in use "
+                    "(a demo is running)")
+    demo = subprocess.run([sys.executable, "-m", "txsink", "demo", *DEMO_ARGS],
+                          capture_output=True, text=True, timeout=1100)
+    out = demo.stdout
+    assert demo.returncode == 0, out + demo.stderr[-3000:]
+    assert f"coordinator records: KeeperMap table {RECORDS_TABLE} on " in out, out
+    assert "clickhouse_tx: epoch 1 writing -> clickhouse kill -9" in out, out
+    assert "clickhouse_tx: epoch 2 publishing -> zookeeper kill -9" in out, out
+    assert "txsink verify (clickhouse_tx history): no anomalies" in out, out
+    assert "clickhouse_tx: EXACTLY ONCE" in out, out

@@ -15,6 +15,7 @@
     txsink reset   --sink S --forget-epochs | --committed-through N
                                         way out of a stream state mismatch (stop the query)
     txsink demo [--server modern]       the exactly-once demo under injected faults
+        [--coordinator keepermap]       ... records in a KeeperMap table (--server modern)
 
 ClickHouse credentials come from TXSINK_CLICKHOUSE_USER / TXSINK_CLICKHOUSE_PASSWORD,
 never from the command line (it would show in ``ps``); ZooKeeper's TLS CA file from
@@ -30,6 +31,10 @@ import math
 import os
 import sys
 import warnings
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from server_ext.keepermap import KeeperMapTable
 
 
 def _services(args: argparse.Namespace) -> int:
@@ -99,23 +104,45 @@ def _print_https(clickhouse) -> None:
         print(f"warning: {problem}", file=sys.stderr)
 
 
-def _records(args: argparse.Namespace, credentials: dict[str, str]) -> int:
-    """``txsink records create``: the records table of ``coordinator=keepermap``."""
+#: ``txsink records create --keeper-path``: the records table's path in the server's Keeper
+RECORDS_KEEPER_PATH = "/txsink_records"
+
+
+def create_records_table(url: str, records_table: str,
+                         keeper_path: str = RECORDS_KEEPER_PATH,
+                         credentials: dict[str, str] | None = None) -> KeeperMapTable:
+    """Create the records table of ``coordinator=keepermap`` (``database.table``) on the
+    ClickHouse at ``url``, idempotently, and return it: what
+    ``txsink records create`` runs. Raises ``RecordsUnusable`` naming why the table cannot
+    hold the records (a server without KeeperMap, a Keeper it cannot reach, ...)."""
     from server_ext.keepermap import KeeperMapTable
     from txsink import connections
 
-    database, _, table = args.records_table.partition(".")
+    database, _, table = records_table.partition(".")
     if not table:
-        raise ValueError(f"--records-table {args.records_table!r} must be database.table")
-    client = connections.clickhouse_client(args.records_url or args.url,
-                                           credentials.get("user"), credentials.get("password"))
+        raise ValueError(f"--records-table {records_table!r} must be database.table")
+    credentials = credentials or {}
+    client = connections.clickhouse_client(url, credentials.get("user"),
+                                           credentials.get("password"))
     records = KeeperMapTable(client, database, table)
-    records.create(args.keeper_path)
+    records.create(keeper_path)
     problem = records.problem()
     if problem is not None:
-        print(problem, file=sys.stderr)
+        raise connections.RecordsUnusable(problem)
+    return records
+
+
+def _records(args: argparse.Namespace, credentials: dict[str, str]) -> int:
+    """``txsink records create``: the records table of ``coordinator=keepermap``."""
+    from txsink.connections import RecordsUnusable
+
+    try:
+        records = create_records_table(args.records_url or args.url, args.records_table,
+                                       args.keeper_path, credentials)
+    except RecordsUnusable as exc:
+        print(exc, file=sys.stderr)
         return 1
-    print(f"{args.records_table} on {client.url}: ready for coordinator=keepermap "
+    print(f"{args.records_table} on {records.client.url}: ready for coordinator=keepermap "
           f"(records_table={args.records_table})")
     return 0
 
@@ -196,7 +223,19 @@ def unjudged(result: dict) -> bool:
                for n in (s.get("target") or {}).get("not_judged", []))
 
 
+def demo_problem(args: argparse.Namespace) -> str | None:
+    """Why ``txsink demo`` cannot run with these arguments (None: it can)."""
+    if args.coordinator == "keepermap" and args.server != "modern":
+        return (f"--coordinator keepermap needs --server modern: ClickHouse {args.server} "
+                "has no KeeperMap table engine to keep the coordinator's records in")
+    return None
+
+
 def _demo(args: argparse.Namespace) -> int:
+    problem = demo_problem(args)
+    if problem is not None:  # before anything starts
+        print(f"txsink demo: {problem}", file=sys.stderr)
+        return 2
     try:
         from txsink.harness import demo
     except ImportError as exc:
@@ -307,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "records (coordinator=keepermap)", url=True)
     records.add_argument("action", choices=("create",),
                          help="create: the table, with its format row (idempotent)")
-    records.add_argument("--keeper-path", default="/txsink_records",
+    records.add_argument("--keeper-path", default=RECORDS_KEEPER_PATH,
                          help="the table's path in the server's Keeper")
     status = ops_parser("status", "sinks, committed epochs, in-doubt xids, metrics", url=False,
                         credentials=True)
@@ -403,6 +442,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the private ClickHouse the demo runs against and kills: the "
                            "18.16 server (default) or the modern 26.x one from chdb "
                            "(needs the chdb package)")
+    demo.add_argument("--coordinator", choices=("zookeeper", "keepermap"),
+                      default="zookeeper",
+                      help="where clickhouse_tx keeps its coordinator's records: the demo's "
+                           "ZooKeeper (default), or keepermap: a KeeperMap table of the "
+                           "demo's ClickHouse, whose Keeper is that ZooKeeper (needs "
+                           "--server modern; the sink gets no ZooKeeper)")
     demo.set_defaults(func=_demo)
     return parser
 

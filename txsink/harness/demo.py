@@ -6,7 +6,11 @@ What it shows, in a few minutes:
    folder, so the demo may kill it without touching anything else). With
    ``--server modern`` the ClickHouse is a modern 26.x server (from the chdb wheel,
    :mod:`txsink.harness.modern_server`) on ports 28105/28106 instead of the 18.16 one;
-   the sink picks its publish strategy by itself (``move`` there).
+   the sink picks its publish strategy by itself (``move`` there). With
+   ``--coordinator keepermap`` (modern only) that ZooKeeper is the server's Keeper and
+   ``clickhouse_tx`` keeps its coordinator's records in a KeeperMap table of the server
+   (made as ``txsink records create`` makes it), with no ZooKeeper of its own; killing
+   ZooKeeper then takes the records table away from under the sink.
 2. A streaming pipeline (:mod:`txsink.harness.chaos.pipeline`, its own driver process) reads
    uniquely keyed event files, one file per micro-batch, and writes them through
    ``clickhouse_tx`` into a plain MergeTree table. At seeded epochs, the moment that
@@ -36,10 +40,13 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
+from txsink.cli import create_records_table
 from txsink.harness.chaos import jvm
 from txsink.harness.chaos.checker import CheckerError, count_in_range
 from txsink.harness.chaos.faults import private_services
 from txsink.harness.chaos.schedule import ChaosRun, Fault, RunReport
+from txsink.harness.services import Services
+from txsink.options import DEFAULT_RECORDS_TABLE, KEEPERMAP, ZOOKEEPER
 
 PORT_BASE = 28100
 #: ``--server`` choices: the Debian ClickHouse 18.16, or the modern 26.x from chdb.
@@ -55,6 +62,9 @@ WRITING, PUBLISHING = "writing", "publishing"
 DEMO_FAULTS = (("driver_kill", WRITING), ("clickhouse_kill", WRITING),
                ("zookeeper_kill", PUBLISHING), ("driver_kill", PUBLISHING),
                ("clickhouse_kill", WRITING), ("driver_kill", WRITING))
+#: Options of both sinks; ``clickhouse_tx`` adds its coordinator's (:func:`sink_options`).
+OPTIONS = {"timeout": "10", "insert_block_rows": "1000"}
+RECORDS_TABLE = DEFAULT_RECORDS_TABLE  # coordinator=keepermap: the records' table
 STAGING_ROWS_SQL = (
     "SELECT sum(rows) FROM system.parts WHERE database = 'txsink_staging' AND active "
     "AND match(table, '_e{epoch}_')"
@@ -81,6 +91,31 @@ def plan_demo(epochs: int, seed: int) -> list[DemoFault]:
     return [DemoFault(epoch, moment,
                       Fault(kind, 0.0, duration=0.0 if kind == "driver_kill" else 1.5))
             for epoch, (kind, moment) in zip(chosen, faults, strict=False)]
+
+
+def sink_options(sink: str, coordinator: str = ZOOKEEPER) -> dict[str, str]:
+    """The demo's options of ``sink``. With ``coordinator=keepermap``, ``clickhouse_tx``
+    keeps its records in the KeeperMap table :data:`RECORDS_TABLE` of the server it
+    writes to, and the pipeline gives it no ZooKeeper; ``clickhouse_plain`` has no
+    coordinator."""
+    options = dict(OPTIONS)
+    if sink == "clickhouse_tx" and coordinator == KEEPERMAP:
+        options.update(coordinator=KEEPERMAP, records_table=RECORDS_TABLE)
+    return options
+
+
+def prepare_store(services: Services, coordinator: str) -> str:
+    """Make the store of ``clickhouse_tx``'s records ready; one line saying which it is.
+
+    ZooKeeper needs nothing; the KeeperMap table is created the way an operator creates
+    it (``txsink records create``), on the demo's server.
+    """
+    if coordinator != KEEPERMAP:
+        return f"coordinator records: ZooKeeper {services.zookeeper.hosts}"
+    create_records_table(services.clickhouse.url, RECORDS_TABLE)
+    return (f"coordinator records: KeeperMap table {RECORDS_TABLE} on "
+            f"{services.clickhouse.url} (its Keeper: the ZooKeeper "
+            f"{services.zookeeper.hosts}; clickhouse_tx is given no ZooKeeper)")
 
 
 def _show(bar: tqdm, value: int) -> None:
@@ -208,8 +243,10 @@ def main(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     epochs, rows = args.epochs, args.rows_per_epoch
     server = getattr(args, "server", "18.16")
+    coordinator = getattr(args, "coordinator", ZOOKEEPER)
     workdir = Path(tempfile.mkdtemp(prefix="txsink-demo-"))
-    services = private_services(workdir / "services", PORT_BASE, server)
+    services = private_services(workdir / "services", PORT_BASE, server,
+                                keeper=coordinator == KEEPERMAP)
     print(f"txsink demo (seed {seed}) against {SERVER_LABELS[server]}: {epochs} epochs x "
           f"{rows} rows, through clickhouse_tx and then clickhouse_plain under the same "
           "faults")
@@ -222,13 +259,14 @@ def main(args: argparse.Namespace) -> int:
         services.up()
         print(f"ClickHouse {server_version(services.clickhouse.url)} "
               f"({services.clickhouse.url}) and ZooKeeper ready")
+        print(prepare_store(services, coordinator))
         if jvm.ensure_archive(quiet=False) is None:
             print("fast Spark driver start-up unavailable: drivers start the slow way")
         with tqdm(total=epochs * len(SINKS), unit="epoch", desc="epochs committed") as bar:
             runs = [ChaosRun(workdir / sink, services, sink=sink,
                              table=f"demo.events_{sink.split('_')[1]}",
                              rows_per_epoch=rows, epochs=epochs, seed=seed,
-                             options={"timeout": "10", "insert_block_rows": "1000"},
+                             options=sink_options(sink, coordinator),
                              stall_timeout=90.0, log=bar.write)
                     for sink in SINKS]
             for index, run in enumerate(runs):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import requests
@@ -149,14 +149,19 @@ def verifier_anomalies(verifier: dict | None) -> list[str]:
 
 
 def run_verifier(zookeeper: str, zk_root: str = "/txsink", sink: str | None = None,
-                 timeout: float = 120.0) -> dict:
+                 timeout: float = 120.0, store: Mapping[str, str] | None = None) -> dict:
     """Run the operator's audit verifier (``txsink verify --json``) as its own process.
 
     It is the sink's own account of its history; running the CLI keeps this module free
-    of the sink's code while still reporting what the verifier sees.
+    of the sink's code while still reporting what the verifier sees. ``store``: the sink's
+    options that name its coordinator's store (``coordinator``, ``records_url``, ...),
+    each given as the verifier's argument of the same name; none: the records are in
+    ``zookeeper``.
     """
     argv = [sys.executable, "-m", "txsink", "verify", "--json", "--zookeeper", zookeeper,
             "--zk-root", zk_root]
+    for name, value in (store or {}).items():
+        argv += [f"--{name.replace('_', '-')}", value]
     if sink:
         argv += ["--sink", sink]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)

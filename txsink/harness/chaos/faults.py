@@ -8,7 +8,8 @@ causes, never a polite shutdown:
 - :func:`kill_python_worker` kills one Python worker of a running driver; Spark sees a
   failed task (or a failed commit) and retries or fails the micro-batch.
 - :func:`kill_server` / :func:`restart_server` use :mod:`txsink.harness.services` (``kill()``
-  then ``start()``); ZooKeeper is started before ClickHouse when both are down.
+  then ``start()``); ZooKeeper is started before a ClickHouse that uses it when both are
+  down.
 - :class:`CrashArming` arms the named crash points of :mod:`txsink.crashpoints` in a
   driver that is already running: the driver starts with every point armed and each
   point's "already fired" marker present; deleting a marker arms that point.
@@ -126,26 +127,36 @@ def kill_server(services: Services, kind: str, timeout: float = 10.0) -> bool:
     return was_running
 
 
+def uses_zookeeper(services: Services) -> bool:
+    """Whether the ClickHouse of ``services`` needs their ZooKeeper to start: an 18.16
+    server always (its config names it), a modern one given it as its Keeper."""
+    clickhouse = services.clickhouse
+    return isinstance(clickhouse, ClickHouse) or getattr(clickhouse, "zookeeper", None) is not None
+
+
 def restart_server(services: Services, kind: str) -> None:
     """Start a killed server again and wait until it is usable.
 
-    ZooKeeper first when an 18.16 ClickHouse restarts (its config names ZooKeeper); the
-    modern server does not use ZooKeeper and starts on its own.
+    ZooKeeper first when a ClickHouse that uses it restarts (:func:`uses_zookeeper`); a
+    modern server without a Keeper starts on its own.
     """
-    if (kind == "clickhouse" and isinstance(services.clickhouse, ClickHouse)
-            and not services.zookeeper.ready()):
+    if kind == "clickhouse" and uses_zookeeper(services) and not services.zookeeper.ready():
         services.zookeeper.start()
     getattr(services, kind).start()
 
 
-def private_services(home: Path, port_base: int, server: str = "18.16") -> Services:
+def private_services(home: Path, port_base: int, server: str = "18.16",
+                     keeper: bool = False) -> Services:
     """A ClickHouse + ZooKeeper pair of our own, on ports from ``port_base``.
 
     ``server="18.16"``: ZooKeeper on ``port_base+1``, ClickHouse 18.16 on ``+2`` (HTTP),
     ``+3`` (native) and ``+4`` (interserver). ``server="modern"``: the same ZooKeeper and,
     as ``services.clickhouse``, a modern ClickHouse 26.x (chdb) on ``+5`` (HTTP) and
-    ``+6`` (native). A fault run kills these freely without disturbing anyone using the
-    shared servers. Call ``up()`` to start and ``down()`` to stop them.
+    ``+6`` (native); with ``keeper`` that ZooKeeper is the modern server's Keeper (its
+    config gets a ``<zookeeper>`` section), so it has KeeperMap tables (the
+    ``coordinator=keepermap`` store); without, it uses no ZooKeeper. The 18.16 server
+    always uses the ZooKeeper. A fault run kills these freely without disturbing anyone
+    using the shared servers. Call ``up()`` to start and ``down()`` to stop them.
     """
     zk = ZooKeeper(home, port=port_base + 1)
     if server == "modern":
@@ -154,7 +165,8 @@ def private_services(home: Path, port_base: int, server: str = "18.16") -> Servi
         http, tcp = port_base + 5, port_base + 6
         # modern_*_port too: ``Services.modern`` (which ``down()`` stops) must be this
         # server, never one on the shared default ports.
-        modern = ModernClickHouse(home, http_port=http, tcp_port=tcp)
+        modern = ModernClickHouse(home, http_port=http, tcp_port=tcp,
+                                  zookeeper=zk.hosts if keeper else None)
         return Services(home, zk, modern,  # type: ignore[arg-type]
                         modern_http_port=http, modern_tcp_port=tcp)
     if server != "18.16":

@@ -29,7 +29,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import requests
@@ -37,6 +37,7 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterComm
 
 from txsink.harness.chaos import checker
 from txsink.harness.chaos.faults import fired_markers, kill_session
+from txsink.options import KEEPERMAP, STORE_OPTIONS
 
 #: The events every chaos run writes: a unique id per row, three monthly partitions.
 SCHEMA = "id LONG, day DATE, name STRING, value DOUBLE"
@@ -254,16 +255,24 @@ def _sink_options(args: argparse.Namespace) -> dict[str, str]:
     for item in args.option:
         key, _, value = item.partition("=")
         options[key] = value
-    if options.get("coordinator") == "keepermap":  # records in KeeperMap: no ZooKeeper
+    if options.get("coordinator") == KEEPERMAP:  # records in KeeperMap: no ZooKeeper
         del options["zookeeper"]
     return options
 
 
+#: The sink options that name the coordinator's store; an operator command takes each as
+#: the argument of the same name (``--coordinator``, ``--records-url``, ...).
+STORE_OPTION_NAMES = ("coordinator", *STORE_OPTIONS[KEEPERMAP])
+
+
+def store_options(options: Mapping[str, str]) -> dict[str, str]:
+    """The options of ``options`` that name the coordinator's store (none: ZooKeeper's)."""
+    return {name: options[name] for name in STORE_OPTION_NAMES if name in options}
+
+
 def _store_args(args: argparse.Namespace) -> dict[str, str]:
     """The operator's arguments for the store the sink's options name."""
-    options = _sink_options(args)
-    return {name: options[name] for name in ("coordinator", "records_url", "records_table")
-            if name in options}
+    return store_options(_sink_options(args))
 
 
 def _run_stream(spark, args: argparse.Namespace) -> None:

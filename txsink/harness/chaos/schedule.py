@@ -76,10 +76,12 @@ from txsink.harness.chaos.pipeline import (
     check_with_view,
     create_events_table,
     create_fed_view,
+    store_options,
     write_epoch_file,
 )
 from txsink.harness.chaos.proxy import TcpProxy
 from txsink.harness.services import Services
+from txsink.options import KEEPERMAP
 
 FAULT_KINDS = (
     "driver_kill", "worker_kill", "crash_point", "clickhouse_kill", "clickhouse_kill_publish",
@@ -589,11 +591,25 @@ class ChaosRun:
             blocked=self.blocked, engine=self.engine.split("(")[0], actors=self.tally,
         )
 
+    @property
+    def store(self) -> dict[str, str]:
+        """The coordinator's store of the run's options, as operator arguments
+        (:func:`~txsink.harness.chaos.pipeline.store_options`); KeeperMap records are read
+        from the server itself, not through the run's proxy (stopped once it finishes)."""
+        store = store_options(self.options)
+        if store.get("coordinator") == KEEPERMAP:
+            store.setdefault("records_url", self.services.clickhouse.url)
+        return store
+
     def _verify(self) -> str:
         try:
-            answer = checker.run_verifier(self.services.zookeeper.hosts, sink=self.sink_id)
+            answer = checker.run_verifier(self.services.zookeeper.hosts, sink=self.sink_id,
+                                          store=self.store)
         except (checker.CheckerError, OSError) as exc:
             return f"unavailable ({exc})"
+        if not any(sink.get("sink_id") == self.sink_id for sink in answer.get("sinks", [])):
+            # a store without the sink's records answers "no sinks", which has no anomaly
+            return f"unavailable (the coordinator's store holds no records of {self.sink_id})"
         anomalies = checker.verifier_anomalies(answer)
         if not anomalies:
             return "no anomalies"

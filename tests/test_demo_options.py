@@ -1,0 +1,63 @@
+"""``txsink demo --coordinator``: the choices and how they reach the sink (fast tier).
+
+Nothing here starts a server or Spark; the demo's runs themselves are in
+``tests/test_demo_modern.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from txsink import cli
+from txsink.harness import demo
+from txsink.harness.chaos.faults import private_services
+from txsink.harness.chaos.schedule import ChaosRun
+
+
+def test_demo_coordinator_defaults_to_zookeeper() -> None:
+    parser = cli.build_parser()
+    assert parser.parse_args(["demo"]).coordinator == "zookeeper"
+    assert parser.parse_args(["demo", "--coordinator", "keepermap"]).coordinator == "keepermap"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["demo", "--coordinator", "etcd"])
+
+
+@pytest.mark.parametrize("server_args", [[], ["--server", "18.16"]], ids=["default", "18.16"])
+def test_demo_refuses_keepermap_on_clickhouse_18_16_before_starting_anything(
+        server_args: list[str], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    started: list[object] = []
+    monkeypatch.setattr(demo, "main", started.append)
+    assert cli.main(["demo", "--coordinator", "keepermap", *server_args]) == 2
+    assert not started
+    error = capsys.readouterr().err
+    assert "--coordinator keepermap needs --server modern" in error, error
+    assert "ClickHouse 18.16 has no KeeperMap table engine" in error, error
+
+
+def test_private_modern_server_has_the_private_zookeeper_as_keeper_only_when_asked(
+        tmp_path: Path) -> None:
+    assert private_services(tmp_path, demo.PORT_BASE, "modern").clickhouse.zookeeper is None
+    keeper = private_services(tmp_path, demo.PORT_BASE, "modern", keeper=True)
+    assert keeper.clickhouse.zookeeper == keeper.zookeeper.hosts
+    assert keeper.zookeeper.port == demo.PORT_BASE + 1
+
+
+def test_with_keepermap_only_clickhouse_tx_keeps_its_records_in_the_records_table() -> None:
+    assert demo.sink_options("clickhouse_tx", "keepermap") == {
+        **demo.OPTIONS, "coordinator": "keepermap", "records_table": demo.RECORDS_TABLE}
+    assert demo.sink_options("clickhouse_plain", "keepermap") == demo.OPTIONS
+    assert demo.sink_options("clickhouse_tx", "zookeeper") == demo.OPTIONS
+
+
+def test_the_verifier_reads_keepermap_records_from_the_server_not_through_the_proxy(
+        tmp_path: Path) -> None:
+    services = private_services(tmp_path, demo.PORT_BASE, "modern", keeper=True)
+    run = ChaosRun(tmp_path / "run", services,
+                   options=demo.sink_options("clickhouse_tx", "keepermap"))
+    assert run.store == {"coordinator": "keepermap", "records_table": demo.RECORDS_TABLE,
+                         "records_url": services.clickhouse.url}
+    zookeeper_run = ChaosRun(tmp_path / "zk", services, options=dict(demo.OPTIONS))
+    assert zookeeper_run.store == {}  # the verifier reads ZooKeeper, as before
