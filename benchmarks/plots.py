@@ -428,6 +428,9 @@ def trigger_floor(data: dict, out: Path) -> Path | None:
         floor = data.get("floors", {}).get(str(rate), {})
         ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         ax.set_xscale("log")
+        triggers = sorted({r["trigger_s"] for r in results if r["rate"] == rate})
+        ax.set_xticks(triggers, [f"{t:g}" for t in triggers])
+        ax.minorticks_off()
         ax.set_xlabel("trigger interval, s", fontsize=8)
         ax.set_ylabel("median micro-batch ÷ interval", fontsize=8)
         ax.set_title(f"{rate:,} rows/s: smallest sustained " + ", ".join(
