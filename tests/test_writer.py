@@ -268,9 +268,10 @@ class LoseFirstAnswer:
         return answer
 
 
-def test_insert_repeated_after_a_lost_answer_keeps_its_rows_once(modern_clickhouse_url) -> None:
-    """26.x: the staging table has a deduplication window and each INSERT a token, so the
-    client sends an INSERT whose answer was lost again, and the server drops the repeat."""
+@pytest.fixture
+def tokened_staging(modern_clickhouse_url):
+    """26.x: (client, capabilities, target, staging) where the staging table has a
+    deduplication window; the posts of ``client`` lose the first INSERT's answer."""
     from server_ext.staging import create_staging
 
     client = ClickHouseClient(modern_clickhouse_url)
@@ -281,41 +282,37 @@ def test_insert_repeated_after_a_lost_answer_keeps_its_rows_once(modern_clickhou
     try:
         target = make_table(client, database, name="target")
         staging = create_staging(client, target, f"{database}.staging", dedup_window=True)
-        writer = BranchWriter(client, target, staging, caps, block_rows=100,
-                              dedup_token="branch-1")
         client._session.post = LoseFirstAnswer(client._session.post)
-        writer.write(rows_batch(0, 250))
-        writer.flush()
-        assert client._session.post.lost == 1
-        assert writer.rows_sent == 250
-        assert int(client.query_value(f"SELECT count() FROM {staging}", purpose="count")) == 250
+        yield client, caps, target, staging
     finally:
         client.execute(f"DROP DATABASE IF EXISTS `{database}`", purpose="drop database")
+
+
+def test_insert_repeated_after_a_lost_answer_keeps_its_rows_once(tokened_staging) -> None:
+    """The staging table has a deduplication window and each INSERT a token, so the
+    client sends an INSERT whose answer was lost again, and the server drops the repeat."""
+    client, caps, target, staging = tokened_staging
+    writer = BranchWriter(client, target, staging, caps, block_rows=100,
+                          dedup_token="branch-1")
+    writer.write(rows_batch(0, 250))
+    writer.flush()
+    assert client._session.post.lost == 1
+    assert writer.rows_sent == 250
+    assert int(client.query_value(f"SELECT count() FROM {staging}", purpose="count")) == 250
 
 
 def test_insert_whose_answer_was_lost_fails_a_writer_that_may_not_repeat_inserts(
-        modern_clickhouse_url) -> None:
+        tokened_staging) -> None:
     """A staging table that staging views read (``repeat_inserts=False``): even with a
     token and a deduplication window the INSERT is not sent again, since the views'
     shares of the block may have been written apart from the table's."""
-    from server_ext.staging import create_staging
-
-    client = ClickHouseClient(modern_clickhouse_url)
-    caps = detect_capabilities(client)
-    database = f"t_{uuid.uuid4().hex[:10]}"
-    client.execute(f"CREATE DATABASE `{database}`", purpose="create database")
-    try:
-        target = make_table(client, database, name="target")
-        staging = create_staging(client, target, f"{database}.staging", dedup_window=True)
-        writer = BranchWriter(client, target, staging, caps, block_rows=100,
-                              dedup_token="branch-1", repeat_inserts=False)
-        client._session.post = LoseFirstAnswer(client._session.post)
-        with pytest.raises(ClickHouseError, match="may or may not have run"):
-            writer.write(rows_batch(0, 250))
-            writer.flush()
-        assert client._session.post.lost == 1
-    finally:
-        client.execute(f"DROP DATABASE IF EXISTS `{database}`", purpose="drop database")
+    client, caps, target, staging = tokened_staging
+    writer = BranchWriter(client, target, staging, caps, block_rows=100,
+                          dedup_token="branch-1", repeat_inserts=False)
+    with pytest.raises(ClickHouseError, match="may or may not have run"):
+        writer.write(rows_batch(0, 250))
+        writer.flush()
+    assert client._session.post.lost == 1
 
 
 def test_insert_whose_answer_was_lost_fails_the_writer_without_a_token(clickhouse_url) -> None:
