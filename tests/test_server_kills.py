@@ -188,16 +188,24 @@ def test_a_restart_inside_the_attach_marked_window_is_resolved_with_txsink_resol
             entry = coord.ledger(xid.epoch, branch.branch_id).get(
                 ledger_key(manifest.staging_table)) if manifest else None
             if entry and entry.get("attaching"):
-                doubts.append((branch.branch_id, entry["attaching"]))
+                doubts += [(branch.branch_id, manifest, pid) for pid in entry["attaching"]]
     finally:
         client.stop()
         client.close()
     assert doubts, "nothing in doubt: the repeat decided on its own"
+    # The operator looks before deciding: the tables were empty before the job, so a
+    # partition's rows are in its table iff its ATTACH ran (the held one, or the other
+    # table's, which the kill may have cut short).
+    decisions: dict[tuple[str, bool], list[str]] = {}
+    for branch_id, manifest, pid in doubts:
+        visible = int(run_sql(url, f"SELECT count() FROM `{manifest.target_database}`."
+                                   f"`{manifest.target_table}` WHERE _partition_id = '{pid}'"))
+        decisions.setdefault((branch_id, visible > 0), []).append(pid)
     ops = Operations(sink.zk_hosts, zk_root=sink.options["zk_root"], url=url)
-    try:  # the operator looked: the rows of the held ATTACH are in the target
-        for branch_id, partitions in doubts:
+    try:
+        for (branch_id, attached), partitions in decisions.items():
             ops.resolve(sink.options["sink_id"], xid.epoch, branch_id, partitions,
-                        attached=True)
+                        attached=attached)
     finally:
         ops.close()
     sink.assert_exactly_once(range(TASKS * ROWS_PER_TASK))
