@@ -26,13 +26,11 @@ ZooKeeper root and removes both.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
 from pathlib import Path
 
 from plots import trigger_floor as plot
-from sinkbench.environment import Scratch, load, machine, sql, start_spark
+from sinkbench.environment import Scratch, load, run_record, sql, start_spark, write_result
 from sinkbench.rounds import turned
 from sinkbench.streaming import StreamCase, run_case
 
@@ -109,12 +107,9 @@ def main() -> None:
     finally:
         scratch.remove()
         spark.stop()
-    data = {"benchmark": "trigger_floor", "started_at": time.strftime(
-        "%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)), "duration_s": round(time.time() - started),
-        "machine": machine(), "load_start": load_start, "load_end": load(), "url": url,
-        "server_version": version, "seconds": args.seconds,
-        "command": " ".join(["python", "benchmarks/bench_trigger_floor.py", *sys.argv[1:]]),
-        "results": results, "floors": floors(results)}
+    data = run_record("trigger_floor", "bench_trigger_floor.py", started, load_start, url=url,
+                      server_version=version, seconds=args.seconds, results=results,
+                      floors=floors(results))
     for rate, per_sink in data["floors"].items():
         log(f"{int(rate):,} rows/s: smallest sustained trigger " + ", ".join(
             f"{sink} {floor if floor is not None else 'none'} s"
@@ -124,11 +119,7 @@ def main() -> None:
                      if r.get("trigger_ms_median") else "?")
             log(f"  {r['sink']:<6} trigger {r['trigger_s']:>4g} s: micro-batch ÷ interval "
                 f"{share}{'' if sustained(r) else '  (not sustained)'}")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(data, indent=2) + "\n")
-    picture = plot(data, output.parent)
-    log(f"written {output}" + (f" and {picture}" if picture else "")
-        + f" ({data['duration_s']} s)")
+    log(write_result(output, data, plot))
 
 
 if __name__ == "__main__":

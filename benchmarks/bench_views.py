@@ -42,9 +42,7 @@ own database and ZooKeeper root and removes both. Writes ``benchmarks/results/vi
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,7 +50,7 @@ from pathlib import Path
 from kazoo.client import KazooClient
 from plots import views as plot
 from sinkbench import workload
-from sinkbench.environment import Scratch, load, machine, sql, start_spark
+from sinkbench.environment import Scratch, load, run_record, sql, start_spark, write_result
 from sinkbench.report import GOAL_TX_VS_PLAIN, table
 from sinkbench.rounds import turned
 
@@ -316,18 +314,10 @@ def main() -> None:
         bench.close()
         scratch.remove()
         spark.stop()
-    data = {"benchmark": "views", "started_at": time.strftime(
-        "%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)), "duration_s": round(time.time() - started),
-        "machine": machine(), "load_start": load_start, "load_end": load(), "url": url,
-        "server_version": version, "modern": args.modern,
-        "command": " ".join(["python", "benchmarks/bench_views.py", *sys.argv[1:]]),
-        "job": job, "epoch": epoch}
+    data = run_record("views", "bench_views.py", started, load_start, url=url,
+                      server_version=version, modern=args.modern, job=job, epoch=epoch)
     print_report(data)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(data, indent=2) + "\n")
-    picture = plot(data, output.parent)
-    print(f"written {output}" + (f" and {picture}" if picture else "")
-          + f" ({data['duration_s']} s)")
+    print(write_result(output, data, plot))
 
 
 if __name__ == "__main__":

@@ -8,10 +8,13 @@ with plain HTTP and kazoo, so a run never touches anything but its own objects.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import sys
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,3 +145,22 @@ def spark_settings(spark) -> dict[str, str]:
             "spark.sql.execution.arrow.pyspark.enabled")
     conf = spark.sparkContext.getConf()
     return {key: conf.get(key, None) or spark.conf.get(key, "") for key in keys}
+
+
+def run_record(benchmark: str, script: str, started: float, load_start: float,
+               **fields: object) -> dict:
+    """What every benchmark's JSON opens with (what ran, when, on what machine, at what
+    load), then ``fields``."""
+    return {"benchmark": benchmark, "started_at": time.strftime(
+        "%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)), "duration_s": round(time.time() - started),
+        "machine": machine(), "load_start": load_start, "load_end": load(),
+        "command": " ".join(["python", f"benchmarks/{script}", *sys.argv[1:]]), **fields}
+
+
+def write_result(output: Path, data: dict, plot: Callable[[dict, Path], Path | None]) -> str:
+    """Write ``data`` to ``output`` and its plot beside it; the line saying so."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(data, indent=2) + "\n")
+    picture = plot(data, output.parent)
+    return (f"written {output}" + (f" and {picture}" if picture else "")
+            + f" ({data['duration_s']} s)")
