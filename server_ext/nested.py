@@ -21,15 +21,15 @@ one Nested structure, whose arrays must have equal lengths in every row (measure
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from server_ext.bad_values import Rows
 from server_ext.chtypes import ChType
-from server_ext.errors import InvalidValue
 
 
 @dataclass(frozen=True)
@@ -153,8 +153,9 @@ def _split(array: pa.Array, order: list[int]) -> list[pa.Array]:
 
 
 def check_sibling_lengths(columns: Sequence[tuple[str, ChType]], batch: pa.RecordBatch,
-                          row_of: Callable[[int], int]) -> None:
-    """Refuse sub-columns of one Nested structure whose arrays differ in length in a row."""
+                          rows: Rows) -> None:
+    """Report (``rows.report``) the rows where sub-columns of one Nested structure hold
+    arrays of different lengths."""
     for group in nested_groups(columns).values():
         present = [c for c in group.columns if c in batch.schema.names]
         if len(present) < 2:
@@ -164,12 +165,13 @@ def check_sibling_lengths(columns: Sequence[tuple[str, ChType]], batch: pa.Recor
             lengths = _lengths(batch.column(other))
             differ = first != lengths
             if differ.any():
-                row = int(np.argmax(differ))
-                raise InvalidValue(
-                    other, row_of(row), batch.column(other)[row].as_py(),
-                    f"an array of {int(lengths[row])} elements where `{present[0]}` has "
-                    f"{int(first[row])}: the sub-columns of Nested `{group.name}` need "
-                    "equal lengths in every row")
+                reasons = [None] * len(differ)
+                for row in np.flatnonzero(differ).tolist():
+                    reasons[row] = (
+                        f"an array of {int(lengths[row])} elements where `{present[0]}` has "
+                        f"{int(first[row])}: the sub-columns of Nested `{group.name}` need "
+                        "equal lengths in every row")
+                rows.report(other, batch.column(other), differ, reasons)
 
 
 def _lengths(array: pa.Array) -> np.ndarray:

@@ -15,9 +15,11 @@ encode: ``checked_batch`` does both.
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from server_ext.bad_values import BadRows, Collect, Rows
 from server_ext.chtypes import ChType, ValueRanges
 from server_ext.conversions import wall_clock_instants
 from server_ext.errors import InvalidValue
@@ -33,13 +35,31 @@ def checked_batch(columns: list[Column], batch: pa.RecordBatch, ranges: ValueRan
     return prepared
 
 
-def prepare_batch(columns: list[Column], batch: pa.RecordBatch, server_zone: str
-                  ) -> pa.RecordBatch:
+def split_batch(columns: list[Column], batch: pa.RecordBatch, ranges: ValueRanges
+                ) -> tuple[pa.RecordBatch, BadRows]:
+    """``batch`` prepared and checked like :func:`checked_batch`, but every bad row found
+    instead of the first raised: (the prepared good rows, the bad rows of ``batch``)."""
+    collected = Collect(batch.num_rows)
+    rows = Rows(collected)
+    prepared = prepare_batch(columns, batch, ranges.timezone, rows)
+    check_batch(columns, prepared, ranges, rows)
+    bad = collected.result()
+    if not len(bad):
+        return prepared, bad
+    keep = np.ones(batch.num_rows, bool)
+    keep[bad.rows] = False
+    return prepared.filter(pa.array(keep)), bad
+
+
+def prepare_batch(columns: list[Column], batch: pa.RecordBatch, server_zone: str,
+                  rows: Rows | None = None) -> pa.RecordBatch:
     """Nested sub-columns split out, wall-clock timestamps placed in their column's zone.
 
     ``server_zone`` is the zone of a DateTime column declared without one. Raises
-    ``InvalidValue`` for a wall-clock time that does not exist in its column's zone.
+    ``InvalidValue`` for a wall-clock time that does not exist in its column's zone (or
+    reports it to ``rows``' collector).
     """
+    rows = rows or Rows.fail_fast()
     batch = flatten_batch([(c.name, c.chtype) for c in columns], batch)
     arrays = dict(zip(batch.schema.names, batch.columns, strict=True))
     changed = False
@@ -47,15 +67,11 @@ def prepare_batch(columns: list[Column], batch: pa.RecordBatch, server_zone: str
         array = arrays.get(column.name)
         if array is None or not _has_wall_clock(array.type):
             continue
-        arrays[column.name] = _placed(column.name, array, column.chtype, server_zone, _row)
+        arrays[column.name] = _placed(column.name, array, column.chtype, server_zone, rows)
         changed = True
     if not changed:
         return batch
     return pa.RecordBatch.from_arrays(list(arrays.values()), names=list(arrays))
-
-
-def _row(index: int) -> int:
-    return index
 
 
 def _has_wall_clock(t: pa.DataType) -> bool:
@@ -120,11 +136,9 @@ def _instants(name: str, array: pa.Array, ch: ChType, server_zone: str,
     except (ValueError, KeyError) as exc:  # zoneinfo: a zone it does not know
         raise InvalidValue(name, row_of(0), array[0].as_py(),
                            f"the time zone {zone!r} of {ch} is unknown here ({exc})") from None
-    if missing.any():
-        index = int(missing.argmax())
-        raise InvalidValue(name, row_of(index), array[index].as_py(),
-                           f"wall-clock time that does not exist in {zone} (skipped by a "
-                           f"daylight-saving change), so {ch} cannot show it")
+    row_of.report(name, array, np.asarray(missing, bool),
+                  f"wall-clock time that does not exist in {zone} (skipped by a "
+                  f"daylight-saving change), so {ch} cannot show it")
     return instants
 
 

@@ -18,6 +18,8 @@ reject it rejects one problem at a time, after staging already exists. So:
   JSON text that is no object the server stores as written, Nested sub-columns of unequal
   lengths, a Map or Tuple element that fails these checks (named ``col (value)`` /
   ``col.element``).
+  With a collecting row map (``bad_values.Collect``, ``bad_rows=quarantine``) the same
+  checks report every bad row instead, each charged to its outer row.
   The server would convert some of these silently (a struct field of another name into a
   Tuple becomes the element's default, a null Map value 0, -1 into UInt256 wraps) and the
   others it refuses for the whole INSERT, without the row.
@@ -46,6 +48,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from server_ext.bad_values import Collect, Rows, shown_value
 from server_ext.chtypes import (
     FLOAT_TYPES,
     INTEGER_TYPES,
@@ -64,13 +67,13 @@ from server_ext.conversions import (
     to_seconds,
     to_ticks,
 )
-from server_ext.errors import ClickHouseError, InvalidValue, SchemaMismatch
+from server_ext.errors import ClickHouseError, SchemaMismatch
 from server_ext.json_values import is_spark_variant, json_source_problem, json_text_problem
 from server_ext.nested import check_sibling_lengths, flatten_schema
 from server_ext.sql import qualified_name, split_table_name, sql_string, table_filter
 
 UNWRITABLE_DEFAULT_KINDS = ("MATERIALIZED", "ALIAS", "EPHEMERAL")
-RowOf = Callable[[int], int]  # index in the checked array -> row of the batch
+RowOf = Rows  # index in the checked array -> row of the batch, and where bad values go
 
 
 @dataclass(frozen=True)
@@ -381,24 +384,21 @@ _ACCEPTS = {
 
 
 def check_batch(target_columns: list[Column], batch: pa.RecordBatch,
-                ranges: ValueRanges = STORAGE_RANGES) -> None:
+                ranges: ValueRanges = STORAGE_RANGES, rows: Rows | None = None) -> None:
     """Raise ``InvalidValue`` for the first value of ``batch`` that its column cannot hold.
 
     ``target_columns`` is what ``check_arrow_schema`` returned; the batch's fields are
     found by name. ``ranges`` are the Date/DateTime ranges of the server the batch goes to
     (``Capabilities.value_ranges``); the default checks the storage limits only, which
     some servers cannot read back. Nothing is sent by this function: call it before
-    encoding.
+    encoding. ``rows``: the batch's row map with its collector
+    (``bad_values.Collect``: every bad row is recorded there instead of raised).
     """
+    rows = rows or Rows.fail_fast()
     for column in target_columns:
         array = batch.column(column.name)
-        _check_array(column.name, array, column.chtype, _identity_rows, ranges)
-    check_sibling_lengths([(c.name, c.chtype) for c in target_columns], batch,
-                          _identity_rows)
-
-
-def _identity_rows(index: int) -> int:
-    return index
+        _check_array(column.name, array, column.chtype, rows, ranges)
+    check_sibling_lengths([(c.name, c.chtype) for c in target_columns], batch, rows)
 
 
 def _check_array(name: str, array: pa.Array, target: ChType, row_of: RowOf,
@@ -421,10 +421,9 @@ def _check_json(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
     if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
         _check_finite(name, array, row_of)
         return
-    for index, text in enumerate(array.to_pylist()):
-        problem = None if text is None else json_text_problem(text)
-        if problem:
-            raise InvalidValue(name, row_of(index), _shown(array, index), problem)
+    problems = [None if text is None else json_text_problem(text)
+                for text in array.to_pylist()]
+    row_of.report(name, array, np.array([p is not None for p in problems], bool), problems)
 
 
 def _check_finite(name: str, array: pa.Array, row_of: RowOf) -> None:
@@ -478,12 +477,12 @@ def _check_datetime64(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
     if lost <= 0 or array.null_count == len(array):
         return
     inexact = to_ticks(array) % (10**lost) != 0
-    if inexact.any():
-        index = int(np.argmax(inexact))
-        raise InvalidValue(name, row_of(index), _shown(array, index),
-                           f"timestamp has digits below the {ch.params[0]} decimals of {ch} "
-                           "(DateTime64 is never rounded: truncate it in Spark, e.g. "
-                           "date_trunc('millisecond', t))")
+    if array.null_count:
+        inexact &= pc.is_valid(array).to_numpy(zero_copy_only=False)
+    row_of.report(name, array, inexact,
+                  f"timestamp has digits below the {ch.params[0]} decimals of {ch} "
+                  "(DateTime64 is never rounded: truncate it in Spark, e.g. "
+                  "date_trunc('millisecond', t))")
 
 
 def _check_list(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
@@ -517,12 +516,15 @@ def _check_tuple(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
         _check_array(element_name, children[index], ch.elements[position], row_of, ranges)
 
 
-def list_values(array: pa.Array, row_of: RowOf) -> tuple[pa.Array, RowOf]:
+def list_values(array: pa.Array, row_of: Callable[[int], int]
+                ) -> tuple[pa.Array, Callable[[int], int]]:
     """The elements of a list (or map) array's rows, and each element's row."""
     offsets = _list_offsets(array)
     base = offsets[0].as_py()
     values = array.values.slice(base, offsets[-1].as_py() - base)
     ends = pc.subtract(offsets, base).to_numpy()
+    if isinstance(row_of, Rows):
+        return values, row_of.elements(ends)
 
     def element_row(index: int) -> int:
         return row_of(int(np.searchsorted(ends, index, side="right")) - 1)
@@ -673,9 +675,9 @@ def _check_range(name: str, values: np.ndarray, low: int, high: int, shown: pa.A
     if len(values) == 0:
         return
     outside = (values < values.dtype.type(low)) | (values > values.dtype.type(high))
-    if outside.any():
-        index = int(np.argmax(outside))
-        raise InvalidValue(name, row_of(index), _shown(shown, index), reason)
+    if shown.null_count:
+        outside &= pc.is_valid(shown).to_numpy(zero_copy_only=False)
+    row_of.report(name, shown, outside, reason)
 
 
 def _check_fixed_string(name: str, array: pa.Array, ch: ChType, row_of: RowOf) -> None:
@@ -694,9 +696,14 @@ def _check_decimal(name: str, array: pa.Array, ch: ChType, row_of: RowOf) -> Non
     target = decimal_arrow_type(ch)
     if _cast_fits(array, target):
         return
-    row = _first_failing_row(array, lambda part: _cast_fits(part, target))
     reason = f"value does not fit {ch} without rounding or overflow"
-    raise InvalidValue(name, row_of(row), _shown(array, row), reason)
+    if isinstance(row_of.sink, Collect):
+        bad = np.zeros(len(array), bool)
+        bad[_failing_rows(array, lambda part: _cast_fits(part, target))] = True
+    else:
+        bad = np.arange(len(array)) == _first_failing_row(
+            array, lambda part: _cast_fits(part, target))
+    row_of.report(name, array, bad, reason)
 
 
 def decimal_arrow_type(ch: ChType) -> pa.DataType:
@@ -726,13 +733,26 @@ def _first_failing_row(array: pa.Array, fits: Callable[[pa.Array], bool]) -> int
     return low
 
 
+def _failing_rows(array: pa.Array, fits: Callable[[pa.Array], bool]) -> list[int]:
+    """Every row for which ``fits`` fails, by halving only the halves that fail: about
+    k·log2(n/k) vectorised calls for k bad rows, never one per row."""
+    found: list[int] = []
+    pending = [(0, len(array))] if len(array) and not fits(array) else []
+    while pending:
+        low, high = pending.pop()
+        if high - low == 1:
+            found.append(low)
+            continue
+        middle = (low + high) // 2
+        for start, stop in ((middle, high), (low, middle)):
+            if stop > start and not fits(array.slice(start, stop - start)):
+                pending.append((start, stop))
+    return sorted(found)
+
+
 def _fail(name: str, shown: pa.Array, mask: pa.Array, row_of: RowOf, reason: str) -> None:
-    index = pc.index(pc.fill_null(mask, False), True).as_py()
-    raise InvalidValue(name, row_of(index), _shown(shown, index), reason)
+    """Report the values ``mask`` marks (null: no fault) as bad."""
+    row_of.report(name, shown, mask, reason)
 
 
-def _shown(array: pa.Array, index: int) -> object:
-    value = array[index].as_py()
-    if isinstance(value, str | bytes) and len(value) > 60:
-        return value[:60] + (b"..." if isinstance(value, bytes) else "...")
-    return value
+_shown = shown_value

@@ -29,6 +29,9 @@ Contract (like Spark's ``DataWriter``: one writer per task attempt, used from on
   ``<dedup_token>-<block number>``, and one whose answer was lost (timeout or connection
   lost after the body was sent) is sent again: the server drops the repeat if the first
   try was written. Without it such an INSERT fails the writer (see above).
+- ``on_bad_rows`` (``bad_rows=quarantine``): instead of raising ``InvalidValue``, ``write``
+  finds every bad row of the batch (``prepare.split_batch``), hands them with the batch
+  as given to ``on_bad_rows`` (which keeps them or raises), and sends the others.
 - ``repeat_inserts=False`` (a staging table that staging views read): no INSERT that may
   have written anything is sent again, neither after a lost answer nor after a transient
   server error; only one that never reached the server is. The server fires the views per
@@ -58,12 +61,13 @@ import contextlib
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from queue import Full, Queue
 
 import pyarrow as pa
 
+from server_ext.bad_values import BadRows
 from server_ext.capabilities import Capabilities
 from server_ext.client_protocol import InsertClient
 from server_ext.encoder import (
@@ -74,7 +78,7 @@ from server_ext.encoder import (
     to_arrow_stream_batch,
 )
 from server_ext.errors import ClickHouseError, SchemaMismatch
-from server_ext.prepare import checked_batch
+from server_ext.prepare import checked_batch, split_batch
 from server_ext.schema import Column, TargetTable, check_arrow_schema
 
 log = logging.getLogger(__name__)
@@ -105,6 +109,7 @@ class BranchWriter:
         dedup_token: str | None = None,
         encoding: str | None = None,
         repeat_inserts: bool = True,
+        on_bad_rows: Callable[[pa.RecordBatch, BadRows], None] | None = None,
     ) -> None:
         if block_rows < 1 or chunk_rows < 1:
             raise ValueError("block_rows and chunk_rows must be positive")
@@ -127,6 +132,7 @@ class BranchWriter:
             self.insert_settings["insert_deduplicate"] = 1
         self.dedup_token = dedup_token
         self.repeat_inserts = repeat_inserts
+        self.on_bad_rows = on_bad_rows
         self._blocks = 0
         self.value_ranges = caps.value_ranges  # Date/DateTime are checked against this server
         self.block_rows = block_rows
@@ -150,7 +156,13 @@ class BranchWriter:
         """Check ``batch``, buffer it, and hand every full block to the sending thread."""
         self._ensure_usable()
         columns = self._columns_for(batch.schema)
-        batch = checked_batch(columns, batch, self.value_ranges)
+        if self.on_bad_rows is None:
+            batch = checked_batch(columns, batch, self.value_ranges)
+        else:  # every bad row handed over (and kept elsewhere), the good ones sent
+            good, bad = split_batch(columns, batch, self.value_ranges)
+            if len(bad):
+                self.on_bad_rows(batch, bad)
+            batch = good
         if batch.num_rows == 0:
             return
         self._pending.append(batch)

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
+from pyspark.errors import StreamingQueryException
 
 import txsink
 from coordinator import Coordinator
+from tests.conftest import run_sql
 from tests.sinkutil import assert_exactly_once, create_events
 
 SCHEMA = "id LONG, day DATE, name STRING, value DOUBLE"
@@ -86,3 +88,45 @@ def test_replayed_committed_micro_batch_writes_nothing(
     run_stream(spark, source, checkpoint, options, table)
     assert_exactly_once(server_url, table, range(200))
     assert Coordinator(zk, "events").last_committed() == 1
+
+
+def run_counts(spark, source: Path, checkpoint: Path, mode: str, clickhouse_url: str,
+               zk_hosts: str, table: str) -> None:
+    """A running count per id in ``mode``, until the input is processed; raises the
+    query's failure. The refusals below run on 18.16 only: they come before any server
+    is asked."""
+    query = (
+        spark.readStream.schema(SCHEMA).json(str(source)).groupBy("id").count()
+        .selectExpr("id", "DATE'2026-01-01' AS day", "'n' AS name",
+                    "CAST(count AS DOUBLE) AS value")
+        .writeStream.format("clickhouse_tx").outputMode(mode)
+        .option("url", clickhouse_url).option("zookeeper", zk_hosts).option("table", table)
+        .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+    )
+    query.awaitTermination(180)
+
+
+def test_complete_mode_is_refused_saying_the_sink_appends(
+    spark, tmp_path, clickhouse_url, ch_db, zk_hosts
+):
+    table = create_events(clickhouse_url, ch_db)
+    write_input_file(tmp_path / "in", 0, range(10))
+    with pytest.raises(StreamingQueryException) as failure:
+        run_counts(spark, tmp_path / "in", tmp_path / "ckpt", "complete", clickhouse_url,
+                   zk_hosts, table)
+    assert "cannot run outputMode('complete')" in str(failure.value)
+    assert "clickhouse_tx appends each micro-batch's rows" in str(failure.value)
+    assert run_sql(clickhouse_url, f"SELECT count() FROM {table}").strip() == "0"
+
+
+def test_update_mode_is_refused_by_spark_for_a_python_data_source(
+    spark, tmp_path, clickhouse_url, ch_db, zk_hosts
+):
+    """Measured with PySpark 4.3; docs/usage.md says so."""
+    table = create_events(clickhouse_url, ch_db)
+    write_input_file(tmp_path / "in", 0, range(10))
+    with pytest.raises(StreamingQueryException,
+                       match="clickhouse_tx does not support Update mode"):
+        run_counts(spark, tmp_path / "in", tmp_path / "ckpt", "update", clickhouse_url,
+                   zk_hosts, table)
+    assert run_sql(clickhouse_url, f"SELECT count() FROM {table}").strip() == "0"

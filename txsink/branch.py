@@ -48,6 +48,7 @@ import pyarrow as pa
 import server_ext
 from coordinator import Coordinator, Fenced, XidDecided, XidState
 from server_ext import partition_bound
+from server_ext.bad_values import BadRows
 from server_ext.errors import ClickHouseError, PartitionLimitExceeded
 from server_ext.partition_bound import PartitionCounter
 from server_ext.sharding import Shard, ShardRouter
@@ -56,6 +57,7 @@ from txsink import combine, connections, crashpoints, payload
 from txsink.messages import BranchMessage, SkippedMessage
 from txsink.payload import BranchOwner
 from txsink.plan import WritePlan, send_columns
+from txsink.quarantine import QuarantineShare
 
 log = logging.getLogger(__name__)
 DIGEST_WORKERS = 2  # staged tables of a task digested at once, beside its contributions
@@ -159,6 +161,10 @@ class _ShardBranch:
         self.strategy = plan.strategy
         self.view = ""  # filled by the rows, not by a staging view
         self.views = [_ViewBranch(plan, epoch, branch_id, node) for node in plan.views]
+        # bad_rows=quarantine: the bad rows' share, a branch of its own (txsink.quarantine)
+        self.quarantine = (QuarantineShare(plan, epoch, branch_id, server)
+                           if plan.quarantine is not None else None)
+        self.rows_seen = 0  # rows handed to write: the next batch's first row number
 
     @cached_property
     def table(self) -> server_ext.TargetTable:
@@ -169,8 +175,8 @@ class _ShardBranch:
             target = self.table
             caps = server_ext.detect_capabilities(self.client)
             columns = send_columns(target, self.plan.columns)
-            # values out of this server's ranges fail before its staging table exists
-            server_ext.checked_batch(columns, batch, caps.value_ranges)
+            if self.quarantine is None:  # bad values fail before its staging table exists
+                server_ext.checked_batch(columns, batch, caps.value_ranges)
             dedup = caps.insert_deduplication_token and caps.non_replicated_deduplication_window
             qualified = server_ext.create_staging(self.client, target, self.staging,
                                                   dedup_window=dedup, mirror_engine=True)
@@ -186,8 +192,15 @@ class _ShardBranch:
                 dedup_token=self.staging if dedup else None,
                 encoding=self.plan.options.compression,
                 repeat_inserts=not self.views,  # the views' shares have no count to seal
+                on_bad_rows=self.keep_bad if self.quarantine is not None else None,
             )
         self.writer.write(batch)
+        self.rows_seen += batch.num_rows
+
+    def keep_bad(self, batch: pa.RecordBatch, bad: BadRows) -> None:
+        """Hand the bad rows of the batch being written to the quarantine share."""
+        assert self.quarantine is not None
+        self.quarantine.keep(batch, bad, self.rows_seen)
 
     def create_views(self, staging: str) -> None:
         """Stage the view tree: each view's table, then the staging view that fills it
@@ -204,6 +217,25 @@ class _ShardBranch:
     def flush(self) -> None:
         if self.writer is not None:
             self.writer.flush()
+        if self.quarantine is not None:
+            self.quarantine.flush()
+
+    def quarantined(self) -> list[tuple[QuarantineShare, server_ext.Manifest]]:
+        """The sealed quarantine share, if this branch met bad rows."""
+        if self.quarantine is None or self.quarantine.writer is None:
+            return []
+        return [(self.quarantine, self.quarantine.seal())]
+
+    @property
+    def bad_rows(self) -> int:
+        return self.quarantine.count if self.quarantine is not None else 0
+
+    @property
+    def shares(self) -> tuple[str, ...]:
+        """The branch ids of its shares that are prepared: views', then quarantine's."""
+        quarantined = self.quarantine is not None and self.quarantine.writer is not None
+        return (*(share.branch_id for share in self.views),
+                *((self.quarantine.branch_id,) if quarantined else ()))
 
     def seal(self) -> tuple[server_ext.Manifest, int, int]:
         """(manifest, rows, bytes) of the flushed staging table (empty: no rows came, or
@@ -231,7 +263,10 @@ class _ShardBranch:
         return sealed
 
     def drop(self) -> None:
-        """Drop this branch's staging: the views' (view first), then its own."""
+        """Drop this branch's staging: the quarantine share's, the views' (view first),
+        then its own."""
+        if self.quarantine is not None:
+            self.quarantine.drop()
         for share in reversed(self.views):
             server_ext.rollback(self.client, share.staging, view=share.view)
         server_ext.rollback(self.client, self.staging)
@@ -286,6 +321,10 @@ class _Attempt:
             self.coord.register_branch(self.epoch, share.branch_id, self.generation,
                                        owner=replace(owner, staging=share.staging,
                                                      view=share.view).to_record())
+        if branch.quarantine is not None:  # at its first bad row, before its staging
+            branch.quarantine.register = lambda share: self.coord.register_branch(
+                self.epoch, share.branch_id, self.generation,
+                owner=replace(owner, staging=share.staging).to_record())
         crashpoints.hit(crashpoints.BRANCH_AFTER_REGISTER)
         self.branches[index] = branch
         return branch
@@ -301,7 +340,7 @@ class _Attempt:
             counter.sealed((p.partition_id, p.value) for _, manifest, _, _ in sealed
                            for p in manifest.partitions)
         views = [(branch, share, manifest) for branch in self.branches.values()
-                 for share, manifest in branch.seal_views()]
+                 for share, manifest in (*branch.seal_views(), *branch.quarantined())]
         crashpoints.hit(crashpoints.BRANCH_AFTER_SEAL)
         # every staged table: the branch's own, then its views' shares
         staged = [(branch, branch, manifest, rows) for branch, manifest, rows, _ in sealed]
@@ -408,9 +447,8 @@ def _write_branch(plan: WritePlan, coord: Coordinator, epoch: int, generation: i
         raise refused from exc
     return BranchMessage(
         epoch=epoch, generation=generation,
-        branch_ids=tuple(i for b in attempt.branches.values()
-                         for i in (b.branch_id, *(share.branch_id for share in b.views))),
-        rows=rows,
+        branch_ids=tuple(i for b in attempt.branches.values() for i in (b.branch_id, *b.shares)),
+        rows=rows, bad_rows=sum(b.bad_rows for b in attempt.branches.values()),
         bytes=bytes_sent, partitions=partitions, started_at=started, stage_ms=stage_ms,
         seal_ms=(time.time() - sealed) * 1000,
     )

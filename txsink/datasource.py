@@ -22,7 +22,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from txsink import driver, keeper
+from txsink import driver, keeper, quarantine
 from txsink.branch import streaming_epoch, write_branch
 from txsink.messages import SkippedMessage
 from txsink.options import OptionError, parse_options
@@ -34,6 +34,19 @@ from txsink.plan import (
     check_target,
     view_strategies,
 )
+from txsink.refusal import reason_first
+from txsink.target_name import note_default_database
+from txsink.target_setup import prepare_target
+
+#: Spark hands a sink in complete mode the whole result each micro-batch, to replace the
+#: last one; update mode Spark itself refuses for every Python data source (PySpark 4.3).
+COMPLETE_MODE_REFUSED = (
+    "clickhouse_tx cannot run outputMode('complete'): complete mode hands the sink the "
+    "whole result table on every micro-batch, to replace the previous one, but "
+    "clickhouse_tx appends each micro-batch's rows, so every batch would add the whole "
+    "result again. Use outputMode('append') (for an aggregation, with a watermark), or "
+    "write the result from foreachBatch as a batch write with mode('overwrite'), which "
+    "replaces the partitions the result holds. Nothing was written")
 
 
 class ClickHouseTxDataSource(DataSource):
@@ -44,22 +57,26 @@ class ClickHouseTxDataSource(DataSource):
         return "clickhouse_tx"
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        return BatchWriter(self._plan(schema, overwrite, streaming=False))
+        with reason_first():
+            return BatchWriter(self._plan(schema, overwrite, streaming=False))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        if overwrite:
-            raise OptionError(
-                "clickhouse_tx streams append only: use outputMode('append') or 'update'"
-            )
-        return StreamWriter(self._plan(schema, overwrite, streaming=True))
+        with reason_first():
+            if overwrite:  # what Spark passes for outputMode('complete') (measured, 4.3)
+                raise OptionError(COMPLETE_MODE_REFUSED)
+            return StreamWriter(self._plan(schema, overwrite, streaming=True))
 
     def _plan(self, schema: StructType, overwrite: bool, streaming: bool) -> WritePlan:
         options = parse_options(self.options)
+        note_default_database(options.table)
+        prepare_target(options, schema)  # create_table, schema_evolution: before describing
         checked = check_target(options, schema)
         checked = replace(checked, strategy=check_publish(options, checked, overwrite),
                           view_strategies=view_strategies(options, checked))
         check_publishable(options, checked)
         check_insert_memory(options, checked)
+        quarantined, quarantine_strategy = quarantine.planned(  # created before any xid
+            options, sharded=_sharded(options, checked.layout), overwrite=overwrite)
         sink_id = options.resolved_sink_id(streaming)
         if options.in_transaction():
             generation, epoch = options.tx_generation, options.tx_epoch
@@ -76,11 +93,20 @@ class ClickHouseTxDataSource(DataSource):
                 return WritePlan(options, sink_id, generation, checked.strategy, overwrite,
                                  checked.columns, None, checked.layout, checked.table,
                                  covered_by_txn=opened.covered_by_txn, views=checked.views,
-                                 view_strategies=checked.view_strategies)
+                                 view_strategies=checked.view_strategies,
+                                 quarantine=quarantined,
+                                 quarantine_strategy=quarantine_strategy)
             keeper.hand_over(options, opened.coord, epoch)  # outlives this planner worker
         return WritePlan(options, sink_id, generation, checked.strategy, overwrite,
                          checked.columns, epoch, checked.layout, checked.table,
-                         views=checked.views, view_strategies=checked.view_strategies)
+                         views=checked.views, view_strategies=checked.view_strategies,
+                         quarantine=quarantined, quarantine_strategy=quarantine_strategy)
+
+
+def _sharded(options, layout) -> bool:
+    """Whether the rows go anywhere but the ``url`` server's ``table`` alone."""
+    return (bool(options.shards) or len(layout.shards) > 1
+            or len(layout.shards[0].replicas) > 1 or layout.local_table != options.table)
 
 
 class BatchWriter(DataSourceArrowWriter):

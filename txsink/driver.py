@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import server_ext
 from coordinator import (
@@ -35,7 +35,7 @@ from coordinator import (
 )
 from server_ext import partition_bound
 from server_ext.sql import qualified_name
-from txsink import combine, connections, payload
+from txsink import combine, connections, payload, quarantine
 from txsink.messages import BranchMessage, SkippedMessage
 from txsink.metrics import EpochMetrics
 from txsink.options import SinkOptions
@@ -222,7 +222,8 @@ def check_partitions(plan: WritePlan, records: Sequence[BranchRecord]) -> None:
     of the target (the views' shares aside) crosses ``max_partitions_per_job``: each task
     counted only its own rows (``server_ext.partition_bound``)."""
     staged = [p for p in (payload.from_record(r.manifest) for r in records)
-              if isinstance(p, payload.StagedBranch) and not p.view]
+              if isinstance(p, payload.StagedBranch) and not p.view
+              and not _quarantined(plan, p)]
     if not staged:
         return
     first = staged[0].manifest
@@ -231,6 +232,13 @@ def check_partitions(plan: WritePlan, records: Sequence[BranchRecord]) -> None:
         plan.options.max_partitions_per_job,
         ((p.partition_id, p.value) for s in staged for p in s.manifest.partitions),
         option="max_partitions_per_job")
+
+
+def _quarantined(plan: WritePlan, staged: payload.StagedBranch) -> bool:
+    """Whether ``staged`` is a quarantine share (``txsink.quarantine``)."""
+    table = plan.quarantine
+    return table is not None and (staged.manifest.target_database,
+                                  staged.manifest.target_table) == (table.database, table.name)
 
 
 def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> None:
@@ -248,6 +256,7 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> Non
             coord.begin(epoch, generation)  # a micro-batch with no task still gets its xid
             winners = [b for m in branch_messages for b in m.branch_ids]
             if winners:
+                quarantine.check_bound(plan.options, branch_messages)  # nothing visible yet
                 records = coord.branches(epoch, winners)
                 check_partitions(plan, records)  # before the decision: nothing is visible
                 winners = combine.combined_branches(plan, coord, epoch, generation, records,
@@ -257,6 +266,8 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> Non
                 return
         final = decide(coord, epoch, generation, winners, publisher, plan.options.txn_version)
     metrics = epoch_metrics(branch_messages, started, final.updated)
+    if plan.quarantine is not None:  # what status shows per epoch
+        metrics = replace(metrics, quarantined=sum(m.bad_rows for m in branch_messages))
     coord.record_metrics(epoch, metrics.to_dict())
     log.info(
         "txsink sink=%s epoch=%d committed rows=%d branches=%d partitions=%d "

@@ -21,6 +21,7 @@ class BranchMessage(WriterCommitMessage):
     started_at: float  # epoch seconds of the branch's first write
     stage_ms: float
     seal_ms: float
+    bad_rows: int = 0  # rows quarantined by its quarantine shares (bad_rows=quarantine)
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ class EpochMetrics:
     branches: int | None = None
     partitions: int | None = None
     tables: int | None = None
+    quarantined: int | None = None  # rows kept in the quarantine table (bad_rows=quarantine)
     stage_ms: float | None = None
     seal_ms: float | None = None
     commit_ms: float | None = None

@@ -26,7 +26,7 @@ from server_ext.client import header_problem
 from server_ext.compression import ENCODINGS
 from server_ext.partition_bound import DEFAULT_LIMIT as DEFAULT_PARTITION_LIMIT
 from server_ext.sharding import ShardingError, parse_shard_urls, shown_url, url_problem
-from txsink import insert_settings
+from txsink import bad_rows_options, insert_settings, table_options
 
 AUTO = "auto"  # the strategy option's default: the server picks (capabilities.choose_strategy)
 STRATEGIES = (AUTO, *server_strategies)
@@ -90,6 +90,16 @@ class SinkOptions:
     coordinator: str = ZOOKEEPER  # where the coordinator's records live: one of STORES
     records_url: str | None = None  # keepermap: the server of the records table (else url)
     records_table: str = DEFAULT_RECORDS_TABLE  # keepermap: database.table of the records
+    # the target made to fit the data (txsink/table_options.py, txsink/target_setup.py)
+    create_table: str = "never"  # or "if_missing"
+    schema_evolution: str = "none"  # or "add_columns"
+    engine: str = "MergeTree"  # a created table's engine clause
+    order_by: str | None = None  # a created table's sorting key (None: tuple())
+    partition_by: str | None = None  # a created table's partition key (None: none)
+    # what a value that does not fit its column does (txsink/bad_rows_options.py)
+    bad_rows: str = "fail"  # or "quarantine"
+    quarantine_table: str | None = None  # database.table of the quarantined rows
+    max_bad_rows: int = bad_rows_options.DEFAULT_MAX_BAD_ROWS  # per write (xid)
     tx_epoch: int | None = None
     tx_generation: int | None = None
 
@@ -164,7 +174,8 @@ PUBLIC_OPTIONS = (
     "strategy", "insert_block_rows", "timeout", "retries", "recover_on_start", "shards",
     "sharding_key", "replica_choice", "txn_version", "compression", "ca_file",
     "zookeeper_ca_file", "materialized_views", "max_partitions_per_job", "coordinator",
-    "records_url", "records_table",
+    "records_url", "records_table", *table_options.OPTION_NAMES,
+    *bad_rows_options.OPTION_NAMES,
 )
 
 _NAMES = {
@@ -268,6 +279,11 @@ def parse_options(
     except insert_settings.SettingRefused as exc:
         raise OptionError(str(exc)) from None
     store = _store(values)
+    try:
+        table_options.check(values)
+        bad_rows_options.check(values)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
     required = ("url", "table", "zookeeper") if require_table else ("url", "zookeeper")
     if store == KEEPERMAP:
         required = tuple(n for n in required if n != "zookeeper")

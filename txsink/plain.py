@@ -25,8 +25,9 @@ from pyspark.sql.types import StructType
 import server_ext
 from server_ext.sql import qualified_name
 from txsink import connections
-from txsink.options import SinkOptions, parse_options
+from txsink.options import OptionError, SinkOptions, parse_options
 from txsink.plan import check_target, send_columns
+from txsink.target_setup import prepare_target
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,10 @@ class PlainDataSource(DataSource):
         raw = {**self.options}
         raw.setdefault("zookeeper", "unused")
         options = parse_options(raw)
+        if options.bad_rows != "fail":  # never ignored silently
+            raise OptionError("option bad_rows=quarantine is clickhouse_tx's: "
+                              "clickhouse_plain fails the write on a bad value")
+        prepare_target(options, schema)  # create_table, schema_evolution: as clickhouse_tx
         return options, check_target(options, schema, views=False).columns
 
     def writer(self, schema: StructType, overwrite: bool) -> PlainWriter:

@@ -58,6 +58,9 @@ class WritePlan:
     covered_by_txn: int | None = None  # the sink's txn_version that makes this job a no-op
     views: tuple[ViewNode, ...] = ()  # the materialized views the target feeds, staged too
     view_strategies: tuple[Strategy, ...] = ()  # the publish strategy of each view's table
+    # bad_rows=quarantine: the quarantine table (txsink/quarantine.py) and its strategy
+    quarantine: server_ext.TargetTable | None = None
+    quarantine_strategy: Strategy | None = None
 
     @property
     def target(self) -> str:
@@ -66,8 +69,10 @@ class WritePlan:
 
     @property
     def tables(self) -> tuple[server_ext.TargetTable, ...]:
-        """The target and its views' tables, as the driver described them."""
-        return (*((self.table,) if self.table else ()), *(n.table for n in self.views))
+        """The target, its views' tables and the quarantine table, as the driver
+        described them."""
+        return (*((self.table,) if self.table else ()), *(n.table for n in self.views),
+                *((self.quarantine,) if self.quarantine else ()))
 
     @property
     def shard_layout(self) -> ShardLayout:

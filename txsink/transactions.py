@@ -131,7 +131,7 @@ def transaction(spark: SparkSession, *, url: str, sink_id: str, zookeeper: str |
     here, in the caller's process, and passed to every write as options: Spark's workers
     only see the environment the session started with (and what ``register`` hands them).
     """
-    register(spark)
+    register(spark, credentials_as_options=True)  # passed as options below
     store = {"zookeeper": zookeeper} if zookeeper else {}  # none: coordinator=keepermap
     opts = {"url": url, **store, **credentials_from(os.environ),
             **{k: str(v) for k, v in options.items()}}

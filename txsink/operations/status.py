@@ -124,7 +124,9 @@ def render(result: dict[str, Any]) -> str:
                       if m.get("finished_by") == "unknown" else
                       f"commit {m.get('commit_ms', '?')} ms, "
                       f"latency {m.get('latency_ms', '?')} ms")
-            lines.append(f"  epoch {m['epoch']}: {m.get('rows', '?')} rows, "
+            kept = (f"{m['quarantined']} quarantined, " if m.get("quarantined") is not None
+                    else "")
+            lines.append(f"  epoch {m['epoch']}: {m.get('rows', '?')} rows, {kept}"
                          f"{m.get('branches', '?')} branches, {timing}")
         lines += [f"  {line}" for line in _render_decisions(sink.get("operator_decisions", []))]
     return "\n".join(lines)

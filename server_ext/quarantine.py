@@ -1,0 +1,181 @@
+"""The quarantine table: where ``bad_rows=quarantine`` keeps the rows its checks refuse.
+
+One row per bad row of the input, with the first problem the checks found in it
+(``bad_values``): which write and task kept it, the column, the reason, the offending
+value and the whole row, both as JSON text so that the row can be repaired and written
+again. The schema is fixed (:data:`COLUMNS`): the table is created with it when missing,
+and an existing table with any other columns is refused by name before anything is
+staged. Its rows are staged and published like the target's, so they are written
+exactly once, under the same decision.
+
+Pure text and Arrow, apart from :func:`ensure_table`.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import json
+import math
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from server_ext.bad_values import BadRows
+from server_ext.client_protocol import SqlClient
+from server_ext.errors import ClickHouseError, SchemaMismatch
+from server_ext.schema import TargetTable, describe_table
+from server_ext.sql import qualified_name, quote_identifier, split_table_name
+
+#: The quarantine table's columns, in order (name, ClickHouse type, what it holds).
+COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("sink_id", "String", "the sink that wrote the row"),
+    ("epoch", "UInt64", "the write's epoch (xid = sink id, epoch)"),
+    ("task", "String", "the task attempt's branch: p<partition>-a<attempt>-s<shard>-<hex>"),
+    ("row_number", "UInt64", "the row's position in its task's input, from 0"),
+    ("column", "String", "the column of the first bad value (`m (value)`, `t.e` inside)"),
+    ("reason", "String", "why the value does not fit its column"),
+    ("value", "String", "the offending value as JSON"),
+    ("row", "String", "the whole row as JSON (Spark's column names)"),
+)
+
+ARROW_SCHEMA = pa.schema([(name, pa.uint64() if kind == "UInt64" else pa.string())
+                          for name, kind, _ in COLUMNS])
+UNKNOWN_TABLE = 60
+
+
+def table_ddl(table: str) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` of a quarantine table ``database.table``."""
+    columns = ", ".join(f"{quote_identifier(name)} {kind}" for name, kind, _ in COLUMNS)
+    return (f"CREATE TABLE IF NOT EXISTS {qualified_name(*split_table_name(table))} "
+            f"({columns}) ENGINE = MergeTree ORDER BY (sink_id, epoch)")
+
+
+def schema_problem(table: TargetTable) -> str | None:
+    """Why ``table`` is no quarantine table (other columns or types), or None."""
+    found = [(c.name, c.type) for c in table.columns]
+    wanted = [(name, kind) for name, kind, _ in COLUMNS]
+    if found == wanted:
+        return None
+    shown = ", ".join(f"{name} {kind}" for name, kind in wanted)
+    return f"a quarantine table has exactly the columns ({shown})"
+
+
+def ensure_table(client: SqlClient, table: str) -> TargetTable:
+    """The quarantine table ``database.table``, created when missing; refused with
+    ``SchemaMismatch`` naming it if it exists with another schema."""
+    try:
+        found = describe_table(client, table)
+    except ClickHouseError as exc:
+        if exc.code != UNKNOWN_TABLE:
+            raise
+        client.execute(table_ddl(table), purpose=f"create quarantine table {table}")
+        found = describe_table(client, table)
+    problem = schema_problem(found)
+    if problem:
+        raise SchemaMismatch(f"{found.database}.{found.name}", [problem],
+                             purpose="check quarantine table")
+    return found
+
+
+def records(bad: BadRows, original: pa.RecordBatch, *, sink_id: str, epoch: int, task: str,
+            first_row: int) -> pa.RecordBatch:
+    """The quarantine rows of ``bad`` (found in ``original``, whose first row is the
+    task's ``first_row``-th), in :data:`ARROW_SCHEMA`."""
+    count = len(bad)
+    whole = rows_json(original.take(pa.array(bad.rows)))
+    return pa.RecordBatch.from_arrays([
+        pa.array([sink_id] * count, pa.string()),
+        pa.array(np.full(count, epoch, np.uint64)),
+        pa.array([task] * count, pa.string()),
+        pa.array(bad.rows.astype(np.uint64) + np.uint64(first_row)),
+        pa.array(bad.columns, pa.string()),
+        pa.array(bad.reasons, pa.string()),
+        pa.array([to_json(v) for v in bad.values], pa.string()),
+        whole,
+    ], schema=ARROW_SCHEMA)
+
+
+def rows_json(batch: pa.RecordBatch) -> pa.Array:
+    """Each row of ``batch`` as a JSON object (:func:`to_json`'s forms), built column by
+    column: integers, floats, booleans and strings without a Python object per value."""
+    pieces: list[pa.Array | str] = []
+    for index, (name, column) in enumerate(zip(batch.schema.names, batch.columns,
+                                               strict=True)):
+        pieces += ["{" if index == 0 else ",", json.dumps(name, ensure_ascii=False) + ":",
+                   _column_json(column)]
+    if not pieces:
+        return pa.array(["{}"] * batch.num_rows, pa.string())
+    pieces.append("}")
+    return pc.binary_join_element_wise(*pieces, "")
+
+
+def _column_json(column: pa.Array) -> pa.Array:
+    """The values of ``column`` as JSON texts ("null" for null)."""
+    kind = column.type
+    if pa.types.is_integer(kind):
+        text = pc.cast(column, pa.string())
+    elif pa.types.is_boolean(kind):
+        text = pc.if_else(column, "true", "false")
+    elif pa.types.is_floating(kind):
+        text = pc.cast(pc.cast(column, pa.float64()), pa.string())
+        text = pc.if_else(pc.is_nan(column), '"NaN"', text)
+        text = pc.if_else(pc.equal(column, math.inf), '"Infinity"', text)
+        text = pc.if_else(pc.equal(column, -math.inf), '"-Infinity"', text)
+    elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        text = pa.array([None if v is None else _quoted(v) for v in column.to_pylist()],
+                        pa.string())
+    else:
+        return pa.array([to_json(v) for v in column.to_pylist()], pa.string())
+    return pc.fill_null(text, "null")
+
+
+def to_json(value: object) -> str:
+    """``value`` (as Arrow's ``to_pylist`` gives it) as JSON text: instants and dates in
+    ISO form, decimals and UUIDs as text, bytes as UTF-8 (base64 if they are not), NaN
+    and infinities as the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``."""
+    try:  # the C encoder; NaN, a key JSON lacks or bytes that are no text: the walk
+        return _ENCODER.encode(value)
+    except (ValueError, TypeError):
+        return json.dumps(_plain(value), ensure_ascii=False, separators=(",", ":"))
+
+
+def _default(value: object) -> object:
+    if isinstance(value, bytes):
+        return value.decode()  # UnicodeDecodeError is a ValueError: base64 by the walk
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal | uuid.UUID | dt.timedelta):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} has no JSON form")
+
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False,
+                            default=_default)
+_quoted = json.encoder.py_encode_basestring  # replaced by the C one where it exists
+if json.encoder.c_encode_basestring is not None:
+    _quoted = json.encoder.c_encode_basestring
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        if all(isinstance(item, tuple) and len(item) == 2 for item in value) and value:
+            return [[_plain(k), _plain(v)] for k, v in value]  # a map's (key, value) pairs
+        return [_plain(item) for item in value]
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            return base64.b64encode(value).decode()
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal | uuid.UUID | dt.timedelta):
+        return str(value)
+    return value

@@ -1,0 +1,157 @@
+"""Finding every bad row of a batch (``bad_rows=quarantine``) and the first one
+(``bad_rows=fail``) with the same checks: pure logic, no server."""
+
+from __future__ import annotations
+
+import decimal
+import json
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from server_ext.chtypes import STORAGE_RANGES
+from server_ext.errors import InvalidValue
+from server_ext.prepare import checked_batch, split_batch
+from server_ext.quarantine import ARROW_SCHEMA, records, to_json
+from server_ext.schema import Column, _failing_rows, check_batch
+
+UINT8 = [Column("id", "UInt64"), Column("code", "UInt8")]
+small_ints = st.lists(st.one_of(st.none(), st.integers(-300, 300)), min_size=1, max_size=60)
+
+
+def coded(codes: list[int | None]) -> pa.RecordBatch:
+    return pa.record_batch({"id": pa.array(range(len(codes)), pa.int64()),
+                            "code": pa.array(codes, pa.int32())})
+
+
+@settings(max_examples=60, deadline=None)
+@given(small_ints)
+def test_every_row_with_a_value_out_of_range_is_found(codes):
+    columns = [Column("id", "UInt64"), Column("code", "Nullable(UInt8)")]
+    good, bad = split_batch(columns, coded(codes), STORAGE_RANGES)
+    expected = [i for i, c in enumerate(codes) if c is not None and not 0 <= c <= 255]
+    assert bad.rows.tolist() == expected
+    assert good.column("id").to_pylist() == [i for i in range(len(codes)) if i not in expected]
+    assert list(bad.values) == [codes[i] for i in expected]
+    assert set(bad.columns) <= {"code"}
+
+
+@settings(max_examples=60, deadline=None)
+@given(small_ints)
+def test_fail_mode_raises_for_a_bad_row_the_quarantine_mode_finds_with_its_problem(codes):
+    """Fail mode stops at the first bad value of the first check that finds one (nulls
+    before ranges), quarantine mode records each row's first problem in that order."""
+    batch = coded(codes)
+    _, bad = split_batch(UINT8, batch, STORAGE_RANGES)
+    if not len(bad):
+        checked_batch(UINT8, batch, STORAGE_RANGES)
+        return
+    with pytest.raises(InvalidValue) as raised:
+        check_batch(UINT8, batch)
+    at = bad.rows.tolist().index(raised.value.row)
+    assert (raised.value.column, raised.value.reason) == (bad.columns[at], bad.reasons[at])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.lists(st.integers(-5, 300), max_size=4)),
+                min_size=1, max_size=40))
+def test_a_bad_element_of_an_array_marks_its_outer_row(lists):
+    batch = pa.record_batch({"xs": pa.array(lists, pa.list_(pa.int32()))})
+    columns = [Column("xs", "Array(UInt8)")]
+    _, bad = split_batch(columns, batch, STORAGE_RANGES)
+    expected = [i for i, xs in enumerate(lists)  # Array is never Nullable: null is bad
+                if xs is None or any(not 0 <= x <= 255 for x in xs)]
+    assert bad.rows.tolist() == expected
+    assert list(bad.values) == [None if lists[i] is None
+                                else next(x for x in lists[i] if not 0 <= x <= 255)
+                                for i in expected]
+
+
+def test_a_bad_map_value_and_a_bad_tuple_element_mark_their_rows():
+    batch = pa.record_batch({
+        "m": pa.array([[("a", 1)], [("b", 999)], [], [("c", 2), ("d", -1)]],
+                      pa.map_(pa.string(), pa.int32())),
+        "t": pa.array([{"x": 1}, {"x": 2}, {"x": 700}, {"x": 3}],
+                      pa.struct([("x", pa.int32())])),
+    })
+    columns = [Column("m", "Map(String, UInt8)"), Column("t", "Tuple(x UInt8)")]
+    _, bad = split_batch(columns, batch, STORAGE_RANGES)
+    assert bad.rows.tolist() == [1, 2, 3]
+    assert bad.columns == ("m (value)", "t.x", "m (value)")
+    assert bad.values == (999, 700, -1)
+
+
+def test_unequal_nested_lengths_mark_their_rows():
+    batch = pa.record_batch({
+        "n.a": pa.array([[1], [1, 2], []], pa.list_(pa.int32())),
+        "n.b": pa.array([["x"], ["y"], ["z"]], pa.list_(pa.string())),
+    })
+    columns = [Column("n.a", "Array(UInt8)"), Column("n.b", "Array(String)")]
+    _, bad = split_batch(columns, batch, STORAGE_RANGES)
+    assert bad.rows.tolist() == [1, 2]
+    assert all("equal lengths" in reason for reason in bad.reasons)
+
+
+def test_a_row_with_two_bad_values_is_charged_to_its_first_column():
+    batch = pa.record_batch({"a": pa.array([1, 300], pa.int32()),
+                             "b": pa.array([400, 500], pa.int32())})
+    columns = [Column("a", "UInt8"), Column("b", "UInt8")]
+    _, bad = split_batch(columns, batch, STORAGE_RANGES)
+    assert list(zip(bad.rows.tolist(), bad.columns, strict=True)) == [(0, "b"), (1, "a")]
+
+
+def test_a_null_into_a_non_nullable_column_and_bad_json_are_bad_rows():
+    batch = pa.record_batch({"s": pa.array(["x", None, "y"]),
+                             "j": pa.array(['{"a":1}', '{"a":1}', "[1]"])})
+    columns = [Column("s", "String"), Column("j", "JSON")]
+    _, bad = split_batch(columns, batch, STORAGE_RANGES)
+    assert bad.rows.tolist() == [1, 2]
+    assert "null value" in bad.reasons[0] and "not an object" in bad.reasons[1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.decimals(min_value=-200, max_value=200, places=3, allow_nan=False),
+                min_size=1, max_size=50))
+def test_every_decimal_that_does_not_fit_is_found_by_halving(values):
+    array = pa.array(values, pa.decimal128(10, 3))
+    target = pa.decimal128(4, 1)
+
+    def fits(part: pa.Array) -> bool:
+        try:
+            part.cast(target)
+        except pa.ArrowInvalid:
+            return False
+        return True
+
+    assert _failing_rows(array, fits) == [i for i in range(len(values))
+                                          if not fits(array.slice(i, 1))]
+
+
+def test_quarantine_records_carry_the_row_and_the_value_as_json():
+    batch = pa.record_batch({"id": pa.array([5, 6], pa.int64()),
+                             "code": pa.array([1, 300], pa.int32())})
+    _, bad = split_batch(UINT8, batch, STORAGE_RANGES)
+    kept = records(bad, batch, sink_id="s", epoch=3, task="p0-a0-s0-x", first_row=100)
+    assert kept.schema == ARROW_SCHEMA
+    assert kept.to_pylist() == [{
+        "sink_id": "s", "epoch": 3, "task": "p0-a0-s0-x", "row_number": 101,
+        "column": "code", "reason": bad.reasons[0], "value": "300",
+        "row": '{"id":6,"code":300}'}]
+
+
+def test_values_json_lacks_are_written_as_text():
+    assert json.loads(to_json({"f": math.nan, "d": decimal.Decimal("1.50"), "b": b"\xff",
+                               "m": [("k", math.inf)]})) == {
+        "f": "NaN", "d": "1.50", "b": "/w==", "m": [["k", "Infinity"]]}
+
+
+def test_a_million_rows_with_one_percent_bad_are_split_in_linear_time():
+    codes = np.arange(1_000_000) % 256
+    codes[::100] = 300
+    batch = pa.record_batch({"id": pa.array(np.arange(1_000_000)), "code": pa.array(codes)})
+    good, bad = split_batch(UINT8, batch, STORAGE_RANGES)
+    assert (len(bad), good.num_rows) == (10_000, 990_000)

@@ -1,0 +1,144 @@
+"""``bad_rows=quarantine``: bad rows kept in the quarantine table, exactly once.
+
+The quarantine table is one more table of a branch's staged tree, as a materialized
+view's table is (``server_ext.views``, ``_ViewBranch`` in ``txsink/branch.py``): each
+task branch that meets a bad row gets a *quarantine share*, a branch of its own
+(``<branch id>-q``) with its own staging table, registered before that table exists,
+sealed against the count of rows sent, prepared with a ``StagedBranch`` payload and
+listed in the task's commit message. From there nothing is special: the decision's
+winners include the shares, the driver combines them per server and table, they are
+published by the same strategies and recovery, and a losing or aborted branch's share
+is rolled back with it. The writer inserts the bad rows into the share's staging
+itself (``server_ext.writer.BranchWriter(on_bad_rows=…)``), no staging view.
+
+Bound: each task counts its bad rows and fails early past ``max_bad_rows``; its commit
+message carries the count, and the driver refuses to decide an xid whose tasks' sum is
+past it (:func:`check_bound`), so the write is aborted with nothing visible.
+
+Refused before any xid is opened: a sharded target (one quarantine share per shard
+would need the table on every shard), an overwrite (its publish replaces whole
+partitions of every table it writes, the quarantine table's too), and a quarantine
+table of another schema (``server_ext.quarantine.ensure_table``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import pyarrow as pa
+
+import server_ext
+from server_ext import quarantine as tables
+from server_ext.bad_values import BadRows
+from server_ext.capabilities import Strategy, engine_problem
+from server_ext.staging import publish_problem
+from txsink import connections
+from txsink.messages import BranchMessage
+from txsink.options import OptionError, SinkOptions
+
+log = logging.getLogger(__name__)
+
+
+class TooManyBadRows(ValueError):
+    """A write has more bad rows than ``max_bad_rows``: it fails, nothing is visible."""
+
+
+def planned(options: SinkOptions, sharded: bool, overwrite: bool
+            ) -> tuple[server_ext.TargetTable | None, Strategy | None]:
+    """The quarantine table (created when missing) and its publish strategy, or
+    ``(None, None)`` with ``bad_rows=fail``. Runs before any xid is opened."""
+    if options.bad_rows != "quarantine" or not options.quarantine_table:
+        return None, None
+    if sharded:
+        raise OptionError("option bad_rows=quarantine is not supported for a sharded target "
+                          "(Distributed table or shards option): use bad_rows=fail. Nothing "
+                          "was staged")
+    if overwrite:
+        raise OptionError("option bad_rows=quarantine cannot be used with mode('overwrite'), "
+                          "which replaces whole partitions of every table it publishes "
+                          "into. Nothing was staged")
+    client = connections.clickhouse(options)
+    table = tables.ensure_table(client, options.quarantine_table)
+    problem = engine_problem(table)
+    caps = server_ext.detect_capabilities(client)
+    strategy = server_ext.choose_strategy(caps, table)
+    problem = problem or publish_problem(client, table, strategy)
+    if problem:
+        raise server_ext.UnsupportedTarget(
+            f"cannot write bad rows into {table.qualified}: {problem}. Nothing was staged")
+    return table, strategy
+
+
+def check_bound(options: SinkOptions, messages: Sequence[BranchMessage]) -> None:
+    """Refuse the decision of a write whose tasks quarantined more than ``max_bad_rows``
+    rows in all (each task counted its own)."""
+    total = sum(m.bad_rows for m in messages)
+    if options.bad_rows == "quarantine" and total > options.max_bad_rows:
+        raise TooManyBadRows(bound_message(total, options.max_bad_rows))
+
+
+def bound_message(count: int, bound: int, *, task: bool = False) -> str:
+    where = "one task of this write has" if task else "this write has"
+    return (f"{where} {count} bad rows, more than max_bad_rows={bound}: the write is "
+            "aborted and none of its rows (good or bad) becomes visible. Fix the input or "
+            "raise max_bad_rows")
+
+
+class QuarantineShare:
+    """A task branch's quarantine share: its bad rows, staged into a copy of the
+    quarantine table (registered, then created, at the first bad row)."""
+
+    def __init__(self, plan, epoch: int, parent_id: str, server: str) -> None:
+        assert plan.quarantine is not None
+        self.plan = plan
+        self.epoch = epoch
+        self.table: server_ext.TargetTable = plan.quarantine
+        self.strategy = plan.quarantine_strategy
+        self.branch_id = f"{parent_id}-q"
+        self.parent_id = parent_id
+        self.server = server
+        self.view = ""  # filled by the writer, not by a staging view
+        self.staging = server_ext.staging_table_name(plan.sink_id, epoch, self.branch_id,
+                                                     root=plan.options.root_identity)
+        self.client = connections.clickhouse(plan.options, server)
+        self.writer: server_ext.BranchWriter | None = None
+        self.count = 0
+        self.register: Callable[[QuarantineShare], None] = lambda share: None
+
+    def keep(self, batch: pa.RecordBatch, bad: BadRows, first_row: int) -> None:
+        """Stage the bad rows of ``batch`` (whose first row is the task's
+        ``first_row``-th); fail at once past the write's bound."""
+        self.count += len(bad)
+        bound = self.plan.options.max_bad_rows
+        if self.count > bound:
+            raise TooManyBadRows(bound_message(self.count, bound, task=True))
+        if self.writer is None:
+            self.register(self)  # before its staging exists, like every branch
+            caps = server_ext.detect_capabilities(self.client)
+            dedup = caps.insert_deduplication_token and caps.non_replicated_deduplication_window
+            qualified = server_ext.create_staging(self.client, self.table, self.staging,
+                                                  dedup_window=dedup, mirror_engine=True)
+            self.writer = server_ext.BranchWriter(
+                self.client, self.table, qualified, caps,
+                block_rows=self.plan.options.insert_block_rows,
+                dedup_token=self.staging if dedup else None,
+                encoding=self.plan.options.compression)
+        self.writer.write(tables.records(bad, batch, sink_id=self.plan.sink_id,
+                                         epoch=self.epoch, task=self.parent_id,
+                                         first_row=first_row))
+
+    def flush(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+
+    def seal(self) -> server_ext.Manifest:
+        """The manifest of the staged bad rows, checked against the count sent."""
+        assert self.writer is not None
+        return server_ext.seal(self.client, self.table, self.writer.staging_table,
+                               expected_rows=self.writer.rows_sent)
+
+    def drop(self) -> None:
+        if self.writer is not None:
+            self.writer.abort()
+        server_ext.rollback(self.client, self.staging)
