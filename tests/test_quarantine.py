@@ -152,6 +152,18 @@ def test_a_quarantine_table_of_another_schema_is_refused_by_name_before_staging(
     assert staging_tables(server_url, options) == []
 
 
+def test_a_quarantine_table_that_feeds_a_view_is_refused_by_name_before_staging(
+        spark, server_url, server_db, options, target):
+    save(coded_df(spark, 10), options, target)  # creates the quarantine table
+    run_sql(server_url, f"CREATE MATERIALIZED VIEW `{server_db}`.`bad_count` ENGINE = "
+                        f"SummingMergeTree ORDER BY sink_id AS SELECT sink_id, count() AS n "
+                        f"FROM `{server_db}`.`bad_rows` GROUP BY sink_id")
+    with pytest.raises(Exception, match=f"bad_rows`: it feeds materialized view "
+                                        f"{server_db}.bad_count"):
+        save(coded_df(spark, 100), options, target)
+    assert staging_tables(server_url, options) == []
+
+
 @pytest.mark.parametrize("server", ["ch26"], indirect=True)
 def test_a_stream_quarantines_each_bad_row_once(spark, server, server_url, options, target,
                                                 tmp_path):

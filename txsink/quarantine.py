@@ -15,10 +15,12 @@ Bound: each task counts its bad rows and fails early past ``max_bad_rows``; its 
 message carries the count, and the driver refuses to decide an xid whose tasks' sum is
 past it (:func:`check_bound`), so the write is aborted with nothing visible.
 
-Refused before any xid is opened: a sharded target (one quarantine share per shard
-would need the table on every shard), an overwrite (its publish replaces whole
-partitions of every table it writes, the quarantine table's too), and a quarantine
-table of another schema (``server_ext.quarantine.ensure_table``).
+Refused before any xid is opened: a quarantine table that feeds materialized views
+(its share has no staged view tree, and a view must never miss rows silently), a
+sharded target (one quarantine share per shard would need the table on every shard),
+an overwrite (its publish replaces whole partitions of every table it writes, the
+quarantine table's too), and a quarantine table of another schema
+(``server_ext.quarantine.ensure_table``).
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ def planned(options: SinkOptions, sharded: bool, overwrite: bool
     caps = server_ext.detect_capabilities(client)
     strategy = server_ext.choose_strategy(caps, table)
     problem = problem or publish_problem(client, table, strategy)
+    fed = server_ext.views.discover(client, table)
+    if fed and not problem:  # its share is staged without a view tree: never skip one
+        problem = (f"it feeds materialized view {fed[0].view_name}, and bad rows are "
+                   "staged without views; keep the quarantine table free of views")
     if problem:
         raise server_ext.UnsupportedTarget(
             f"cannot write bad rows into {table.qualified}: {problem}. Nothing was staged")
