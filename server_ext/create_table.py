@@ -68,14 +68,15 @@ def engine_problem(engine: str) -> str | None:
 
     ``engine`` is the engine clause as written after ``ENGINE =``: a name with optional
     arguments. Only the MergeTree engines of :data:`CREATABLE_ENGINES` are created; a
-    ``Distributed`` table and its cluster are the operator's to make.
+    ``Distributed`` table above them is ``distributed_table``'s (``create_distributed``).
     """
     name = engine_name(engine)
     if name in UNPUBLISHABLE_ENGINES:
         return f"engine {name} cannot be published into: {UNPUBLISHABLE_ENGINES[name]}"
     if name == "Distributed":
-        return ("a Distributed table is not created by the sink: create it (and its cluster) "
-                "yourself, or give shards and let the sink create the local table on each")
+        return ("a Distributed table is not created by engine, which names the local "
+                "tables' engine: give shards to create the local table on each, and "
+                "distributed_table and cluster to create a Distributed table above them")
     if name not in CREATABLE_ENGINES:
         return (f"engine {name or engine!r} is not one the sink creates "
                 f"({', '.join(CREATABLE_ENGINES)})")

@@ -8,7 +8,7 @@ and an existing table with any other columns is refused by name before anything 
 staged. Its rows are staged and published like the target's, so they are written
 exactly once, under the same decision.
 
-Pure text and Arrow, apart from :func:`ensure_table`.
+Pure text and Arrow, apart from :func:`ensure_table` and :func:`find_table`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from server_ext.bad_values import BadRows
 from server_ext.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError, SchemaMismatch
 from server_ext.schema import TargetTable, describe_table
-from server_ext.sql import qualified_name, quote_identifier, split_table_name
+from server_ext.sql import qualified_name, quote_identifier, split_table_name, sql_string
 
 #: The quarantine table's columns, in order (name, ClickHouse type, what it holds).
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -47,11 +47,26 @@ ARROW_SCHEMA = pa.schema([(name, pa.uint64() if kind == "UInt64" else pa.string(
 UNKNOWN_TABLE = 60
 
 
-def table_ddl(table: str) -> str:
-    """``CREATE TABLE IF NOT EXISTS`` of a quarantine table ``database.table``."""
-    columns = ", ".join(f"{quote_identifier(name)} {kind}" for name, kind, _ in COLUMNS)
-    return (f"CREATE TABLE IF NOT EXISTS {qualified_name(*split_table_name(table))} "
-            f"({columns}) ENGINE = MergeTree ORDER BY (sink_id, epoch)")
+#: The server macros a replicated quarantine table's ZooKeeper path and replica name use.
+REPLICA_MACROS = ("shard", "replica")
+
+
+def table_ddl(table: str, *, replicated: bool = False) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` of a quarantine table ``database.table``.
+
+    ``replicated``: for a shard of several replicas, a ``ReplicatedMergeTree`` shared by
+    the shard's replicas (the server's ``{shard}`` and ``{replica}`` macros, as a
+    replicated cluster's tables use), so that a bad row published on the replica its
+    branch staged on is read from any of them (through a Distributed table or
+    ``cluster()``, which read one replica per shard)."""
+    database, name = split_table_name(table)
+    columns = ", ".join(f"{quote_identifier(col)} {kind}" for col, kind, _ in COLUMNS)
+    engine = "MergeTree"
+    if replicated:  # the path names the table, so that two quarantine tables never share it
+        path = "/clickhouse/tables/{shard}/txsink_quarantine/" + f"{database}/{name}"
+        engine = f"ReplicatedMergeTree({sql_string(path)}, '{{replica}}')"
+    return (f"CREATE TABLE IF NOT EXISTS {qualified_name(database, name)} "
+            f"({columns}) ENGINE = {engine} ORDER BY (sink_id, epoch)")
 
 
 def schema_problem(table: TargetTable) -> str | None:
@@ -64,21 +79,35 @@ def schema_problem(table: TargetTable) -> str | None:
     return f"a quarantine table has exactly the columns ({shown})"
 
 
-def ensure_table(client: SqlClient, table: str) -> TargetTable:
-    """The quarantine table ``database.table``, created when missing; refused with
-    ``SchemaMismatch`` naming it if it exists with another schema."""
-    try:
+def ensure_table(client: SqlClient, table: str, *, replicated: bool = False) -> TargetTable:
+    """The quarantine table ``database.table``, created when missing (``replicated``:
+    as :func:`table_ddl` says); refused with ``SchemaMismatch`` naming it if it exists
+    with another schema."""
+    found = find_table(client, table)
+    if found is None:
+        client.execute(table_ddl(table, replicated=replicated),
+                       purpose=f"create quarantine table {table}")
         found = describe_table(client, table)
+    check_table(found)
+    return found
+
+
+def find_table(client: SqlClient, table: str) -> TargetTable | None:
+    """The quarantine table as the server describes it, or None when it is missing."""
+    try:
+        return describe_table(client, table)
     except ClickHouseError as exc:
         if exc.code != UNKNOWN_TABLE:
             raise
-        client.execute(table_ddl(table), purpose=f"create quarantine table {table}")
-        found = describe_table(client, table)
+        return None
+
+
+def check_table(found: TargetTable) -> None:
+    """Refuse (``SchemaMismatch`` naming it) a quarantine table of another schema."""
     problem = schema_problem(found)
     if problem:
         raise SchemaMismatch(f"{found.database}.{found.name}", [problem],
                              purpose="check quarantine table")
-    return found
 
 
 def records(bad: BadRows, original: pa.RecordBatch, *, sink_id: str, epoch: int, task: str,

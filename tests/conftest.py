@@ -47,20 +47,10 @@ SERVER_FIXTURES = frozenset({"services", "spark", "clickhouse_url", "zk_hosts", 
                              "nodes"})
 
 
-#: Fixtures of services that some test stops or kills while others use them (the sharded
-#: topology, whose replicas ``test_services_cluster`` kills): a test using one is marked
-#: ``serial``. ``./run test`` runs the rest in two processes, then the ``serial`` tests
-#: alone; a module that stops a shared server says so itself (``pytestmark``).
-SERIAL_FIXTURES = frozenset({"cluster"})
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        used = set(getattr(item, "fixturenames", ()))
-        if SERVER_FIXTURES & used:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.servers)
-        if SERIAL_FIXTURES & used:
-            item.add_marker(pytest.mark.serial)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -99,9 +89,7 @@ def services() -> Iterator[Services]:
     started = time.time()
     yield svc
     if os.environ.get("TXSINK_TEST_SWEEP_AT_END") == "1":  # set by ./run test
-        # the run's first part may have run in other processes (``./run test``)
-        since = float(os.environ.get("TXSINK_TEST_RUN_STARTED") or started)
-        drop_leftover_staging([svc.clickhouse.url, svc.modern.url], since=since)
+        drop_leftover_staging([svc.clickhouse.url, svc.modern.url], since=started)
 
 
 def drop_leftover_staging(urls: list[str], since: float) -> None:

@@ -5,6 +5,9 @@ Counting goes straight to ClickHouse over HTTP, never through the sink's own cod
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+
 from tests.conftest import run_sql
 
 EVENTS_DDL = (
@@ -17,6 +20,33 @@ def create_events(url: str, db: str, name: str = "events", engine: str = "MergeT
     table = f"`{db}`.`{name}`"
     run_sql(url, EVENTS_DDL.format(table=table, engine=engine))
     return f"{db}.{name}"
+
+
+def save(df, options: dict[str, str], table: str, mode: str = "append", **extra: str) -> None:
+    """Write ``df`` into ``table`` through ``clickhouse_tx`` with ``options`` and ``extra``."""
+    (df.write.format("clickhouse_tx").options(**options).options(**extra)
+        .option("table", table).mode(mode).save())
+
+
+def coordinator_root(zk_hosts: str, parent: str) -> Iterator[str]:
+    """A fresh coordinator root under ``parent`` for a module's subprocess job (which
+    cannot use the per-test chroot); the root, and ``parent`` if then empty, deleted
+    after."""
+    from kazoo.exceptions import NoNodeError, NotEmptyError
+
+    from tests.conftest import kazoo_client
+
+    root = f"{parent}/{uuid.uuid4().hex[:10]}"
+    yield root
+    admin = kazoo_client(zk_hosts)
+    admin.start(timeout=15)
+    for path in (root, parent):
+        try:
+            admin.delete(path, recursive=path == root)
+        except (NoNodeError, NotEmptyError):  # never created / another run's root is there
+            pass
+    admin.stop()
+    admin.close()
 
 
 def id_counts(url: str, table: str) -> dict[int, int]:

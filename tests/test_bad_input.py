@@ -13,7 +13,7 @@ only: options are parsed before any server is asked, so a second server adds not
 Column types of the modern server the writer lacks (Variant, Dynamic, BFloat16) are refused
 on [ch26] by name, before anything is staged.
 
-On 18.16 the target lives on a private ClickHouse + ZooKeeper pair (ports 28001..28004);
+On 18.16 the target lives on a private ClickHouse + ZooKeeper pair (ports 28401..28404);
 on 26.x it lives on the shared modern server, with the private ZooKeeper. Every target
 gets a coordinator root of its own (``zk_root``): ``txsink gc --grace 0`` drops every
 staging table of its root that no live xid owns, and the root identity leaves the
@@ -39,7 +39,7 @@ from txsink.harness.chaos.faults import private_services
 from txsink.harness.services import READONLY_USER, SECRET_PASSWORD, SECRET_USER, Services
 from txsink.options import root_identity
 
-PORT_BASE = 28000  # private servers on +1 .. +4, below every other private range
+PORT_BASE = 28400
 SCHEMA = "id LONG, day DATE, code STRING, small INT, name STRING"
 GOOD_ROW = (10, date(2026, 3, 1), "wxyz", 7, "ten")
 LAST_DAY = {"ch18": date(2105, 12, 31), "ch26": date(2149, 6, 6)}  # read back unchanged

@@ -13,7 +13,7 @@ from server_ext.client import ClickHouseClient
 from server_ext.compression import ENCODINGS, encoding_problem
 from server_ext.sql import qualified_name
 from tests.conftest import run_sql
-from tests.sinkutil import assert_exactly_once, create_events, events_df, staging_tables
+from tests.sinkutil import assert_exactly_once, create_events, events_df, save, staging_tables
 
 READS = {"ch18": {"gzip", "deflate"}, "ch26": set(ENCODINGS)}
 
@@ -26,11 +26,6 @@ def _registered(spark) -> None:
 @pytest.fixture
 def options(server_url: str, zk_hosts: str, zk_chroot: str) -> dict[str, str]:
     return {"url": server_url, "zookeeper": zk_hosts + zk_chroot}
-
-
-def save(df, options: dict[str, str], table: str, **extra: str) -> None:
-    (df.write.format("clickhouse_tx").options(**options).options(**extra)
-        .option("table", table).mode("append").save())
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)

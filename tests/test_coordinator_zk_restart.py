@@ -10,15 +10,12 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
 from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
 from coordinator import BranchRecord, Coordinator, XidState
 from tests.test_coordinator_support import Target, prepared_branches
 from txsink.harness.services import ServiceError, Services
-
-pytestmark = pytest.mark.serial  # stops the ZooKeeper every other test uses
 
 OUTAGE_SECONDS = 2.0
 

@@ -19,10 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kazoo.exceptions import NoNodeError, NotEmptyError
 
-from tests.conftest import kazoo_client, run_sql
-from tests.sinkutil import assert_exactly_once, id_counts
+from tests.conftest import run_sql
+from tests.sinkutil import assert_exactly_once, coordinator_root, id_counts
 
 REPO = Path(__file__).resolve().parent.parent
 ROWS = 1000
@@ -98,17 +97,7 @@ def tables(clickhouse_url: str) -> Iterator[dict[str, str]]:
 @pytest.fixture(scope="module")
 def zk_root(zk_hosts: str) -> Iterator[str]:
     """The coordinator root of this run, under ``/txsink-test-discovery``; deleted after."""
-    root = f"{ZK_PARENT}/{uuid.uuid4().hex[:10]}"
-    yield root
-    admin = kazoo_client(zk_hosts)
-    admin.start(timeout=15)
-    for path in (root, ZK_PARENT):
-        try:
-            admin.delete(path, recursive=path == root)
-        except (NoNodeError, NotEmptyError):  # never created / another run's root is there
-            pass
-    admin.stop()
-    admin.close()
+    yield from coordinator_root(zk_hosts, ZK_PARENT)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ import pytest
 import txsink
 from tests.conftest import run_sql
 from tests.jobs.quarantine_batch import CODED_DDL, coded_df, is_bad
-from tests.sinkutil import assert_counts_exactly_once, assert_exactly_once, staging_tables
+from tests.sinkutil import assert_counts_exactly_once, assert_exactly_once, save, staging_tables
 from txsink import cli
 from txsink.harness.crash_arming import arm_env
 
@@ -47,11 +47,6 @@ def options(server_url: str, zk_hosts: str, zk_chroot: str, server_db: str) -> d
 def target(server_url: str, server_db: str) -> str:
     run_sql(server_url, CODED_DDL.format(table=f"`{server_db}`.`coded`"))
     return f"{server_db}.coded"
-
-
-def save(df, options: dict[str, str], table: str, **extra: str) -> None:
-    (df.write.format("clickhouse_tx").options(**options).options(**extra)
-        .option("table", table).mode("append").save())
 
 
 def quarantined(url: str, table: str) -> list[dict]:

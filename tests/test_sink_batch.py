@@ -15,6 +15,7 @@ from tests.sinkutil import (
     events_df,
     id_counts,
     moves_into,
+    save,
     staging_insert_settings,
     staging_tables,
 )
@@ -35,11 +36,6 @@ def server_sink_options(server_url: str, zk_hosts: str, zk_chroot: str) -> dict[
 @pytest.fixture(autouse=True)
 def _registered(spark) -> None:
     txsink.register(spark)
-
-
-def save(df, options: dict[str, str], table: str, mode: str = "append", **extra: str) -> None:
-    (df.write.format("clickhouse_tx").options(**options).options(**extra)
-        .option("table", table).mode(mode).save())
 
 
 def fail_first_attempt_after(rows_before_failure: int):

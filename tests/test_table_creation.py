@@ -13,7 +13,7 @@ from pyspark import InheritableThread
 
 import txsink
 from tests.conftest import run_sql
-from tests.sinkutil import assert_exactly_once, events_df, staging_tables
+from tests.sinkutil import assert_exactly_once, events_df, save, staging_tables
 
 ROWS = 200
 
@@ -26,11 +26,6 @@ def _registered(spark) -> None:
 @pytest.fixture
 def options(server_url: str, zk_hosts: str, zk_chroot: str) -> dict[str, str]:
     return {"url": server_url, "zookeeper": zk_hosts + zk_chroot}
-
-
-def save(df, options: dict[str, str], table: str, **extra: str) -> None:
-    (df.write.format("clickhouse_tx").options(**options).options(**extra)
-        .option("table", table).mode("append").save())
 
 
 def columns(url: str, table: str) -> dict[str, str]:

@@ -14,7 +14,7 @@ from kazoo.client import KazooClient
 import txsink
 from server_ext.sql import tokenize
 from tests.conftest import run_sql
-from tests.sinkutil import assert_exactly_once, create_events, events_df, staging_tables
+from tests.sinkutil import assert_exactly_once, create_events, events_df, save, staging_tables
 from txsink import cli
 from txsink.options import parse_options
 from txsink.plan import check_target
@@ -30,11 +30,6 @@ def _registered(spark) -> None:
 @pytest.fixture
 def options(server_url: str, zk_hosts: str, zk_chroot: str) -> dict[str, str]:
     return {"url": server_url, "zookeeper": zk_hosts + zk_chroot, "sink_id": "views"}
-
-
-def save(df, options: dict[str, str], table: str, mode: str = "append", **extra: str) -> None:
-    (df.write.format("clickhouse_tx").options(**options).options(**extra)
-        .option("table", table).mode(mode).save())
 
 
 def rows(url: str, sql: str) -> list[tuple[str, ...]]:

@@ -69,14 +69,14 @@ class ClickHouseTxDataSource(DataSource):
     def _plan(self, schema: StructType, overwrite: bool, streaming: bool) -> WritePlan:
         options = parse_options(self.options)
         note_default_database(options.table)
-        prepare_target(options, schema)  # create_table, schema_evolution: before describing
+        options = prepare_target(options, schema)  # create_table, …: before describing
         checked = check_target(options, schema)
         checked = replace(checked, strategy=check_publish(options, checked, overwrite),
                           view_strategies=view_strategies(options, checked))
         check_publishable(options, checked)
         check_insert_memory(options, checked)
         quarantined, quarantine_strategy = quarantine.planned(  # created before any xid
-            options, sharded=_sharded(options, checked.layout), overwrite=overwrite)
+            options, checked.layout, overwrite=overwrite)
         sink_id = options.resolved_sink_id(streaming)
         if options.in_transaction():
             generation, epoch = options.tx_generation, options.tx_epoch
@@ -101,12 +101,6 @@ class ClickHouseTxDataSource(DataSource):
                          checked.columns, epoch, checked.layout, checked.table,
                          views=checked.views, view_strategies=checked.view_strategies,
                          quarantine=quarantined, quarantine_strategy=quarantine_strategy)
-
-
-def _sharded(options, layout) -> bool:
-    """Whether the rows go anywhere but the ``url`` server's ``table`` alone."""
-    return (bool(options.shards) or len(layout.shards) > 1
-            or len(layout.shards[0].replicas) > 1 or layout.local_table != options.table)
 
 
 class BatchWriter(DataSourceArrowWriter):

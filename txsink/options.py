@@ -26,7 +26,7 @@ from server_ext.client import header_problem
 from server_ext.compression import ENCODINGS
 from server_ext.partition_bound import DEFAULT_LIMIT as DEFAULT_PARTITION_LIMIT
 from server_ext.sharding import ShardingError, parse_shard_urls, shown_url, url_problem
-from txsink import bad_rows_options, insert_settings, table_options
+from txsink import bad_rows_options, distributed_options, insert_settings, table_options
 
 AUTO = "auto"  # the strategy option's default: the server picks (capabilities.choose_strategy)
 STRATEGIES = (AUTO, *server_strategies)
@@ -96,6 +96,9 @@ class SinkOptions:
     engine: str = "MergeTree"  # a created table's engine clause
     order_by: str | None = None  # a created table's sorting key (None: tuple())
     partition_by: str | None = None  # a created table's partition key (None: none)
+    # a Distributed table created above the local tables (txsink/distributed_options.py)
+    distributed_table: str | None = None  # database.table, on the url server
+    cluster: str | None = None  # its cluster, from the servers' remote_servers
     # what a value that does not fit its column does (txsink/bad_rows_options.py)
     bad_rows: str = "fail"  # or "quarantine"
     quarantine_table: str | None = None  # database.table of the quarantined rows
@@ -175,7 +178,7 @@ PUBLIC_OPTIONS = (
     "sharding_key", "replica_choice", "txn_version", "compression", "ca_file",
     "zookeeper_ca_file", "materialized_views", "max_partitions_per_job", "coordinator",
     "records_url", "records_table", *table_options.OPTION_NAMES,
-    *bad_rows_options.OPTION_NAMES,
+    *distributed_options.OPTION_NAMES, *bad_rows_options.OPTION_NAMES,
 )
 
 _NAMES = {
@@ -281,6 +284,7 @@ def parse_options(
     store = _store(values)
     try:
         table_options.check(values)
+        distributed_options.check(values)
         bad_rows_options.check(values)
     except ValueError as exc:
         raise OptionError(str(exc)) from None

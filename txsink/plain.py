@@ -64,7 +64,7 @@ class PlainDataSource(DataSource):
         if options.bad_rows != "fail":  # never ignored silently
             raise OptionError("option bad_rows=quarantine is clickhouse_tx's: "
                               "clickhouse_plain fails the write on a bad value")
-        prepare_target(options, schema)  # create_table, schema_evolution: as clickhouse_tx
+        options = prepare_target(options, schema)  # create_table, …: as clickhouse_tx
         return options, check_target(options, schema, views=False).columns
 
     def writer(self, schema: StructType, overwrite: bool) -> PlainWriter:

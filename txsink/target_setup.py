@@ -36,7 +36,7 @@ from server_ext.create_table import (
 from server_ext.nested import flatten_schema
 from server_ext.schema import type_problem
 from server_ext.sharding import parse_shard_urls
-from txsink import connections
+from txsink import connections, distributed_target
 from txsink.options import SinkOptions
 from txsink.plan import arrow_schema
 from txsink.table_options import ADD_COLUMNS, IF_MISSING
@@ -46,12 +46,15 @@ log = logging.getLogger(__name__)
 UNKNOWN_TABLE = 60
 
 
-def prepare_target(options: SinkOptions, spark_schema) -> None:
+def prepare_target(options: SinkOptions, spark_schema) -> SinkOptions:
     """Create the target and add its missing columns as the options ask, on every server
-    that holds it (the ``url`` server, or every replica of every shard of ``shards``)."""
+    that holds it (the ``url`` server, or every replica of every shard of ``shards``),
+    and the Distributed table above them that ``distributed_table`` names; return the
+    options the write proceeds with (``distributed_target.written_through``)."""
     if options.create_table != IF_MISSING and options.schema_evolution != ADD_COLUMNS:
-        return
+        return options
     schema = arrow_schema(spark_schema)
+    distributed = distributed_target.planned(options, schema)  # checked before any change
     servers = _servers(options)
     found = {url: _describe(options, url) for url in servers}
     missing = [url for url, table in found.items() if table is None]
@@ -60,6 +63,8 @@ def prepare_target(options: SinkOptions, spark_schema) -> None:
         found.update({url: _describe(options, url) for url in missing})
     if options.schema_evolution == ADD_COLUMNS:
         _add_columns(options, schema, {url: t for url, t in found.items() if t is not None})
+    distributed_target.create(options, distributed)
+    return distributed_target.written_through(options)
 
 
 def _servers(options: SinkOptions) -> list[str]:
