@@ -115,6 +115,10 @@ def parse_exception(text: str) -> tuple[int, str, str | None] | None:
 OUTCOME_UNKNOWN = ("CONNECTION_LOST", "TIMEOUT")  # names the client gives a lost answer
 
 
+#: The codes callers test for: a table or database that is not there.
+UNKNOWN_TABLE, UNKNOWN_DATABASE = 60, 81
+
+
 class ClickHouseError(Exception):
     """A statement failed on (or could not reach) the ClickHouse server.
 

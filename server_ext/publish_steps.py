@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from server_ext.client_protocol import SqlClient
-from server_ext.errors import ClickHouseError
+from server_ext.errors import UNKNOWN_DATABASE, UNKNOWN_TABLE, ClickHouseError
 from server_ext.sql import sql_string
 
 STEP_BEFORE_PARTITION = "publish.before_partition"  # checks done, nothing written yet
@@ -31,7 +31,6 @@ PUBLISH_STEPS: dict[str, tuple[str, ...]] = {
 }
 
 MAX_COMMANDS_PER_ALTER = 200  # keeps a statement far below the server's max_query_size
-UNKNOWN_TABLE, UNKNOWN_DATABASE = 60, 81
 
 StepHook = Callable[[str], None]
 

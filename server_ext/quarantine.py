@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from server_ext.bad_values import BadRows
 from server_ext.client_protocol import SqlClient
-from server_ext.errors import ClickHouseError, SchemaMismatch
+from server_ext.errors import UNKNOWN_TABLE, ClickHouseError, SchemaMismatch
 from server_ext.schema import TargetTable, describe_table
 from server_ext.sql import qualified_name, quote_identifier, split_table_name, sql_string
 
@@ -44,7 +44,6 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
 
 ARROW_SCHEMA = pa.schema([(name, pa.uint64() if kind == "UInt64" else pa.string())
                           for name, kind, _ in COLUMNS])
-UNKNOWN_TABLE = 60
 
 
 #: The server macros a replicated quarantine table's ZooKeeper path and replica name use.

@@ -31,6 +31,7 @@ import pyarrow as pa
 import server_ext
 from server_ext.create_distributed import cluster_shape, database_exists, distributed_table_sql
 from server_ext.create_table import TableShape, column_types, type_families
+from server_ext.errors import UNKNOWN_TABLE
 from server_ext.sharding import layout_from_distributed, parse_shard_urls
 from server_ext.sharding.engine_args import engine_arguments, name_value
 from server_ext.sharding.layout import table_text
@@ -40,7 +41,6 @@ from txsink.options import OptionError, SinkOptions
 
 log = logging.getLogger(__name__)
 
-UNKNOWN_TABLE = 60
 
 
 @dataclass(frozen=True)

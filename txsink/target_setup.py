@@ -33,6 +33,7 @@ from server_ext.create_table import (
     engine_name,
     type_families,
 )
+from server_ext.errors import UNKNOWN_TABLE
 from server_ext.nested import flatten_schema
 from server_ext.schema import type_problem
 from server_ext.sharding import parse_shard_urls
@@ -43,7 +44,6 @@ from txsink.table_options import ADD_COLUMNS, IF_MISSING
 
 log = logging.getLogger(__name__)
 
-UNKNOWN_TABLE = 60
 
 
 def prepare_target(options: SinkOptions, spark_schema) -> SinkOptions:
