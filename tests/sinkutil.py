@@ -6,7 +6,7 @@ Counting goes straight to ClickHouse over HTTP, never through the sink's own cod
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from tests.conftest import run_sql
 
@@ -47,6 +47,31 @@ def coordinator_root(zk_hosts: str, parent: str) -> Iterator[str]:
             pass
     admin.stop()
     admin.close()
+
+
+def write_in_threads(spark, count: int, write: Callable[[int], None]) -> None:
+    """Run ``write(0)`` .. ``write(count - 1)`` at once, each in its own Python thread
+    with ``txsink.register(spark)`` first (a new thread has no active session); fail with
+    every thread's error."""
+    from pyspark import InheritableThread
+
+    import txsink
+
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            txsink.register(spark)
+            write(index)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [InheritableThread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=240)
+    assert not errors, errors
 
 
 def id_counts(url: str, table: str) -> dict[int, int]:

@@ -18,6 +18,7 @@ from tests.sinkutil import (
     save,
     staging_insert_settings,
     staging_tables,
+    write_in_threads,
 )
 from txsink.payload import CombinedBranch, from_record
 
@@ -181,24 +182,9 @@ def test_two_threads_writing_two_tables_at_once_each_get_every_row_once(
         spark, clickhouse_url, ch_db, sink_options):
     """One session, two Python threads, two sink ids (docs/usage.md, "several threads"):
     each thread calls ``txsink.register``, which makes the session its active one."""
-    from pyspark import InheritableThread
-
     tables = [create_events(clickhouse_url, ch_db, name) for name in ("left", "right")]
-    errors: list[BaseException] = []
-
-    def write(index: int) -> None:
-        try:
-            txsink.register(spark)
-            save(events_df(spark, index * 10_000, 2000), sink_options, tables[index],
-                 sink_id=f"thread-{index}")
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            errors.append(exc)
-
-    threads = [InheritableThread(target=write, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=240)
-    assert not errors, errors
+    write_in_threads(spark, 2, lambda index: save(
+        events_df(spark, index * 10_000, 2000), sink_options, tables[index],
+        sink_id=f"thread-{index}"))
     for index, table in enumerate(tables):
         assert_exactly_once(clickhouse_url, table, range(index * 10_000, index * 10_000 + 2000))

@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from pyspark import InheritableThread
 
 import txsink
 from tests.conftest import run_sql
-from tests.sinkutil import assert_exactly_once, events_df, save, staging_tables
+from tests.sinkutil import assert_exactly_once, events_df, save, staging_tables, write_in_threads
 
 ROWS = 200
 
@@ -96,22 +95,9 @@ def test_a_streaming_query_creates_its_table(spark, server_url, server_db, optio
 def test_two_writers_racing_to_create_one_table_both_land_their_rows_once(
         spark, server_url, server_db, options):
     table = f"{server_db}.raced"
-    errors: list[BaseException] = []
-
-    def write(index: int) -> None:
-        try:
-            txsink.register(spark)
-            save(events_df(spark, index * 1000, 100, partitions=1), options, table,
-                 create_table="if_missing", order_by="id")
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            errors.append(exc)
-
-    threads = [InheritableThread(target=write, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=240)
-    assert not errors, errors
+    write_in_threads(spark, 2, lambda index: save(
+        events_df(spark, index * 1000, 100, partitions=1), options, table,
+        create_table="if_missing", order_by="id"))
     assert_exactly_once(server_url, table, [*range(100), *range(1000, 1100)])
 
 
