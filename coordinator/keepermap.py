@@ -86,9 +86,10 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 
+from coordinator.nodes import SESSION_TIMEOUT
+
 logger = logging.getLogger(__name__)
 
-SESSION_TIMEOUT = 10.0  # seconds, as the sink's ZooKeeper sessions
 CLOCK_MARGIN = 2.0  # a session is expired by others this long after its own expiry
 READ_AHEAD = 8  # log keys asked for per point-lookup SELECT
 KEPT_IDS = 256  # ids of recent entries remembered, to recognise a write whose answer was lost

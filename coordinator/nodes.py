@@ -24,6 +24,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+#: Seconds a session outlives a holder that stopped refreshing it (a killed process): the
+#: default of both stores' sessions; the sink's option ``session_timeout`` sets it.
+SESSION_TIMEOUT = 10.0
+
 
 class NodeStat(Protocol):
     """What the coordinator reads of a node's metadata."""

@@ -10,6 +10,10 @@ from collections.abc import Callable, Iterator
 
 from tests.conftest import run_sql
 
+#: The option ``session_timeout`` of writers a test kills: the next writer finishes the dead
+#: one's xid once its publish lease expires with its session, 4 s later (default 10 s).
+SHORT_SESSION = {"session_timeout": "4"}
+
 EVENTS_DDL = (
     "CREATE TABLE {table} (id UInt64, day Date, name String, value Float64) "
     "ENGINE = {engine} PARTITION BY toYYYYMM(day) ORDER BY id"

@@ -22,7 +22,14 @@ import pytest
 import txsink
 from coordinator import Coordinator, XidState
 from tests.conftest import RECORDS_DATABASE, run_sql
-from tests.sinkutil import assert_exactly_once, create_events, events_df, id_counts, staging_tables
+from tests.sinkutil import (
+    SHORT_SESSION,
+    assert_exactly_once,
+    create_events,
+    events_df,
+    id_counts,
+    staging_tables,
+)
 from txsink import cli, crashpoints
 from txsink.harness.crash_arming import arm_env
 
@@ -41,8 +48,8 @@ def killed_writer(kind: str, url: str, zookeeper: str, table: str, point: str,
            **arm_env([point], "group", once_dir)}
     return subprocess.run(
         [sys.executable, "-m", "tests.jobs.abandoned_writer", kind, url, zookeeper, table,
-         "400", json.dumps(options or {})], cwd=ROOT, capture_output=True, text=True,
-        timeout=240, env=env, start_new_session=True)
+         "400", json.dumps({**SHORT_SESSION, **(options or {})})], cwd=ROOT,
+        capture_output=True, text=True, timeout=240, env=env, start_new_session=True)
 
 
 def operator(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:

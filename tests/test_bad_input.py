@@ -273,6 +273,8 @@ MALFORMED_OPTIONS = {
                              r"url must not carry credentials"),
     "timeout_not_a_number": ({"timeout": "soon"}, r"timeout='soon' is not a float"),
     "negative_retries": ({"retries": "-1"}, r"retries='-1' must be at least 0"),
+    "session_timeout_below_two_seconds": ({"session_timeout": "0.5"},
+                                          r"session_timeout='0.5' must be at least 2"),
     "zero_insert_block_rows": ({"insert_block_rows": "0"}, r"insert_block_rows='0'"),
     "timeout_nan": ({"timeout": "nan"}, r"timeout='nan' must be a finite number"),
     "timeout_infinite": ({"timeout": "inf"}, r"timeout='inf' must be a finite number"),

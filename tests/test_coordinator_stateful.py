@@ -237,10 +237,18 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.last_seen = last
 
 
-def test_random_interleavings_keep_every_invariant(nodes: Callable[[], NodeStore]) -> None:
+#: Examples per store. The coordinator's code is the same over both, and a KeeperMap step
+#: is a ClickHouse round trip (several times a ZooKeeper one): the store's own semantics
+#: (versions, multi-ops, ephemeral expiry) have their tests over both stores
+#: (tests/test_coordinator_transitions.py, _race.py, _liveness.py, test_keepermap_store.py).
+EXAMPLES = {"zookeeper": 30, "keepermap": 12}
+
+
+def test_random_interleavings_keep_every_invariant(nodes: Callable[[], NodeStore],
+                                                    store_kind: str) -> None:
     ProtocolMachine.open_store = staticmethod(nodes)  # type: ignore[assignment]
     run_state_machine_as_test(ProtocolMachine, settings=settings(
-        max_examples=30, stateful_step_count=30, deadline=None, derandomize=False,
+        max_examples=EXAMPLES[store_kind], stateful_step_count=30, deadline=None, derandomize=False,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
 
 

@@ -16,17 +16,18 @@ from kazoo.retry import KazooRetry
 
 from coordinator import AccessDenied, Coordinator, DigestAuth, ZooKeeperTLS, tls_hint
 from coordinator.keepermap import KeeperMapNodes
-from coordinator.nodes import NodeStore
+from coordinator.nodes import SESSION_TIMEOUT, NodeStore
 from server_ext.client import DEFAULT_RETRIES, DEFAULT_TIMEOUT, ClickHouseClient
 from server_ext.keepermap import KeeperMapTable
 from txsink import crashpoints
 from txsink.options import KEEPERMAP, SinkOptions
 
 _lock = threading.Lock()
-_zk: dict[tuple[str, str | None, str | None], KazooClient] = {}  # (hosts, credentials, CA)
+_zk: dict[tuple[str, str | None, str | None, float], KazooClient] = {}  # hosts, auth, CA, timeout
 _allowed: set[tuple[str, str | None, str, str]] = set()  # sinks this process may read
 _ch: dict[tuple[str, str | None, str | None, float, int, str | None], ClickHouseClient] = {}
-_records: dict[tuple[int, str, str | None, str], KeeperMapNodes] = {}  # (pid, url, user, table)
+# (pid, url, user, table, session timeout)
+_records: dict[tuple[int, str, str | None, str, float], KeeperMapNodes] = {}
 
 
 class RecordsUnusable(ValueError):
@@ -39,6 +40,7 @@ class ZooKeeperUnreachable(ConnectionError):
 
 def zookeeper(hosts: str, timeout: float = 15.0, auth: str | None = None,
               ca_file: str | None = None, *, shared: bool = True,
+              session_timeout: float = SESSION_TIMEOUT,
               named: str = "the zookeeper option",
               ca_named: str = "the zookeeper_ca_file option",
               ca_advice: str = "give the zookeeper_ca_file option") -> KazooClient:
@@ -46,6 +48,8 @@ def zookeeper(hosts: str, timeout: float = 15.0, auth: str | None = None,
     ``auth`` (``user:password``) its session authenticates with the digest scheme and
     creates znodes only that identity may touch (``coordinator/auth.py``); with
     ``ca_file`` it speaks TLS, verifying the server with that CA (``coordinator/tls.py``).
+    ``timeout`` bounds the connection attempt; ``session_timeout`` is the session's
+    (ZooKeeper may narrow it to its minSessionTimeout .. maxSessionTimeout).
 
     ``shared``: one session per process and ensemble, reused by every task a Spark worker
     runs; an operator command takes its own (``shared=False``) and closes it. ``named``
@@ -57,7 +61,8 @@ def zookeeper(hosts: str, timeout: float = 15.0, auth: str | None = None,
     digest = DigestAuth.parse(auth) if auth else None
     tls = ZooKeeperTLS(ca_file) if ca_file else None
     with _lock:
-        client = _zk.get((hosts, auth, ca_file)) if shared else None
+        key = (hosts, auth, ca_file, session_timeout)
+        client = _zk.get(key) if shared else None
         if client is not None and client.connected:
             return client
         if tls is not None:
@@ -66,7 +71,7 @@ def zookeeper(hosts: str, timeout: float = 15.0, auth: str | None = None,
             hosts=hosts,
             auth_data=digest.auth_data if digest else None,
             default_acl=digest.acl if digest else None,
-            timeout=10.0,
+            timeout=session_timeout,
             connection_retry=KazooRetry(max_tries=-1, delay=0.2, max_delay=2.0),
             command_retry=KazooRetry(max_tries=20, delay=0.1, max_delay=2.0, deadline=60.0),
             **(tls.kazoo_args() if tls else {}),
@@ -82,7 +87,7 @@ def zookeeper(hosts: str, timeout: float = 15.0, auth: str | None = None,
                 f"and is {named} host:port[/chroot] right?)"
                 f"{'' if tls else tls_hint(bare, ca_advice)}") from None
         if shared:
-            _zk[(hosts, auth, ca_file)] = client
+            _zk[key] = client
         return client
 
 
@@ -118,19 +123,20 @@ def records(options: SinkOptions, *, shared: bool = True) -> KeeperMapNodes:
     refused with :class:`RecordsUnusable` naming the problem, before anything is staged.
     """
     database, table = options.records_table.split(".", 1)
-    key = (os.getpid(), options.records_server, options.user, options.records_table)
+    key = (os.getpid(), options.records_server, options.user, options.records_table,
+           options.session_timeout)
     with _lock:
         store = _records.get(key)
         if store is not None:
-            return store if shared else KeeperMapNodes(store.table)
+            return store if shared else KeeperMapNodes(store.table, options.session_timeout)
     records_table = KeeperMapTable(clickhouse(options, options.records_server), database, table)
     problem = records_table.problem()
     if problem is not None:
         raise RecordsUnusable(f"coordinator=keepermap: {problem}")
     if not shared:
-        return KeeperMapNodes(records_table)
+        return KeeperMapNodes(records_table, options.session_timeout)
     with _lock:
-        return _records.setdefault(key, KeeperMapNodes(records_table))
+        return _records.setdefault(key, KeeperMapNodes(records_table, options.session_timeout))
 
 
 def node_store(options: SinkOptions) -> NodeStore:
@@ -139,7 +145,7 @@ def node_store(options: SinkOptions) -> NodeStore:
     if options.coordinator == KEEPERMAP:
         return records(options)
     return zookeeper(options.zookeeper, auth=options.zookeeper_auth,
-                     ca_file=options.zookeeper_ca_file)
+                     ca_file=options.zookeeper_ca_file, session_timeout=options.session_timeout)
 
 
 def coordinator(options: SinkOptions, sink_id: str) -> Coordinator:

@@ -44,9 +44,10 @@ from txsink.publisher import BranchPublisher
 
 log = logging.getLogger(__name__)
 
-# A writer starting after a crash waits this long for the dead driver's publish lease to
-# expire with its ZooKeeper session (10 s), then finishes its xid; a live holder keeps it.
-HOLDER_WAIT_SECONDS = 15.0
+# A writer starting after a crash waits the session timeout and this long for the dead
+# driver's publish lease to expire with its session (a KeeperMap session ends 2 s after
+# its expiry), then finishes its xid; a live holder keeps it.
+HOLDER_WAIT_MARGIN = 5.0
 
 
 def publisher_for(options: SinkOptions, coord: Coordinator,
@@ -87,7 +88,8 @@ def _recover(options: SinkOptions, coord: Coordinator, older_than_generation: in
         with publisher_for(options, coord) as publisher:
             report = coord.recover(publish=publisher.publish, rollback=publisher.rollback,
                                    older_than_generation=older_than_generation,
-                                   wait_for_holders=HOLDER_WAIT_SECONDS)
+                                   wait_for_holders=options.session_timeout
+                                   + HOLDER_WAIT_MARGIN)
     except RecoveryIncomplete as exc:
         raise SinkBlocked.of(exc) from exc
     if report.actions:

@@ -84,7 +84,7 @@ def _alive(pid: int, started: str | None) -> bool:
 #: on the keeper's stdin, never on its command line)
 STORE_FIELDS = ("url", "user", "password", "timeout", "retries", "ca_file", "zookeeper",
                 "zookeeper_auth", "zookeeper_ca_file", "coordinator", "records_url",
-                "records_table")
+                "records_table", "session_timeout")
 
 
 def store_settings(options: SinkOptions) -> dict[str, object]:

@@ -20,6 +20,7 @@ from typing import Literal
 
 from coordinator.auth import DigestAuth
 from coordinator.layout import check_root
+from coordinator.nodes import SESSION_TIMEOUT as DEFAULT_SESSION_TIMEOUT
 from server_ext.capabilities import STRATEGIES as server_strategies
 from server_ext.capabilities import Strategy
 from server_ext.client import header_problem
@@ -31,6 +32,9 @@ from txsink import bad_rows_options, distributed_options, insert_settings, table
 AUTO = "auto"  # the strategy option's default: the server picks (capabilities.choose_strategy)
 STRATEGIES = (AUTO, *server_strategies)
 REPLICA_CHOICES = ("round_robin", "random")
+#: Bounds of the option ``session_timeout`` (seconds); a ZooKeeper server may narrow
+#: them further (its minSessionTimeout .. maxSessionTimeout).
+MIN_SESSION_TIMEOUT, MAX_SESSION_TIMEOUT = 2.0, 600.0
 #: What happens to the materialized views the target feeds: staged and published with
 #: the target's rows (``server_ext.views``), or left without them (logged at WARNING).
 VIEW_CHOICES = ("stage", "ignore")
@@ -74,6 +78,8 @@ class SinkOptions:
     insert_block_rows: int = 1_048_576
     timeout: float = 30.0
     retries: int = 5
+    # seconds a dead writer's sessions (leases, liveness holders) outlive it in the node store
+    session_timeout: float = DEFAULT_SESSION_TIMEOUT
     checkpoint_location: str | None = None
     recover_on_start: bool = True
     shards: str | None = None
@@ -174,7 +180,8 @@ def root_identity(zookeeper: str, zk_root: str) -> str:
 #: The options users set (documented in docs/usage.md).
 PUBLIC_OPTIONS = (
     "url", "table", "zookeeper", "user", "password", "zookeeper_auth", "sink_id", "zk_root",
-    "strategy", "insert_block_rows", "timeout", "retries", "recover_on_start", "shards",
+    "strategy", "insert_block_rows", "timeout", "retries", "session_timeout",
+    "recover_on_start", "shards",
     "sharding_key", "replica_choice", "txn_version", "compression", "ca_file",
     "zookeeper_ca_file", "materialized_views", "max_partitions_per_job", "coordinator",
     "records_url", "records_table", *table_options.OPTION_NAMES,
@@ -322,7 +329,9 @@ def parse_options(
                               f" cannot be used: {exc}") from None
     for name, kind, minimum, maximum in (
         ("insert_block_rows", int, 1, 2**31 - 1), ("timeout", float, 0.1, 86_400),
-        ("retries", int, 0, 1_000), ("tx_epoch", int, 0, 2**63 - 1),
+        ("retries", int, 0, 1_000),
+        ("session_timeout", float, MIN_SESSION_TIMEOUT, MAX_SESSION_TIMEOUT),
+        ("tx_epoch", int, 0, 2**63 - 1),
         ("tx_generation", int, 0, 2**31 - 1), ("txn_version", int, 0, 2**63 - 1),
         ("max_partitions_per_job", int, 0, 2**31 - 1),
     ):

@@ -15,7 +15,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 import txsink
-from tests.sinkutil import events_df
+from tests.sinkutil import SHORT_SESSION, events_df
 from txsink.harness.chaos.pipeline import die_with_crash_points
 
 
@@ -28,7 +28,7 @@ def main(url: str, zookeeper: str, table: str, sink_id: str, txn_version: str,
     txsink.register(spark)
     (events_df(spark, int(first), int(count)).write.format("clickhouse_tx")
         .option("url", url).option("zookeeper", zookeeper).option("table", table)
-        .option("sink_id", sink_id).option("txn_version", txn_version)
+        .option("sink_id", sink_id).option("txn_version", txn_version).options(**SHORT_SESSION)
         .mode("append").save())
     spark.stop()
 
