@@ -1,14 +1,17 @@
 """The cases and the pipeline of the crash-point suites (batch and streaming), per server.
 
-A pipeline run per point costs 15-40 s on the 2-core CI machine (a restart waits for the
-dead driver's ZooKeeper session to expire), too much to try every point in every mode on
-every server. So:
+A pipeline run per point costs 10-30 s on the 2-core CI machine, and each pipeline's
+first epoch another 30-40 s (its driver boots cold), too much to try every point in
+every mode on every server and store. So:
 
-- on ClickHouse 18.16 (plain target: strategy ``attach_marked``) the batch suite tries
-  every point of ``CRASH_POINTS``, and the streaming suite one point per state the dead
-  driver leaves its xid in (``STREAM_POINTS``);
-- on the modern server (26.x, plain target: strategy ``move``) each suite tries one point
-  of the publish path (``MOVE_POINTS``).
+- on ClickHouse 18.16 (plain target: strategy ``attach_marked``, records in ZooKeeper)
+  the batch suite tries every point of ``CRASH_POINTS``, and the streaming suite one
+  point per state the dead driver leaves its xid in (``STREAM_POINTS``);
+- on the modern server (26.x, plain target: strategy ``move``) the records live in
+  KeeperMap (``km26``: the server has a ``<zookeeper>`` section, ``coordinator=
+  keepermap``, no ZooKeeper given to the sink), and the two suites together try one
+  point per state of ``STREAM_POINTS``, among them the two points of ``move``'s publish
+  path (``MODERN_POINTS``).
 
 Why the streaming subset is sound: what a mode adds is how the repeat starts (batch:
 ``txsink recover`` at the next job's start, then a rerun if nothing is visible;
@@ -22,21 +25,20 @@ not marked published (``publish.after_attach``), ``Committed`` before its clean-
 (``commit.after_committed``: the replay must not write again) and ``Aborting``
 (``abort.after_decision``). Every step between them is tried in the batch suite.
 
-With the coordinator's records in KeeperMap (``km26``: the modern server with a
-``<zookeeper>`` section, ``coordinator=keepermap``, no ZooKeeper given to the sink) the
-two suites together try each point of ``STREAM_POINTS`` once: one per state a killed
-driver leaves its xid in, split between the modes. The store changes where the records
-live and how a dead driver's session ends (its expiry, reaped by the next reader), not
-the steps between the states; how the repeat starts depends on the mode and the state
-only, and is tried for every state in both modes on 18.16.
+Why the modern subset is sound. The store, the strategy and the mode are separate
+layers, and each is tried where it can differ:
 
-Why the ``move`` subset is sound:
-
+- The KeeperMap store changes where the records live and how a dead driver's session
+  ends (its expiry, reaped by the next reader), not the steps between the states: one
+  point per state suffices, split between the modes (each mode's restart runs over the
+  store). ``publish.after_intent`` stands for ``Committing`` with nothing visible
+  (``commit.after_decision`` is the same state without the intent).
 - Only publish depends on the strategy. ``branch.*`` (task side) and ``abort.*`` end in
   a rollback that drops staging, the same statement on every server; ``commit.*`` are
-  ZooKeeper transitions around publish; ``consolidate.*`` builds the combined table with
-  ``ATTACH PARTITION ... FROM`` whatever the strategy. ``publish.after_drop_staging_
-  partition`` is never reached with ``move`` (a move leaves no staging partition to drop).
+  coordinator transitions around publish; ``consolidate.*`` builds the combined table
+  with ``ATTACH PARTITION ... FROM`` whatever the strategy. ``publish.after_drop_
+  staging_partition`` is never reached with ``move`` (a move leaves no staging partition
+  to drop).
 - ``move`` decides a repeat on its own evidence, the staging partitions: one that the
   intent names and staging no longer holds was moved already; one that staging still
   holds is moved now. The two points between which that evidence changes are
@@ -44,11 +46,10 @@ Why the ``move`` subset is sound:
   ``publish.after_attach`` (MOVE PARTITION done, not marked: the repeat must find staging
   empty and not take that for a loss). ``publish.before_partition`` and
   ``publish.after_mark`` leave no such question (nothing recorded / marked published).
-- How the repeat is started is the mode's business (batch: ``txsink recover`` at the
-  next job's start; streaming: the restarted query replays its micro-batch), is the same
-  for every strategy, and is tried at every point on 18.16. So each suite takes one of
-  the two points: batch the MOVE done (``after_attach``), streaming the MOVE not done
-  (``after_intent``).
+  Each suite takes one of the two: batch the MOVE done, streaming the MOVE not done.
+- The ZooKeeper store is tried at every point on 18.16; the store is not a party to the
+  strategy's evidence (staging partitions on the server), so ``move`` over ZooKeeper
+  needs no pipeline of its own.
 """
 
 from __future__ import annotations
@@ -69,36 +70,28 @@ from txsink.harness.chaos.crashrun import CrashPointRun
 STREAM_POINTS = (BRANCH_AFTER_PREPARE, COMMIT_AFTER_DECISION, "publish.after_attach",
                  COMMIT_AFTER_COMMITTED, ABORT_AFTER_DECISION)
 CLASSIC_POINTS = {"batch": CRASH_POINTS, "stream": STREAM_POINTS}
-#: The points tried on 26.x, per mode (see the module docstring).
-MOVE_POINTS = {"batch": ("publish.after_attach",), "stream": ("publish.after_intent",)}
-
-
-#: The points tried with the coordinator's records in KeeperMap (``km26``: the modern
-#: server, strategy ``move``): each of ``STREAM_POINTS`` once over both modes (the store
-#: changes where the records live, not the steps; see the module docstring).
-KEEPERMAP_POINTS = {"batch": (BRANCH_AFTER_PREPARE, "publish.after_attach",
-                              ABORT_AFTER_DECISION),
-                    "stream": (COMMIT_AFTER_DECISION, COMMIT_AFTER_COMMITTED)}
+#: The points tried on the modern server with the records in KeeperMap, per mode: one
+#: per state of ``STREAM_POINTS`` over both modes, ``move``'s two evidence points among
+#: them (see the module docstring).
+MODERN_POINTS = {"batch": (BRANCH_AFTER_PREPARE, "publish.after_attach", ABORT_AFTER_DECISION),
+                 "stream": ("publish.after_intent", COMMIT_AFTER_COMMITTED)}
 
 
 def cases(mode: str) -> list:
     """``(server, point)`` for ``crash_run`` (the server, indirect) and ``point``; the ids
     name the server (``km26``: the modern server with ``coordinator=keepermap``)."""
     return ([pytest.param("ch18", p, id=f"ch18-{p}") for p in CLASSIC_POINTS[mode]]
-            + [pytest.param("ch26", p, id=f"ch26-{p}") for p in MOVE_POINTS[mode]]
-            + [pytest.param("km26", p, id=f"km26-{p}")
-               for p in KEEPERMAP_POINTS.get(mode, ())])
+            + [pytest.param("km26", p, id=f"km26-{p}") for p in MODERN_POINTS[mode]])
 
 
 def crash_point_run(request, tmp_path_factory, zk_hosts: str, mode: str
                     ) -> Iterator[CrashPointRun]:
     """One long-lived pipeline (``mode`` batch or stream) on the server ``request.param``
     names, in a fresh database and ZooKeeper chroot; both are removed afterwards."""
-    url = request.getfixturevalue({"ch18": "clickhouse_url", "ch26": "modern_clickhouse_url",
+    url = request.getfixturevalue({"ch18": "clickhouse_url",
                                    "km26": "keepermap_url"}[request.param])
     db, chroot = f"t_{uuid.uuid4().hex[:10]}", f"/tests/{uuid.uuid4().hex[:10]}"
-    points = len({"ch18": CLASSIC_POINTS, "ch26": MOVE_POINTS,
-                  "km26": KEEPERMAP_POINTS}[request.param][mode])
+    points = len({"ch18": CLASSIC_POINTS, "km26": MODERN_POINTS}[request.param][mode])
     options = dict(SHORT_SESSION)  # a restart waits for the dead driver's lease to expire
     if request.param == "km26":  # the records in KeeperMap, the sink given no ZooKeeper
         request.getfixturevalue("records_table")

@@ -72,6 +72,14 @@ def test_a_superseded_driver_failure_is_named_takeover_or_concurrent_checkpoint(
     assert classify_failure("pipeline failed: ValueError: x").startswith("other: ValueError")
 
 
+def test_a_server_failure_deep_in_sparks_wrapping_is_named_by_its_code():
+    line = ("pipeline failed: StreamingQueryException: [STREAM_FAILED] Query [id = q, runId "
+            "= r] terminated with exception: [PYTHON_DATA_SOURCE_ERROR] Failed to initialize "
+            "Python data source writer: server_ext.errors.ClickHouseError: describe table "
+            "chaos.events failed: CONNECTION_LOST: no answer from <server>")
+    assert expected_old_ending(f"exit 1: {classify_failure(line)}")
+
+
 def test_a_failed_recover_run_is_counted_with_its_reason():
     assert recover_reason(2, "txsink recover: ZooKeeperUnreachable: no answer", []) == \
         "ZooKeeperUnreachable"

@@ -6,9 +6,9 @@ Python workers). The restarted pipeline recovers the sink (``txsink recover``) a
 the job if none of its rows is visible, as an operator would; the independent checker
 then counts every id in the target. A job partly visible would fail the run.
 
-Every point runs on ClickHouse 18.16 (``[ch18-...]``); one point of the publish path of strategy
-``move`` runs on the modern server too (``[ch26-...]``): ``tests/crashcases.py`` says
-which and why that subset is sound.
+Every point runs on ClickHouse 18.16 (``[ch18-...]``); three run on the modern server with
+the records in KeeperMap (``[km26-...]``), one of them of the publish path of strategy
+``move``: ``tests/crashcases.py`` says which and why that subset is sound.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ def crash_run(request, tmp_path_factory, zk_hosts: str) -> Iterator[CrashPointRu
 @pytest.mark.parametrize("crash_run, point", cases("batch"), indirect=["crash_run"],
                          scope="module")
 def test_job_killed_at_point_is_exactly_once_after_rerun(crash_run, point):
-    """Every point on 18.16; on 26.x one point of ``move``'s publish path: the other
-    points do not depend on the strategy, and a pipeline run per point is too slow to
-    try them all twice in CI (``tests/crashcases.py`` gives the reasoning)."""
+    """Every point on 18.16; on 26.x three, one of them of ``move``'s publish path: the
+    other points depend neither on the strategy nor on the store, and a pipeline run per
+    point is too slow to try them all twice in CI (``tests/crashcases.py`` gives the
+    reasoning)."""
     outcome = crash_run.run_point(point)
     assert outcome.fired, f"the batch job never reached {point}: {outcome.explain()}"
     assert outcome.exit_code == -9, outcome.explain()

@@ -39,7 +39,7 @@ from coordinator import Coordinator, SinkTakenOver, XidDecided, XidState
 from coordinator.keepermap import CLOCK_MARGIN
 from coordinator.nodes import NodeStore
 from tests.conftest import RECORDS_DATABASE, kazoo_client, run_sql
-from tests.sinkutil import assert_exactly_once, id_counts, staging_tables
+from tests.sinkutil import SHORT_SESSION, assert_exactly_once, id_counts, staging_tables
 from tests.test_coordinator_session import expire_session
 from txsink import connections, driver
 from txsink.datasource import ClickHouseTxDataSource
@@ -81,8 +81,9 @@ class Sink:
         self.url = url
         self.zk_hosts = zk_hosts
         self.keepermap = keepermap  # records in KeeperMap: the sink is given no ZooKeeper
-        store = ({"coordinator": "keepermap", "records_table": f"{RECORDS_DATABASE}.records"}
-                 if keepermap else {"zookeeper": zk_hosts})
+        # KeeperMap: a session that a test freezes past its expiry expires 4 s later
+        store = ({"coordinator": "keepermap", "records_table": f"{RECORDS_DATABASE}.records",
+                  **SHORT_SESSION} if keepermap else {"zookeeper": zk_hosts})
         self.options = {"url": url, "table": table, **store,
                         "sink_id": f"race-{uuid.uuid4().hex[:8]}",
                         "zk_root": f"/txsink-race-{uuid.uuid4().hex[:8]}"}

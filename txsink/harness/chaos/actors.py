@@ -72,6 +72,10 @@ def failure_line(log_file: Path | None) -> str:
 OTHER_CAUSES = (
     ("Python worker crashed", re.compile(r"Python worker exited unexpectedly")),
     ("injected task failure", re.compile(r"injected task failure")),
+    # a server or its connection failed the write: the sink's codes, wherever Spark's
+    # wrapping puts them in the line
+    *((code, re.compile(rf"\b{code}\b")) for code in
+      ("CONNECTION_LOST", "SERVER_UNREACHABLE", "ZooKeeperUnreachable")),
 )
 #: A Python exception line in a driver's log (not the JVM's lines, not the wrappers).
 EXCEPTION_LINE = re.compile(r"^(?!java\.|org\.|py4j|pyspark\.|pipeline failed)"
