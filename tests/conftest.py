@@ -311,13 +311,17 @@ def nodes(request, store_kind: str):
 
 @pytest.fixture(scope="session")
 def spark():
-    """One local SparkSession for the whole run (start-up costs ~6 s)."""
+    """One local SparkSession for the whole run (start-up costs ~6 s).
+
+    ``local[2,2]``: two cores, and a failed task is tried once more (the tests of retried
+    tasks fail each first attempt); a write refused in its tasks (a bad value) fails
+    twice, not three times over."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
     session = (
-        SparkSession.builder.master("local[2,3]")
+        SparkSession.builder.master("local[2,2]")
         .appName("txsink-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "4")
