@@ -10,7 +10,6 @@ and its decision; nothing ever reruns it. Then the operator's ``txsink gc`` or
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from tests.sinkutil import (
     SHORT_SESSION,
     assert_exactly_once,
     create_events,
+    driver_env,
     events_df,
     id_counts,
     staging_tables,
@@ -44,8 +44,7 @@ def zookeeper(zk_hosts: str, zk_chroot: str) -> str:
 def killed_writer(kind: str, url: str, zookeeper: str, table: str, point: str,
                   once_dir: Path, options: dict[str, str] | None = None
                   ) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
-           **arm_env([point], "group", once_dir)}
+    env = driver_env(**arm_env([point], "group", once_dir))
     return subprocess.run(
         [sys.executable, "-m", "tests.jobs.abandoned_writer", kind, url, zookeeper, table,
          "400", json.dumps({**SHORT_SESSION, **(options or {})})], cwd=ROOT,

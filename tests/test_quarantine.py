@@ -14,7 +14,6 @@ publishes a quarantine share with the code every share goes through).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +23,13 @@ import pytest
 import txsink
 from tests.conftest import run_sql
 from tests.jobs.quarantine_batch import CODED_DDL, coded_df, is_bad
-from tests.sinkutil import assert_counts_exactly_once, assert_exactly_once, save, staging_tables
+from tests.sinkutil import (
+    assert_counts_exactly_once,
+    assert_exactly_once,
+    driver_env,
+    save,
+    staging_tables,
+)
 from txsink import cli
 from txsink.harness.crash_arming import arm_env
 
@@ -198,8 +203,7 @@ def test_a_transaction_publishes_the_bad_rows_of_its_writes_with_them(
 def test_a_driver_killed_after_its_decision_ends_with_each_bad_row_once_after_recovery(
         server, server_url, zk_hosts, zk_chroot, server_db, target, tmp_path):
     quarantine, zookeeper = f"{server_db}.bad_rows", zk_hosts + zk_chroot
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
-           **arm_env(["commit.after_decision"], "group", tmp_path)}
+    env = driver_env(**arm_env(["commit.after_decision"], "group", tmp_path))
     killed = subprocess.run(
         [sys.executable, "-m", "tests.jobs.quarantine_batch", server_url, zookeeper, target,
          quarantine, "killed", "1", str(ROWS)],

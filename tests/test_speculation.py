@@ -21,7 +21,7 @@ import pytest
 
 from coordinator import Coordinator
 from tests.conftest import free_port, run_sql
-from tests.sinkutil import assert_exactly_once, create_events
+from tests.sinkutil import assert_exactly_once, create_events, driver_env
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,7 +78,7 @@ def test_speculative_loser_is_never_published(
         [sys.executable, "-m", "tests.jobs.speculative_batch", standalone_cluster,
          clickhouse_url, zookeeper, table],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        env=driver_env(),
     )
     assert job.returncode == 0, job.stderr[-3000:]
     (xid,) = Coordinator(zk, "speculation").xids()

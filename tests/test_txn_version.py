@@ -9,7 +9,6 @@ died after its decision or after its commit, before anyone saw it succeed.
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from tests.sinkutil import (
     SHORT_SESSION,
     assert_exactly_once,
     create_events,
+    driver_env,
     events_df,
     staging_tables,
 )
@@ -127,8 +127,7 @@ def killed_job(url: str, zookeeper: str, table: str, crash_at: str,
                once_dir: Path) -> subprocess.CompletedProcess:
     """The job ``txn_version=7`` (ids 0 .. 599) in a driver of its own, killed whole at
     ``crash_at``."""
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
-           **arm_env([crash_at], "group", once_dir)}
+    env = driver_env(**arm_env([crash_at], "group", once_dir))
     return subprocess.run(
         [sys.executable, "-m", "tests.jobs.versioned_batch", url, zookeeper, table, SINK,
          "7", "0", "600"],

@@ -21,7 +21,7 @@ import pytest
 
 import txsink
 from tests.conftest import run_sql
-from tests.sinkutil import EVENTS_DDL, events_df
+from tests.sinkutil import EVENTS_DDL, driver_env, events_df
 from txsink import cli
 from txsink.harness.services import SECRET_PASSWORD
 
@@ -141,8 +141,8 @@ def test_credentials_never_reach_sparks_event_log_or_the_driver_log(
     events = tmp_path / "events"
     events.mkdir()
     (tmp_path / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = driver_env(PYTHONPATH=os.pathsep.join(
+        [str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")]))
     job = subprocess.run(
         [sys.executable, "-m", "tests.jobs.secret_writes", clickhouse_url, zk_hosts + zk_chroot,
          ch_db, str(events)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
