@@ -75,23 +75,25 @@ CLASSIC_POINTS = {"batch": CRASH_POINTS, "stream": STREAM_POINTS}
 #: them (see the module docstring).
 MODERN_POINTS = {"batch": (BRANCH_AFTER_PREPARE, "publish.after_attach", ABORT_AFTER_DECISION),
                  "stream": ("publish.after_intent", COMMIT_AFTER_COMMITTED)}
+#: Per server id: its points per mode, and the fixture of its URL.
+POINTS = {"ch18": CLASSIC_POINTS, "km26": MODERN_POINTS}
+URL_FIXTURES = {"ch18": "clickhouse_url", "km26": "keepermap_url"}
 
 
 def cases(mode: str) -> list:
     """``(server, point)`` for ``crash_run`` (the server, indirect) and ``point``; the ids
     name the server (``km26``: the modern server with ``coordinator=keepermap``)."""
-    return ([pytest.param("ch18", p, id=f"ch18-{p}") for p in CLASSIC_POINTS[mode]]
-            + [pytest.param("km26", p, id=f"km26-{p}") for p in MODERN_POINTS[mode]])
+    return [pytest.param(server, p, id=f"{server}-{p}")
+            for server, points in POINTS.items() for p in points[mode]]
 
 
 def crash_point_run(request, tmp_path_factory, zk_hosts: str, mode: str
                     ) -> Iterator[CrashPointRun]:
     """One long-lived pipeline (``mode`` batch or stream) on the server ``request.param``
     names, in a fresh database and ZooKeeper chroot; both are removed afterwards."""
-    url = request.getfixturevalue({"ch18": "clickhouse_url",
-                                   "km26": "keepermap_url"}[request.param])
+    url = request.getfixturevalue(URL_FIXTURES[request.param])
     db, chroot = f"t_{uuid.uuid4().hex[:10]}", f"/tests/{uuid.uuid4().hex[:10]}"
-    points = len({"ch18": CLASSIC_POINTS, "km26": MODERN_POINTS}[request.param][mode])
+    points = len(POINTS[request.param][mode])
     options = dict(SHORT_SESSION)  # a restart waits for the dead driver's lease to expire
     if request.param == "km26":  # the records in KeeperMap, the sink given no ZooKeeper
         request.getfixturevalue("records_table")
