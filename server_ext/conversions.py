@@ -13,7 +13,6 @@ from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -80,6 +79,8 @@ def wall_clock_instants(array: pa.Array, zone: str) -> tuple[pa.Array, np.ndarra
     wanted = pa.timestamp(unit, tz="UTC")
     if zone in UTC_ZONES:
         return array.cast(wanted), np.zeros(len(array), bool)
+    import pandas as pd  # here only: its import costs every Spark worker ~0.3 s otherwise
+
     local = pd.Series(array.to_pandas(date_as_object=False), copy=False)
     if local.dtype != f"datetime64[{unit}]":
         local = local.astype(f"datetime64[{unit}]")

@@ -315,10 +315,15 @@ def spark():
 
     ``local[2,2]``: two cores, and a failed task is tried once more (the tests of retried
     tasks fail each first attempt); a write refused in its tasks (a bad value) fails
-    twice, not three times over."""
+    twice, not three times over. Its Python workers start as the fault runs' drivers'
+    do (``txsink.harness.chaos.worker_site``): a failed task's worker is replaced."""
+    from pyspark.sql import SparkSession
+
+    from txsink.harness.chaos.jvm import worker_pythonpath
+
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
+    os.environ["PYTHONPATH"] = worker_pythonpath()  # its Python workers start faster
 
     session = (
         SparkSession.builder.master("local[2,2]")

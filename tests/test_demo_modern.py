@@ -137,7 +137,7 @@ def test_the_keeper_backed_private_modern_server_keeps_its_records_table_across_
 #: With 4 epochs, seed 0 kills ClickHouse while epoch 1 writes (its staging and its view's
 #: staging) and ZooKeeper (the records table's Keeper) while epoch 2 publishes.
 DEMO_ARGS = ("--server", "modern", "--coordinator", "keepermap", "--epochs", "4",
-             "--rows-per-epoch", "2000", "--seed", "0")
+             "--rows-per-epoch", "2000", "--seed", "0", "--without-plain")
 DEMO_PORTS = range(PORT_BASE + 1, PORT_BASE + 7)
 
 

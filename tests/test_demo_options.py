@@ -1,4 +1,5 @@
-"""``txsink demo --coordinator``: the choices and how they reach the sink (fast tier).
+"""``txsink demo``'s options (``--coordinator``, ``--without-plain``): the choices, how they
+reach the sink, what the demo prints (fast tier).
 
 Nothing here starts a server or Spark; the demo's runs themselves are in
 ``tests/test_demo_modern.py``.
@@ -6,14 +7,16 @@ Nothing here starts a server or Spark; the demo's runs themselves are in
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from txsink import cli
 from txsink.harness import demo
+from txsink.harness.chaos.checker import CheckResult
 from txsink.harness.chaos.faults import private_services
-from txsink.harness.chaos.schedule import ChaosRun
+from txsink.harness.chaos.schedule import ChaosRun, RunReport
 
 
 def test_demo_coordinator_defaults_to_zookeeper() -> None:
@@ -61,3 +64,29 @@ def test_the_verifier_reads_keepermap_records_from_the_server_not_through_the_pr
                          "records_url": services.clickhouse.url}
     zookeeper_run = ChaosRun(tmp_path / "zk", services, options=dict(demo.OPTIONS))
     assert zookeeper_run.store == {}  # the verifier reads ZooKeeper, as before
+
+
+def report(sink: str, duplicates: int = 0) -> RunReport:
+    result = CheckResult(expected=10, found_rows=10 + duplicates, found_ids=10,
+                         duplicates=duplicates, duplicated_ids=(), losses=0, lost_ids=(),
+                         unexpected=0, unexpected_ids=())
+    return RunReport(sink=sink, seed=0, elapsed=1.0, injected=Counter(driver_kill=1),
+                     crash_points_fired=[], crash_points_unfired=[], driver_starts=2,
+                     driver_exits=Counter(), watchdog_kills=0, epochs_committed=4,
+                     epochs_written=4, drained=True, result=result, verifier="no anomalies",
+                     staging_left=0)
+
+
+def test_demo_without_plain_runs_and_shows_clickhouse_tx_alone() -> None:
+    assert cli.build_parser().parse_args(["demo", "--without-plain"]).without_plain
+    assert not cli.build_parser().parse_args(["demo"]).without_plain
+    text = demo.render({"clickhouse_tx": report("clickhouse_tx")})
+    assert "clickhouse_tx: EXACTLY ONCE" in text
+    assert "clickhouse_plain" not in text
+
+
+def test_demo_with_plain_shows_both_columns_and_plain_duplicates() -> None:
+    text = demo.render({"clickhouse_tx": report("clickhouse_tx"),
+                        "clickhouse_plain": report("clickhouse_plain", duplicates=3)})
+    assert text.splitlines()[0].split() == ["clickhouse_tx", "clickhouse_plain"]
+    assert "clickhouse_plain: 3 duplicated rows from the same faults" in text

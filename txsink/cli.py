@@ -448,6 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "ZooKeeper (default), or keepermap: a KeeperMap table of the "
                            "demo's ClickHouse, whose Keeper is that ZooKeeper (needs "
                            "--server modern; the sink gets no ZooKeeper)")
+    demo.add_argument("--without-plain", action="store_true",
+                      help="run clickhouse_tx alone, without the at-least-once comparison "
+                           "through clickhouse_plain (half the time)")
     demo.set_defaults(func=_demo)
     return parser
 

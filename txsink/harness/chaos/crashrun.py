@@ -75,6 +75,7 @@ class CrashPointRun:
     setup_timeout: float = 300.0  # the first driver boots cold
     log: Callable[[str], None] = lambda line: None
     standby: int = 2  # drivers kept warm: a restart promotes one instead of booting
+    points: int | None = None  # how many points will be run (no standby booted beyond)
     views: bool = True  # the target feeds a materialized view, checked like the target
     options: dict[str, str] = field(default_factory=dict)  # more sink options (the store)
 
@@ -98,7 +99,7 @@ class CrashPointRun:
             fail_flag=self.fail_flag, options=dict(self.options),
         )
         self.driver = DriverProcess(spec, self.workdir / "logs", self.arming.env(),
-                                    standby=self.standby)
+                                    standby=self.standby, restarts=self.points)
         self._write_epoch()
         self.driver.start(warm_up_standbys=False)
         if not self._caught_up(self.setup_timeout):

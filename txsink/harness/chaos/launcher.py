@@ -91,14 +91,20 @@ class DriverProcess:
     Spark driver needs to start. Standbys live in sessions of their own, so killing the
     current driver spares them. Every driver's JVM starts from a class-data-sharing
     archive (:mod:`txsink.harness.chaos.jvm`), built on the first spawn.
+
+    ``restarts``, when the caller knows it, is how many times :meth:`start` will be called
+    after the first: no more standbys are booted than restarts remain (a standby left
+    unused at the end cost a whole driver start of CPU for nothing).
     """
 
     def __init__(self, spec: PipelineSpec, log_dir: Path,
-                 extra_env: dict[str, str] | None = None, standby: int = 0) -> None:
+                 extra_env: dict[str, str] | None = None, standby: int = 0,
+                 restarts: int | None = None) -> None:
         self.spec = spec
         self.log_dir = log_dir
         self.extra_env = extra_env or {}
         self.standbys = int(standby)
+        self.restarts = restarts
         self.proc: subprocess.Popen | None = None
         self.log_file: Path | None = None
         self._warm: list[_Standby] = []
@@ -124,9 +130,13 @@ class DriverProcess:
         return proc, log_file
 
     def prestart(self, count: int | None = None) -> None:
-        """Boot standbys until ``count`` (default: the configured number) are alive."""
+        """Boot standbys until ``count`` (default: the configured number) are alive, never
+        more than the restarts left."""
         self._warm = [w for w in self._warm if w.proc.poll() is None]
-        while len(self._warm) < (self.standbys if count is None else count):
+        wanted = self.standbys if count is None else count
+        if self.restarts is not None:
+            wanted = min(wanted, self.restarts - max(0, self.starts - 1))
+        while len(self._warm) < wanted:
             go_file = self.log_dir / f"go-{self._spawned + 1:03d}"
             proc, log_file = self._spawn(go_file)
             self._warm.append(_Standby(proc, go_file, log_file))
