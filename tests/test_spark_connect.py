@@ -76,8 +76,10 @@ def job(tmp_path_factory, tables: dict[str, str], clickhouse_url: str,
 
 
 def _job_env() -> dict[str, str]:
+    from txsink.harness.chaos.jvm import worker_pythonpath
+
     return {**os.environ, "PYSPARK_PYTHON": sys.executable,
-            "PYSPARK_DRIVER_PYTHON": sys.executable}
+            "PYSPARK_DRIVER_PYTHON": sys.executable, "PYTHONPATH": worker_pythonpath()}
 
 
 def test_the_job_writes_through_a_spark_connect_session(job):
