@@ -22,6 +22,7 @@ import pytest
 
 from tests.conftest import run_sql
 from tests.sinkutil import assert_exactly_once, coordinator_root, id_counts
+from txsink.harness.chaos import jvm
 
 REPO = Path(__file__).resolve().parent.parent
 ROWS = 1000
@@ -107,7 +108,8 @@ def job(installed: Path, tables: dict[str, str], clickhouse_url: str, zk_hosts: 
     args = {"rows": ROWS, "tables": tables,
             "options": {"url": clickhouse_url, "zookeeper": zk_hosts, "zk_root": zk_root}}
     env = {**_env_without_pythonpath(), "PYTHONPATH": str(installed),
-           "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+           "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+           **jvm.java_env()}  # the fault runs' fast JVM start; the path stays the install's
     done = subprocess.run([sys.executable, "-c", JOB, json.dumps(args)], cwd=installed,
                           env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]

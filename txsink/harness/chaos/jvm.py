@@ -74,15 +74,18 @@ def ensure_archive(home: Path | None = None, quiet: bool = True) -> Path | None:
 
 
 def submit_env(home: Path | None = None) -> dict[str, str]:
-    """The environment of a fast-starting driver: ``PYSPARK_SUBMIT_ARGS`` (an explicit one
-    is kept), and :mod:`~txsink.harness.chaos.worker_site` first on ``PYTHONPATH`` for its
-    Python workers."""
-    env = {"PYTHONPATH": worker_pythonpath()}
+    """The environment of a fast-starting driver: :func:`java_env`, and
+    :mod:`~txsink.harness.chaos.worker_site` first on ``PYTHONPATH`` for its Python
+    workers."""
+    return {"PYTHONPATH": worker_pythonpath()} | java_env(home)
+
+
+def java_env(home: Path | None = None) -> dict[str, str]:
+    """``PYSPARK_SUBMIT_ARGS`` for a fast-starting driver JVM (none where one is set)."""
     if SUBMIT_ARGS in os.environ:
-        return env
+        return {}
     archive = ensure_archive(home)
-    return env | _submit_args(
-        _FAST_START + (f" -XX:SharedArchiveFile={archive}" if archive else ""))
+    return _submit_args(_FAST_START + (f" -XX:SharedArchiveFile={archive}" if archive else ""))
 
 
 def worker_pythonpath() -> str:
