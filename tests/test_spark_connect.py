@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 import uuid
@@ -22,7 +21,7 @@ import pytest
 
 import txsink
 from tests.conftest import run_sql
-from tests.sinkutil import assert_exactly_once, coordinator_root
+from tests.sinkutil import assert_exactly_once, coordinator_root, driver_env
 from txsink.options import CREDENTIAL_VARIABLES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -76,10 +75,8 @@ def job(tmp_path_factory, tables: dict[str, str], clickhouse_url: str,
 
 
 def _job_env() -> dict[str, str]:
-    from txsink.harness.chaos.jvm import worker_pythonpath
-
-    return {**os.environ, "PYSPARK_PYTHON": sys.executable,
-            "PYSPARK_DRIVER_PYTHON": sys.executable, "PYTHONPATH": worker_pythonpath()}
+    """The job's environment: its driver starts as a fault run's does (``driver_env``)."""
+    return driver_env(PYSPARK_DRIVER_PYTHON=sys.executable)
 
 
 def test_the_job_writes_through_a_spark_connect_session(job):
