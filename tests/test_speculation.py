@@ -22,6 +22,7 @@ import pytest
 from coordinator import Coordinator
 from tests.conftest import free_port, run_sql
 from tests.sinkutil import assert_exactly_once, create_events, driver_env
+from txsink.harness.chaos import jvm
 from txsink.harness.chaos.jvm import worker_pythonpath
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
@@ -41,7 +42,8 @@ def wait_for_log(path: Path, text: str, timeout: float = 60) -> None:
 def standalone_cluster(tmp_path_factory):
     logs = tmp_path_factory.mktemp("cluster")
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1",
-           "PYTHONPATH": worker_pythonpath()}  # the executors' Python workers start faster
+           "PYTHONPATH": worker_pythonpath(),  # the executors' Python workers start faster
+           "SPARK_DAEMON_JAVA_OPTS": jvm.fast_java_options()}
     port = free_port()
     master_url = f"spark://127.0.0.1:{port}"
     procs = []
@@ -80,7 +82,7 @@ def test_speculative_loser_is_never_published(
         [sys.executable, "-m", "tests.jobs.speculative_batch", standalone_cluster,
          clickhouse_url, zookeeper, table],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env=driver_env(),
+        env=driver_env(**jvm.java_env(executors=True)),
     )
     assert job.returncode == 0, job.stderr[-3000:]
     (xid,) = Coordinator(zk, "speculation").xids()
