@@ -7,6 +7,7 @@ main server routes by the sharding key, and a SIGKILLed replica comes back and c
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
@@ -152,3 +153,18 @@ def test_cli_passes_shards_and_replicas_to_services(monkeypatch: pytest.MonkeyPa
     topology = Services.from_env().cluster()
     assert (topology.shard_count, topology.replica_count) == (3, 1)
     assert topology.name == "txsink_cluster"
+
+
+def test_stopping_a_server_that_is_not_running_does_not_wait_for_its_port(tmp_path) -> None:
+    """A private pair's ``down()`` also stops a 1×1 cluster that was never started, whose
+    ports are the shared cluster's: another's server listening there is not waited for."""
+    from txsink.harness.services import ClickHouse, ZooKeeper
+
+    with socket.socket() as other:  # a server of someone else's on the port
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        server = ClickHouse(tmp_path, ZooKeeper(tmp_path), http_port=port)
+        started = time.monotonic()
+        assert server.stop() is False
+        assert time.monotonic() - started < 1.0

@@ -606,8 +606,11 @@ class ClickHouse:
         return self._stopped(self.process.kill())
 
     def _stopped(self, was_running: bool, timeout: float = 10.0) -> bool:
+        """Wait until a server that was running has closed its HTTP port. One that was
+        not is not waited for: its port may be another's (a private pair's 1×1 cluster
+        shares the default ports with the shared cluster)."""
         deadline = time.monotonic() + timeout
-        while port_open(self.http_port) and time.monotonic() < deadline:
+        while was_running and port_open(self.http_port) and time.monotonic() < deadline:
             time.sleep(0.05)
         return was_running
 
