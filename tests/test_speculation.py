@@ -23,7 +23,6 @@ from coordinator import Coordinator
 from tests.conftest import free_port, run_sql
 from tests.sinkutil import assert_exactly_once, create_events, driver_env
 from txsink.harness.chaos import jvm
-from txsink.harness.chaos.jvm import worker_pythonpath
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +41,7 @@ def wait_for_log(path: Path, text: str, timeout: float = 60) -> None:
 def standalone_cluster(tmp_path_factory):
     logs = tmp_path_factory.mktemp("cluster")
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1",
-           "PYTHONPATH": worker_pythonpath(),  # the executors' Python workers start faster
+           "PYTHONPATH": jvm.worker_pythonpath(),  # the executors' Python workers start faster
            "SPARK_DAEMON_JAVA_OPTS": jvm.fast_java_options()}
     port = free_port()
     master_url = f"spark://127.0.0.1:{port}"
