@@ -20,6 +20,7 @@ import pytest
 import requests
 from hypothesis import settings
 from kazoo.client import KazooClient
+from kazoo.exceptions import NotEmptyError
 from kazoo.retry import KazooRetry
 
 from server_ext.client import ClickHouseClient
@@ -221,7 +222,16 @@ def zk_chroot(zk_hosts: str) -> Iterator[str]:
     admin.start(timeout=15)
     admin.ensure_path(path)
     yield path
-    admin.retry(admin.delete, path, recursive=True)
+    # A failed job's tasks that Spark kills may still write into the tree for a moment
+    # after the job has failed (their branches are refused later): delete again then.
+    for attempt in range(20):
+        try:
+            admin.retry(admin.delete, path, recursive=True)
+            break
+        except NotEmptyError:
+            if attempt == 19:
+                raise
+            time.sleep(0.25)
     admin.stop()
     admin.close()
 
