@@ -101,7 +101,7 @@ def crash_point_run(request, tmp_path_factory, zk_hosts: str, mode: str
                     "zk_root": chroot}  # a root of its own in the shared records table
     run = CrashPointRun(tmp_path_factory.mktemp(f"crash-{mode}-{request.param}"), url,
                         zk_hosts + chroot, f"{db}.events", mode=mode,
-                        standby=min(2, points), points=points,  # warm drivers to restart with
+                        points=points,  # no more warm standbys booted than restarts left
                         options=options)
     admin = KazooClient(hosts=zk_hosts)
     admin.start(timeout=15)

@@ -15,8 +15,9 @@ from tests.conftest import run_sql
 
 def driver_env(**extra: str) -> dict[str, str]:
     """The environment of a Spark driver a test starts as its own process: this Python for
-    its workers, and the fast JVM start-up of the fault runs (``txsink.harness.chaos.jvm``:
-    a class-data-sharing archive, ~13 s -> ~5 s per driver start on 2 cores)."""
+    its workers, and the fast start-up of the fault runs (``txsink.harness.chaos.jvm``: a
+    class-data-sharing archive, ~13 s -> ~5 s per driver start on 2 cores, and the worker
+    site for its Python workers)."""
     from txsink.harness.chaos import jvm
 
     return {**os.environ, "PYSPARK_PYTHON": sys.executable, **jvm.submit_env(), **extra}

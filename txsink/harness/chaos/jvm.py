@@ -88,9 +88,7 @@ def java_env(home: Path | None = None, executors: bool = False) -> dict[str, str
     ``executors``: a cluster's executors start the same way."""
     if SUBMIT_ARGS in os.environ:
         return {}
-    options = fast_java_options(home)
-    executor = f'--conf "spark.executor.extraJavaOptions={options}" ' if executors else ""
-    return {SUBMIT_ARGS: f'--driver-java-options "{options}" {executor}pyspark-shell'}
+    return _submit_args(fast_java_options(home), executors)
 
 
 def fast_java_options(home: Path | None = None) -> str:
@@ -107,8 +105,9 @@ def worker_pythonpath() -> str:
     return os.pathsep.join(dict.fromkeys(filter(None, paths)))
 
 
-def _submit_args(java_options: str) -> dict[str, str]:
-    return {SUBMIT_ARGS: f'--driver-java-options "{java_options}" pyspark-shell'}
+def _submit_args(java_options: str, executors: bool = False) -> dict[str, str]:
+    executor = f'--conf "spark.executor.extraJavaOptions={java_options}" ' if executors else ""
+    return {SUBMIT_ARGS: f'--driver-java-options "{java_options}" {executor}pyspark-shell'}
 
 
 def _build(path: Path) -> bool:
