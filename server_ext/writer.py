@@ -13,9 +13,9 @@ Contract (like Spark's ``DataWriter``: one writer per task attempt, used from on
   writing (``min_insert_block_size_rows = block_rows``, ``min_insert_block_size_bytes = 0``),
   so a failure anywhere in the body leaves no row of that INSERT in staging.
 - ``flush()`` sends what is buffered and waits for every INSERT; it may be called any
-  number of times. After it returns, ``rows_sent`` rows are in staging. ``rows_sent``
-  counts only INSERTs the server acknowledged and is what ``seal(expected_rows=...)``
-  should be given.
+  number of times (``send()`` only starts sending it). After it returns, ``rows_sent``
+  rows are in staging. ``rows_sent`` counts only INSERTs the server acknowledged and is
+  what ``seal(expected_rows=...)`` should be given.
 - A failed INSERT is raised by the next ``write`` or by ``flush``; from then on the writer
   refuses further use: the branch must be rolled back. If the failure left the outcome
   unknown (a timeout after the body was sent) staging may or may not hold that block;
@@ -170,11 +170,16 @@ class BranchWriter:
         while self._pending_rows >= self.block_rows:
             self._submit(self._take(self.block_rows))
 
-    def flush(self) -> None:
-        """Send every buffered row and wait until the server has it. Safe to repeat."""
+    def send(self) -> None:
+        """Hand every buffered row to the sending thread without waiting for the server
+        (``flush`` waits): another writer's rows can be sent meanwhile. Safe to repeat."""
         self._ensure_usable()
         if self._pending_rows:
             self._submit(self._take(self._pending_rows))
+
+    def flush(self) -> None:
+        """Send every buffered row and wait until the server has it. Safe to repeat."""
+        self.send()
         self._wait()
         if self._sender is not None:
             self._sender.shutdown()

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from server_ext.chtypes import STORAGE_RANGES
 from server_ext.errors import InvalidValue
 from server_ext.prepare import checked_batch, split_batch
-from server_ext.quarantine import ARROW_SCHEMA, records, to_json
+from server_ext.quarantine import ARROW_SCHEMA, KeptRows, records, rows_json, to_json
 from server_ext.schema import Column, _failing_rows, check_batch
 
 UINT8 = [Column("id", "UInt64"), Column("code", "UInt8")]
@@ -135,12 +135,36 @@ def test_quarantine_records_carry_the_row_and_the_value_as_json():
     batch = pa.record_batch({"id": pa.array([5, 6], pa.int64()),
                              "code": pa.array([1, 300], pa.int32())})
     _, bad = split_batch(UINT8, batch, STORAGE_RANGES)
-    kept = records(bad, batch, sink_id="s", epoch=3, task="p0-a0-s0-x", first_row=100)
+    kept = records([KeptRows.of(bad, batch, 100)], sink_id="s", epoch=3, task="p0-a0-s0-x")
     assert kept.schema == ARROW_SCHEMA
     assert kept.to_pylist() == [{
         "sink_id": "s", "epoch": 3, "task": "p0-a0-s0-x", "row_number": 101,
         "column": "code", "reason": bad.reasons[0], "value": "300",
         "row": '{"id":6,"code":300}'}]
+
+
+def test_quarantine_records_of_several_batches_number_rows_by_each_batch_start():
+    first, second = coded([300, 1]), coded([2, -1, 400])
+    kept = [KeptRows.of(split_batch(UINT8, b, STORAGE_RANGES)[1], b, start)
+            for b, start in ((first, 0), (second, 2))]
+    built = records(kept, sink_id="s", epoch=1, task="t").to_pylist()
+    assert [(r["row_number"], r["value"]) for r in built] == [(0, "300"), (3, "-1"),
+                                                              (4, "400")]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.datetimes(timezones=st.none())), min_size=1,
+                max_size=20),
+       st.sampled_from([None, "UTC", "Europe/Berlin", "America/St_Johns", "Asia/Kolkata",
+                        "+05:45", "Africa/Monrovia"]))
+def test_row_json_shows_timestamps_and_dates_as_isoformat_does(values, zone):
+    """Dates and times are built column-wise; they read as ``to_json`` of each value."""
+    column = pa.array(values, pa.timestamp("us")).cast(pa.timestamp("us", tz=zone))
+    dates = pa.array([None if v is None else v.date() for v in values], pa.date32())
+    batch = pa.record_batch({"t": column, "d": dates})
+    assert rows_json(batch).to_pylist() == [
+        f'{{"t":{to_json(t)},"d":{to_json(d)}}}'
+        for t, d in zip(column.to_pylist(), dates.to_pylist(), strict=True)]
 
 
 def test_values_json_lacks_are_written_as_text():

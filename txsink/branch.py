@@ -216,9 +216,11 @@ class _ShardBranch:
 
     def flush(self) -> None:
         if self.writer is not None:
-            self.writer.flush()
+            self.writer.send()  # the bad rows' INSERT goes while the server takes these
         if self.quarantine is not None:
             self.quarantine.flush()
+        if self.writer is not None:
+            self.writer.flush()
 
     def quarantined(self) -> list[tuple[QuarantineShare, server_ext.Manifest]]:
         """The sealed quarantine share, if this branch met bad rows."""
