@@ -40,7 +40,7 @@ from server_ext.schema import (
     check_batch,
     describe_table,
 )
-from server_ext.seal import StagedRowsMismatch, seal, with_digests
+from server_ext.seal import StagedRowsMismatch, digested, seal, staged_digests, with_digests
 from server_ext.sharding import (
     Shard,
     ShardingError,
@@ -123,6 +123,8 @@ __all__ = [
     "rollback",
     "seal",
     "with_digests",
+    "staged_digests",
+    "digested",
     "staging_sink_key",
     "staging_table_name",
     "sweep",

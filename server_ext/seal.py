@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from server_ext.capabilities import detect_capabilities, known_settings
 from server_ext.client_protocol import SqlClient
-from server_ext.digest import partition_digests, stored_columns
+from server_ext.digest import ContentDigest, partition_digests, stored_columns
 from server_ext.errors import ClickHouseError, ServerUnreachable, StagingChanged
 from server_ext.manifest import Manifest, PartitionManifest, StagedPart
 from server_ext.schema import TargetTable
@@ -164,25 +164,41 @@ def seal(client: SqlClient, target: TargetTable, staging: str, expected_rows: in
 
 def with_digests(client: SqlClient, target: TargetTable, manifest: Manifest) -> Manifest:
     """A sealed ``manifest`` with the content digest of each partition whose scan counted
-    exactly its sealed rows (``server_ext.digest``; one scan of the staging table).
-
-    Only reads, so it may run beside other reads of the table (a task digests while it
-    contributes). A server that cannot compute a digest gives the manifest without one
-    (the branch is then judged by row counts alone), never a failure.
-    """
+    exactly its sealed rows (``server_ext.digest``; one scan of the staging table)."""
     if not manifest.partitions:
         return manifest
-    database, table = manifest.staging_database, manifest.staging_table
+    return digested(manifest, staged_digests(
+        client, target, f"{manifest.staging_database}.{manifest.staging_table}"))
+
+
+def staged_digests(client: SqlClient, target: TargetTable, staging: str
+                   ) -> dict[str, ContentDigest] | None:
+    """The content digest of each partition of ``staging`` (a staging table of
+    ``target``, rows no longer sent), or None where the server cannot compute one.
+
+    Only reads, so it may run beside other reads of the table: a task digests while it
+    seals and contributes, and :func:`digested` keeps a digest only where it counted the
+    sealed rows. A server that cannot compute a digest gives none (the branch is then
+    judged by row counts alone), never a failure.
+    """
+    database, table = split_table_name(staging, default_database=STAGING_DATABASE)
     columns = stored_columns((c.name, c.type, c.default_kind) for c in target.columns)
     try:
-        digests = partition_digests(client, database, table, columns,
-                                    detect_capabilities(client).hash_any_type,
-                                    purpose="digest staged rows")
+        return partition_digests(client, database, table, columns,
+                                 detect_capabilities(client).hash_any_type,
+                                 purpose="digest staged rows")
     except ServerUnreachable:
         raise
     except ClickHouseError as exc:  # a column type the server cannot hash: count only
         log.warning("staging %s.%s: no content digest (verify counts its rows only): %s",
                     database, table, exc)
+        return None
+
+
+def digested(manifest: Manifest, digests: dict[str, ContentDigest] | None) -> Manifest:
+    """``manifest`` with each partition's digest from ``digests`` where it counted exactly
+    the partition's sealed rows."""
+    if not digests:
         return manifest
     return dataclasses.replace(manifest, partitions=tuple(
         dataclasses.replace(p, digest=digests[p.partition_id])

@@ -222,6 +222,16 @@ class _ShardBranch:
         if self.writer is not None:
             self.writer.flush()
 
+    def staged(self) -> list[_ShardBranch | _ViewBranch | QuarantineShare]:
+        """This branch and its shares whose staging tables hold rows once flushed."""
+        if self.writer is None:
+            return []
+        parts: list[_ShardBranch | _ViewBranch | QuarantineShare] = [
+            part for part in (self, *self.views) if part.table.engine != "Null"]
+        if self.quarantine is not None and self.quarantine.writer is not None:
+            parts.append(self.quarantine)
+        return parts
+
     def quarantined(self) -> list[tuple[QuarantineShare, server_ext.Manifest]]:
         """The sealed quarantine share, if this branch met bad rows."""
         if self.quarantine is None or self.quarantine.writer is None:
@@ -336,24 +346,28 @@ class _Attempt:
         for branch in self.branches.values():
             branch.flush()
         crashpoints.hit(crashpoints.BRANCH_AFTER_STAGING_WRITE)
-        sealed = [(branch, *branch.seal()) for branch in self.branches.values()]
-        if sealed:  # any partition key: what the server made of the rows, every shard
-            counter = self.counter or self.count_partitions(sealed[0][0].table)
-            counter.sealed((p.partition_id, p.value) for _, manifest, _, _ in sealed
-                           for p in manifest.partitions)
-        views = [(branch, share, manifest) for branch in self.branches.values()
-                 for share, manifest in (*branch.seal_views(), *branch.quarantined())]
-        crashpoints.hit(crashpoints.BRANCH_AFTER_SEAL)
-        # every staged table: the branch's own, then its views' shares
-        staged = [(branch, branch, manifest, rows) for branch, manifest, rows, _ in sealed]
-        staged += [(branch, share, manifest, manifest.rows) for branch, share, manifest in views]
-        # the digests scan the staged rows while the contributions attach them: both read
+        # the digests scan the staged rows while they are sealed and contributed: all read
         with ThreadPoolExecutor(DIGEST_WORKERS, thread_name_prefix="txsink-digest") as pool:
-            digesting = [pool.submit(server_ext.with_digests, branch.client, part.table,
-                                     manifest) for branch, part, manifest, _ in staged]
+            digesting = {part.staging: pool.submit(server_ext.staged_digests, branch.client,
+                                                   part.table, part.staging)
+                         for branch in self.branches.values() for part in branch.staged()}
+            sealed = [(branch, *branch.seal()) for branch in self.branches.values()]
+            if sealed:  # any partition key: what the server made of the rows, every shard
+                counter = self.counter or self.count_partitions(sealed[0][0].table)
+                counter.sealed((p.partition_id, p.value) for _, manifest, _, _ in sealed
+                               for p in manifest.partitions)
+            views = [(branch, share, manifest) for branch in self.branches.values()
+                     for share, manifest in (*branch.seal_views(), *branch.quarantined())]
+            crashpoints.hit(crashpoints.BRANCH_AFTER_SEAL)
+            # every staged table: the branch's own, then its views' shares
+            staged = [(branch, branch, manifest, rows) for branch, manifest, rows, _ in sealed]
+            staged += [(branch, share, manifest, manifest.rows)
+                       for branch, share, manifest in views]
             contributed = [self.contribute(branch, manifest, part.table)
                            for branch, part, manifest, _ in staged]
-            digested = [future.result() for future in digesting]
+            digested = [server_ext.digested(manifest, digesting[part.staging].result())
+                        if part.staging in digesting else manifest
+                        for _, part, manifest, _ in staged]
         crashpoints.hit(crashpoints.BRANCH_AFTER_CONTRIBUTE)
         for (branch, part, _, rows), manifest, precombined in zip(staged, digested, contributed,
                                                                   strict=True):
