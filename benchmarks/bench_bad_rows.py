@@ -17,7 +17,9 @@ Rounds are interleaved and the variants' order turns each round
 (``sinkbench/rounds.turned``); round 0 warms the workers up and is not counted. Ratios
 are of input rows/s (above 1: faster), paired per round: ``bad ÷ clean`` = fail_clean s
 ÷ quarantine_bad s (goal >= 0.9), ``bad ÷ quarantine clean`` and ``quarantine clean ÷ fail
-clean``. Every job's rows are checked in the target and in the quarantine table, and the
+clean``; and the machine's CPU seconds per job (``sinkbench.environment.cpu_seconds``:
+Spark, its workers and the servers), paired the same way, a steadier figure than
+seconds on 2 cores. Every job's rows are checked in the target and in the quarantine table, and the
 sink's own per-epoch metrics (``stage_ms``, ``seal_ms``: the slowest task's; ``commit_ms``,
 ``cleanup_ms``) are read back from the xid's record.
 
@@ -41,7 +43,15 @@ from pathlib import Path
 
 from kazoo.client import KazooClient
 from sinkbench import workload
-from sinkbench.environment import Scratch, load, run_record, sql, start_spark, write_result
+from sinkbench.environment import (
+    Scratch,
+    cpu_seconds,
+    load,
+    run_record,
+    sql,
+    start_spark,
+    write_result,
+)
 from sinkbench.report import table
 from sinkbench.rounds import turned
 
@@ -103,9 +113,10 @@ def job(spark, scratch: Scratch, variant: str, rows: int, partitions: int) -> di
     bad = variant.endswith("_bad")
     df = frame(spark, rows, partitions, bad)
     sample: dict = {"load_start": load()}
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_seconds()
     df.write.format("clickhouse_tx").options(**options).mode("append").save()
     sample["seconds"] = round(time.perf_counter() - started, 4)
+    sample["cpu_s"] = round(cpu_seconds() - cpu, 2)
     sample["load_end"] = load()
     expected_bad = (rows + BAD_EVERY - 1) // BAD_EVERY if bad else 0
     landed = workload.count(url, target)
@@ -124,12 +135,15 @@ def experiment(spark, scratch: Scratch, rows: int, partitions: int, rounds: int)
             sample = job(spark, scratch, variant, rows, partitions)
             m = sample["metrics"]
             log(f"  round {number}/{rounds} {variant:<17} {sample['seconds']:6.2f} s  "
+                f"cpu {sample['cpu_s']:5.2f} s  "
                 f"load {sample['load_start']:.1f}->{sample['load_end']:.1f}  "
                 + "  ".join(f"{k} {m[k]}" for k in (*METRICS, "branches")))
             if number:
                 samples[variant].append(sample)
     seconds = {v: [s["seconds"] for s in samples[v]] for v in VARIANTS}
+    cpu = {v: [s["cpu_s"] for s in samples[v]] for v in VARIANTS}
     results = [{"variant": v, "median_s": round(statistics.median(seconds[v]), 4),
+                "median_cpu_s": round(statistics.median(cpu[v]), 2), "runs_cpu_s": cpu[v],
                 "rows_per_s": round(rows / statistics.median(seconds[v])),
                 "runs_s": seconds[v],
                 "metrics_median": {k: round(statistics.median(s["metrics"][k]
@@ -146,6 +160,7 @@ def experiment(spark, scratch: Scratch, rows: int, partitions: int, rounds: int)
                                                   seconds["quarantine_clean"]),
         "bad_vs_clean_of_medians": round(statistics.median(seconds["fail_clean"])
                                          / statistics.median(seconds["quarantine_bad"]), 3),
+        "cpu_bad_vs_clean": _paired(cpu["fail_clean"], cpu["quarantine_bad"]),
     }
     return {"rows": rows, "partitions": partitions, "rounds": rounds,
             "bad_rows": (rows + BAD_EVERY - 1) // BAD_EVERY, "results": results,
@@ -191,15 +206,16 @@ def print_report(data: dict) -> None:
     job_data = data["job"]
     print(f"\nbatch job ({job_data['rows']:,} rows, {job_data['partitions']} partitions, "
           f"{job_data['rounds']} rounds), {data['url']} (ClickHouse {data['server_version']})")
-    print(table(["variant", "median s", "M rows/s", *METRICS, "load"],
-                [[r["variant"], r["median_s"], r["rows_per_s"] / 1e6,
+    print(table(["variant", "median s", "M rows/s", "machine CPU s", *METRICS, "load"],
+                [[r["variant"], r["median_s"], r["rows_per_s"] / 1e6, r["median_cpu_s"],
                   *(r["metrics_median"][k] for k in METRICS),
                   f"{r['load_range'][0]:.1f}–{r['load_range'][1]:.1f}"]
                  for r in job_data["results"]]))
     ratios = job_data["ratios"]
     for key, label in (("bad_vs_clean", "1% bad in quarantine ÷ none, fail mode"),
                        ("bad_vs_quarantine_clean", "1% bad ÷ none, both quarantine"),
-                       ("quarantine_clean_vs_fail_clean", "quarantine ÷ fail, none bad")):
+                       ("quarantine_clean_vs_fail_clean", "quarantine ÷ fail, none bad"),
+                       ("cpu_bad_vs_clean", "machine CPU per job, none (fail mode) ÷ 1% bad")):
         print(f"{label} (input rows/s, paired): {ratios[key]['median']} "
               f"(rounds {ratios[key]['rounds']})")
     print(f"goal 1% bad ÷ none >= {GOAL_BAD_VS_CLEAN}: "

@@ -72,28 +72,40 @@ class Collect:
         rows = np.flatnonzero(self._finding >= 0)
         columns: list[str] = [""] * len(rows)
         reasons: list[str] = [""] * len(rows)
-        values: list[object] = [None] * len(rows)
+        found = []
         for index, (name, reason, shown) in enumerate(self._found):
             at = np.flatnonzero(self._finding[rows] == index)
             elements = self._element[rows[at]]
-            taken = shown.take(pa.array(elements)).to_pylist()
-            for position, element, value in zip(at.tolist(), elements.tolist(), taken,
-                                                strict=True):
-                columns[position], values[position] = name, value
+            found.append((shown.take(pa.array(elements)), at))
+            for position, element in zip(at.tolist(), elements.tolist(), strict=True):
+                columns[position] = name
                 reasons[position] = reason if isinstance(reason, str) else str(reason[element])
-        return BadRows(rows, tuple(columns), tuple(reasons), tuple(values))
+        return BadRows(rows, tuple(columns), tuple(reasons), tuple(found))
 
 
 @dataclass(frozen=True)
 class BadRows:
     """The bad rows of one batch: their indices (ascending) and, for each, the column
     (``col (value)``, ``col.element`` inside a Map or Tuple), reason and offending value
-    of the first problem found in it."""
+    of the first problem found in it.
+
+    The offending values stay Arrow arrays, one per check that found some (``found``:
+    the values and their positions among ``rows``), so that they can be turned into text
+    a column at a time; ``values`` gives them as Python objects."""
 
     rows: np.ndarray
     columns: tuple[str, ...]
     reasons: tuple[str, ...]
-    values: tuple[object, ...]
+    found: tuple[tuple[pa.Array, np.ndarray], ...]
+
+    @property
+    def values(self) -> tuple[object, ...]:
+        """The offending value of each bad row, as Arrow's ``to_pylist`` gives it."""
+        values: list[object] = [None] * len(self.rows)
+        for taken, at in self.found:
+            for position, value in zip(at.tolist(), taken.to_pylist(), strict=True):
+                values[position] = value
+        return tuple(values)
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -144,9 +144,18 @@ def records(kept: Sequence[KeptRows], *, sink_id: str, epoch: int, task: str
         pa.array(np.concatenate(numbers) if numbers else np.array([], np.uint64)),
         pa.array([c for k in kept for c in k.bad.columns], pa.string()),
         pa.array([r for k in kept for r in k.bad.reasons], pa.string()),
-        pa.array([to_json(v) for k in kept for v in k.bad.values], pa.string()),
+        pa.array([text for k in kept for text in _values_json(k.bad)], pa.string()),
         whole,
     ], schema=ARROW_SCHEMA)
+
+
+def _values_json(bad: BadRows) -> list[str]:
+    """The offending value of each bad row as JSON text, a check's values at a time."""
+    texts = [""] * len(bad)
+    for taken, at in bad.found:
+        for position, text in zip(at.tolist(), _column_json(taken).to_pylist(), strict=True):
+            texts[position] = text
+    return texts
 
 
 def rows_json(batch: pa.RecordBatch) -> pa.Array:
