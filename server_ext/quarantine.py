@@ -144,17 +144,31 @@ def records(kept: Sequence[KeptRows], *, sink_id: str, epoch: int, task: str
         pa.array(np.concatenate(numbers) if numbers else np.array([], np.uint64)),
         pa.array([c for k in kept for c in k.bad.columns], pa.string()),
         pa.array([r for k in kept for r in k.bad.reasons], pa.string()),
-        pa.array([text for k in kept for text in _values_json(k.bad)], pa.string()),
+        pa.array(_values_json([k.bad for k in kept]), pa.string()),
         whole,
     ], schema=ARROW_SCHEMA)
 
 
-def _values_json(bad: BadRows) -> list[str]:
-    """The offending value of each bad row as JSON text, a check's values at a time."""
-    texts = [""] * len(bad)
-    for taken, at in bad.found:
-        for position, text in zip(at.tolist(), _column_json(taken).to_pylist(), strict=True):
-            texts[position] = text
+def _values_json(bad: Sequence[BadRows]) -> list[str]:
+    """The offending value of each bad row (of several batches, in order) as JSON text:
+    the values of one Arrow type are converted together, a few calls for all batches."""
+    texts = [""] * sum(len(b) for b in bad)
+    by_type: dict[pa.DataType, list[tuple[pa.Array, np.ndarray]]] = {}
+    start = 0
+    for rows in bad:
+        for taken, at in rows.found:
+            by_type.setdefault(taken.type, []).append((taken, at + start))
+        start += len(rows)
+    for found in by_type.values():
+        try:
+            groups = [(pa.concat_arrays([taken for taken, _ in found]),
+                       np.concatenate([at for _, at in found]))]
+        except pa.ArrowInvalid:  # e.g. dictionaries that differ: one array at a time
+            groups = found
+        for taken, at in groups:
+            for position, text in zip(at.tolist(), _column_json(taken).to_pylist(),
+                                      strict=True):
+                texts[position] = text
     return texts
 
 

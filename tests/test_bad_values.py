@@ -152,6 +152,20 @@ def test_quarantine_records_of_several_batches_number_rows_by_each_batch_start()
                                                               (4, "400")]
 
 
+def test_quarantine_records_show_each_bad_value_of_its_own_column():
+    batch = pa.record_batch({"code": pa.array([300, 1, 2], pa.int32()),
+                             "name": pa.array(["ok", "far too long", "fine"]),
+                             "ts": pa.array([0, 0, -1], pa.timestamp("us", tz="UTC"))})
+    columns = [Column("code", "UInt8"), Column("name", "FixedString(4)"),
+               Column("ts", "DateTime")]
+    _, bad = split_batch(columns, batch, STORAGE_RANGES)
+    kept = KeptRows.of(bad, batch, 0)
+    built = records([kept, kept], sink_id="s", epoch=1, task="t").to_pylist()
+    assert [(r["row_number"], r["column"], r["value"]) for r in built] == [
+        (0, "code", "300"), (1, "name", '"far too long"'), (2, "ts", to_json(bad.values[2])),
+        (0, "code", "300"), (1, "name", '"far too long"'), (2, "ts", to_json(bad.values[2]))]
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.one_of(st.none(), st.datetimes(timezones=st.none())), min_size=1,
                 max_size=20),
