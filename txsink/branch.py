@@ -39,7 +39,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from functools import cached_property
 
@@ -49,6 +49,7 @@ import server_ext
 from coordinator import Coordinator, Fenced, XidDecided, XidState
 from server_ext import partition_bound
 from server_ext.bad_values import BadRows
+from server_ext.digest import ContentDigest
 from server_ext.errors import ClickHouseError, PartitionLimitExceeded
 from server_ext.partition_bound import PartitionCounter
 from server_ext.sharding import Shard, ShardRouter
@@ -346,11 +347,17 @@ class _Attempt:
         for branch in self.branches.values():
             branch.flush()
         crashpoints.hit(crashpoints.BRANCH_AFTER_STAGING_WRITE)
-        # the digests scan the staged rows while they are sealed and contributed: all read
+        # the digests scan the staged rows while they are sealed and contributed: all read.
+        # A Replicated table's seal may merge its parts (and a merging variant's rows):
+        # digested once sealed
         with ThreadPoolExecutor(DIGEST_WORKERS, thread_name_prefix="txsink-digest") as pool:
-            digesting = {part.staging: pool.submit(server_ext.staged_digests, branch.client,
-                                                   part.table, part.staging)
-                         for branch in self.branches.values() for part in branch.staged()}
+            def digest(branch: _ShardBranch, part: _ShardBranch | _ViewBranch | QuarantineShare
+                       ) -> Future[dict[str, ContentDigest] | None]:
+                return pool.submit(server_ext.staged_digests, branch.client, part.table,
+                                   part.staging)
+
+            digesting = {part.staging: digest(branch, part) for branch in self.branches.values()
+                         for part in branch.staged() if not part.table.replicated}
             sealed = [(branch, *branch.seal()) for branch in self.branches.values()]
             if sealed:  # any partition key: what the server made of the rows, every shard
                 counter = self.counter or self.count_partitions(sealed[0][0].table)
@@ -363,10 +370,13 @@ class _Attempt:
             staged = [(branch, branch, manifest, rows) for branch, manifest, rows, _ in sealed]
             staged += [(branch, share, manifest, manifest.rows)
                        for branch, share, manifest in views]
+            digesting.update((part.staging, digest(branch, part))
+                             for branch, part, manifest, _ in staged
+                             if manifest.partitions and part.staging not in digesting)
             contributed = [self.contribute(branch, manifest, part.table)
                            for branch, part, manifest, _ in staged]
             digested = [server_ext.digested(manifest, digesting[part.staging].result())
-                        if part.staging in digesting else manifest
+                        if manifest.partitions else manifest
                         for _, part, manifest, _ in staged]
         crashpoints.hit(crashpoints.BRANCH_AFTER_CONTRIBUTE)
         for (branch, part, _, rows), manifest, precombined in zip(staged, digested, contributed,
