@@ -40,7 +40,7 @@ from server_ext.schema import (
     check_batch,
     describe_table,
 )
-from server_ext.seal import StagedRowsMismatch, digested, seal, staged_digests, with_digests
+from server_ext.seal import StagedRowsMismatch, digested, seal, staged_digests
 from server_ext.sharding import (
     Shard,
     ShardingError,
@@ -122,7 +122,6 @@ __all__ = [
     "resolve_partition",
     "rollback",
     "seal",
-    "with_digests",
     "staged_digests",
     "digested",
     "staging_sink_key",

@@ -162,15 +162,6 @@ def seal(client: SqlClient, target: TargetTable, staging: str, expected_rows: in
     )
 
 
-def with_digests(client: SqlClient, target: TargetTable, manifest: Manifest) -> Manifest:
-    """A sealed ``manifest`` with the content digest of each partition whose scan counted
-    exactly its sealed rows (``server_ext.digest``; one scan of the staging table)."""
-    if not manifest.partitions:
-        return manifest
-    return digested(manifest, staged_digests(
-        client, target, f"{manifest.staging_database}.{manifest.staging_table}"))
-
-
 def staged_digests(client: SqlClient, target: TargetTable, staging: str
                    ) -> dict[str, ContentDigest] | None:
     """The content digest of each partition of ``staging`` (a staging table of

@@ -86,8 +86,9 @@ class Writer:
                               f"'x' FROM system.numbers WHERE number >= {ids.start} "
                               f"LIMIT {len(ids)}")
         total = sum(len(ids) for ids in rows.values())
-        manifest = server_ext.with_digests(self.client, self.target, server_ext.seal(
-            self.client, self.target, qualified, expected_rows=total))
+        manifest = server_ext.digested(
+            server_ext.seal(self.client, self.target, qualified, expected_rows=total),
+            server_ext.staged_digests(self.client, self.target, qualified))
         payload = {"manifest": manifest.to_dict(), "strategy": self.strategy,
                    "overwrite": False, "staging": staging, "server": self.url, "rows": total}
         self.coord.prepare_branch(epoch, branch_id, payload)
