@@ -43,18 +43,30 @@ holder's node is gone from the log order of the ``expire`` entry on, so its
 ``check(lease node)`` fails and ``PublishLease.check`` reports ``PublishLeaseLost``.
 Holders' clocks must agree within :data:`CLOCK_MARGIN`.
 
-Snapshots. Every :data:`COMPACT_EVERY` entries the writer that appended the entry stores
-the folded tree at that sequence number (``snap:<sink>:<seq>``: chunk keys, then a head
-key naming their count, each a strict INSERT) and points ``base:<sink>`` at it. A process
-that meets a sink for the first time reads the pointer with its first log read, loads the
-snapshot and folds only the entries after it. Both are safe to repeat and to race: the
-fold at a sequence number is deterministic and serialized canonically, so two writers
-store the same chunks (a chunk or head that exists already is the same); a head is
-written only after all its chunks, so a head found means a whole snapshot; and a pointer
-that a racing writer moves back to an older snapshot only makes readers fold more
-entries. Entries are never deleted: an existing key is what stops a writer with a stale
-copy of the tree from appending at a number already taken (a strict INSERT refuses only
-keys that exist), so each entry stays one small Keeper node.
+Snapshots. The writer that appends an entry whose sequence number is a multiple of
+:data:`COMPACT_EVERY` stores the folded tree at that number (``snap:<sink>:<seq>``: chunk
+keys, then a head key naming their count and when it was written, each a strict INSERT)
+and points ``base:<sink>`` at it. A process that meets a sink for the first time reads
+the pointer with its first log read, loads the snapshot and folds only the entries after
+it. Both are safe to repeat and to race: the fold at a sequence number is deterministic
+and serialized canonically, so two writers store the same chunks (a chunk or head that
+exists already is the same); a head is written only after all its chunks, so a head
+found means a whole snapshot; and a pointer that a racing writer moves back to an older
+snapshot only makes readers fold more entries (or, if that snapshot is gone, list the
+heads and take the newest).
+
+Retention. An existing key is what stops a writer with a stale copy of the tree from
+appending at a number already taken (a strict INSERT refuses only keys that exist), so an
+entry may be deleted only once no copy that old can still be used. The rule is one of
+time, like the sessions': after storing a snapshot the writer deletes the entries and
+older snapshots below the newest snapshot whose head is older than the retention
+(:data:`RETAIN`, ``trim:<sink>`` remembers how far that went); and a copy of a log not
+known current for half the retention (no read that found its end, no append) is not
+trusted: the next read or write fetches the pointer with the entries and loads the
+snapshot if it is newer than the copy. Every entry deleted was written after such a
+copy was last current and at least a retention before the deletion, so a copy recent
+enough to be used never skips a deleted entry. A sink's log therefore holds the entries
+of about one retention (~1 MB of keys at a 1 s trigger) instead of growing for ever.
 
 Limits: an entry is one Keeper node, so a record near the coordinator's 900 kB cap
 (escaped once more inside its entry) may exceed Keeper's 1 MB node limit; the publish
@@ -97,6 +109,8 @@ PIPELINE_GAP = 0.005  # seconds between reads of one pipelined batch
 COMPACT_EVERY = 256  # entries between snapshots of a sink's tree
 SNAPSHOT_CHUNK = 256_000  # characters per snapshot key, far below Keeper's 1 MB node limit
 SNAPSHOT_FORMAT = 1
+RETAIN = 600.0  # seconds a snapshot stands before the entries below it are deleted
+TRIM_BATCH = 4096  # entries deleted by one trim at most (a long-untrimmed log: in steps)
 
 
 class KeyValueTable(Protocol):
@@ -150,7 +164,8 @@ class _Log:
     sessions: dict[str, float] = field(default_factory=dict)  # session -> expires at
     ended: set[str] = field(default_factory=set)
     recent: list[str] = field(default_factory=list)  # ids of the last entries
-    based: int = 0  # sequence number of the newest snapshot known
+    synced: float = float("-inf")  # monotonic time this copy was last known current
+    trimmed: int | None = None  # entries up to this number are deleted (None: not read)
 
     def snapshot(self) -> str:
         """The folded tree at ``seq``, serialized canonically (the same text from every
@@ -176,7 +191,7 @@ class _Log:
         self.sessions = {k: float(v) for k, v in state["sessions"].items()}
         self.ended = set(state["ended"])
         self.recent = list(state["recent"])
-        self.seq = self.based = int(state["seq"])
+        self.seq = int(state["seq"])
 
 
 class _Done:
@@ -379,11 +394,13 @@ class KeeperMapNodes:
     connected = True
 
     def __init__(self, table: KeyValueTable, session_timeout: float = SESSION_TIMEOUT,
-                 namespace: str = "", compact_every: int = COMPACT_EVERY) -> None:
+                 namespace: str = "", compact_every: int = COMPACT_EVERY,
+                 retain: float = RETAIN) -> None:
         self.table = table
         self.namespace = namespace  # a prefix of every key: kazoo's chroot, for one table
         self.session_timeout = session_timeout
         self.compact_every = compact_every
+        self.retain = retain
         self.handler = SimpleNamespace(sleep_func=time.sleep)
         self.session = uuid.uuid4().hex
         self._logs: dict[str, _Log] = {}
@@ -573,14 +590,19 @@ class KeeperMapNodes:
         return log
 
     def _catch_up(self, log: _Log) -> None:
+        started = time.monotonic()
+        # a copy new to this process, or not known current for half the retention, may
+        # lack entries deleted since: read the snapshot pointer too (module docstring)
+        rebase = log.seq == 0 or self._stale(log, started)
         while True:
             keys = [self._key(log.root, log.seq + i) for i in range(1, READ_AHEAD + 1)]
-            first = log.seq == 0  # a sink new to this process: its snapshot pointer too
-            found = self._call(self.table.get_many,
-                               [*keys, self._base(log.root)] if first else keys)
-            if first and int(found.get(self._base(log.root)) or 0) > 0:
-                self._load_snapshot(log, int(found[self._base(log.root)]))
-                continue
+            base = self._base(log.root)
+            found = self._call(self.table.get_many, [*keys, base] if rebase else keys)
+            if rebase:
+                rebase = False
+                if int(found.get(base) or 0) > log.seq:
+                    self._load_snapshot(log, int(found[base]))
+                    continue
             applied = 0
             for key in keys:
                 raw = found.get(key)
@@ -589,31 +611,75 @@ class KeeperMapNodes:
                 self._fold(log, json.loads(raw))
                 applied += 1
             if applied < READ_AHEAD:
+                log.synced = started
                 return
+
+    def _stale(self, log: _Log, now: float) -> bool:
+        return now - log.synced > self.retain / 2
 
     def _load_snapshot(self, log: _Log, seq: int) -> None:
         head = self._snapshot_key(log.root, seq)
-        count = int(json.loads(self._call(self.table.get_many, [head])[head])["chunks"])
+        found = self._call(self.table.get_many, [head])
+        if head not in found:  # a pointer put back by a writer paused past the retention
+            head = self._newest_head(log.root)
+            found = self._call(self.table.get_many, [head])
+        count = int(json.loads(found[head])["chunks"])
         chunks = [f"{head}:{i:04d}" for i in range(count)]
         found = self._call(self.table.get_many, chunks)
         log.restore("".join(found[key] for key in chunks))
 
+    def _newest_head(self, root: str) -> str:
+        prefix = self._snapshot_key(root, 0)[:-20]
+        heads = [k for k in self._call(self.table.keys_with_prefix, prefix)
+                 if ":" not in k[len(prefix):]]
+        if not heads:
+            raise RuntimeInconsistency(f"the snapshot pointer of {root} names no snapshot")
+        return max(heads)
+
     def _compact(self, log: _Log) -> None:
-        """Store the fold at ``log.seq`` and point the sink's readers at it (module
-        docstring, "Snapshots"). Best effort: the entry is written already, and a failed
-        snapshot only leaves readers more entries to fold."""
+        """Store the fold at ``log.seq``, point the sink's readers at it and trim what an
+        older snapshot made redundant (module docstring, "Snapshots", "Retention"). Best
+        effort: the entry is written already, and a failed snapshot or trim only leaves
+        readers more entries to fold."""
         head = self._snapshot_key(log.root, log.seq)
         text = log.snapshot()
         chunks = [text[i:i + SNAPSHOT_CHUNK] for i in range(0, len(text), SNAPSHOT_CHUNK)]
         try:
             for i, chunk in enumerate(chunks):  # one INSERT each: a multi has Keeper's limit too
                 self._call(self.table.create_new, {f"{head}:{i:04d}": chunk})
-            self._call(self.table.create_new, {head: json.dumps({"chunks": len(chunks)})})
+            self._call(self.table.create_new,
+                       {head: json.dumps({"chunks": len(chunks), "at": time.time()})})
+            if self._stale(log, time.monotonic()):
+                return  # paused for long: a newer snapshot may be pointed at already
             self._call(self.table.put, self._base(log.root), str(log.seq))
+            self._trim(log)
         except Exception as exc:  # noqa: BLE001 - see the docstring
-            logger.warning("snapshot of %s at entry %d not stored: %s", log.root, log.seq, exc)
+            logger.warning("snapshot of %s at entry %d not stored or not trimmed: %s",
+                           log.root, log.seq, exc)
+
+    def _trim(self, log: _Log) -> None:
+        """Delete the entries, and the snapshots, below the newest snapshot older than
+        the retention; at most :data:`TRIM_BATCH` entries at a time."""
+        floor = self._floor(log.root)
+        if log.trimmed is None:
+            log.trimmed = int(self._call(self.table.get_many, [floor]).get(floor) or 0)
+        step = self.compact_every
+        heads = {seq: self._snapshot_key(log.root, seq) for seq in range(
+            (log.trimmed // step + 1) * step, min(log.seq, log.trimmed + TRIM_BATCH), step)}
+        raw = self._call(self.table.get_many, heads.values())
+        found = {seq: json.loads(raw[key]) for seq, key in heads.items() if key in raw}
+        deadline = time.time() - self.retain  # a head without a time is never old enough
+        old = [seq for seq, head in found.items() if head.get("at", float("inf")) <= deadline]
+        if not old:
             return
-        log.based = log.seq
+        upto = max(old)
+        doomed = [key for seq, head in found.items() if seq < upto
+                  for key in (*(f"{heads[seq]}:{i:04d}" for i in range(head["chunks"])),
+                              heads[seq])]  # chunks before their head: none left headless
+        doomed += [self._key(log.root, seq) for seq in range(log.trimmed + 1, upto + 1)]
+        self._call(self.table.delete, doomed)
+        self._call(self.table.put, floor, str(upto))
+        log.trimmed = upto
 
     def _fold(self, log: _Log, entry: dict[str, Any]) -> None:
         overlay = _Overlay(log)
@@ -653,7 +719,11 @@ class KeeperMapNodes:
             self._last_async = None
             log = self._log(root)
             entry_id = uuid.uuid4().hex
-            caught_up = False  # optimistic: the sequence number proves the tree current
+            # optimistic: the sequence number proves the tree current, if the copy is
+            # recent enough that no entry after it can have been deleted
+            caught_up = self._stale(log, time.monotonic())
+            if caught_up:
+                self._catch_up(log)
             while True:
                 overlay = _Overlay(log)
                 results: list[Any] = []
@@ -677,14 +747,16 @@ class KeeperMapNodes:
                     return failed
                 entry = {"id": entry_id, "at": int(time.time() * 1000), "ops": ops}
                 text = json.dumps(entry, separators=(",", ":"), sort_keys=True)
+                sent = time.monotonic()
                 if self._call(self.table.create_new, {self._key(root, log.seq + 1): text}):
                     overlay.commit()
                     log.seq += 1
+                    log.synced = sent
                     log.recent = [*log.recent[-KEPT_IDS + 1:], entry_id]
                     self._track(root, ops)
                     if any(op[0] == "create" and op[1] == root for op in ops):
                         self._call(self.table.put, self._index(root), "")
-                    if log.seq - log.based >= self.compact_every:
+                    if log.seq % self.compact_every == 0:
                         self._compact(log)
                     return results
                 self._catch_up(log)  # another writer took the number: validate again
@@ -757,6 +829,9 @@ class KeeperMapNodes:
 
     def _snapshot_key(self, root: str, seq: int) -> str:
         return f"snap:{self.namespace}{root}:{seq:020d}"
+
+    def _floor(self, root: str) -> str:
+        return f"trim:{self.namespace}{root}"
 
 
 class KeeperMapLock:

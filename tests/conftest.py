@@ -254,6 +254,7 @@ def zk(zk_hosts: str, zk_chroot: str) -> Iterator[KazooClient]:
 STORES = ("zookeeper", "keepermap")
 RECORDS_DATABASE = "txsink_test_records"
 SNAPSHOT_EVERY = 16  # the property tests' KeeperMap stores: snapshots between their steps
+RETAIN = 2.0  # and their retention (s): entries are deleted while the protocol runs
 
 
 @pytest.fixture(scope="session")
@@ -309,8 +310,10 @@ def nodes(request, store_kind: str):
         namespace = f"/tests/{uuid.uuid4().hex[:10]}"
 
         def open_store():
-            # snapshots every few entries: a store opened later starts from one
-            store = KeeperMapNodes(table, namespace=namespace, compact_every=SNAPSHOT_EVERY)
+            # snapshots every few entries: a store opened later starts from one; and
+            # entries deleted behind them
+            store = KeeperMapNodes(table, namespace=namespace, compact_every=SNAPSHOT_EVERY,
+                                   retain=RETAIN)
             opened.append(store)
             return store
     yield open_store

@@ -237,10 +237,31 @@ def test_writers_that_snapshot_in_turn_leave_every_reader_the_same_tree(
         store.stop()
 
 
+def test_entries_below_a_snapshot_past_the_retention_are_deleted_from_the_table(
+        records_table, keepermap_url: str) -> None:
+    """The retention over the real table: ALTER DELETE of the old entries and snapshots;
+    a reader new to the sink and a reader whose copy went stale both read the same tree."""
+    namespace = f"/tests/{uuid.uuid4().hex[:10]}"
+    writer, stale = (KeeperMapNodes(records_table, namespace=namespace, compact_every=10,
+                                    retain=0.5) for _ in range(2))
+    write_entries(writer, 5)
+    tree(stale)  # its copy ends at entry 8, below the entries deleted next
+    write_entries(writer, 30, first=5)
+    time.sleep(0.75)
+    write_entries(writer, 30, first=35)
+    entries = run_sql(keepermap_url, f"SELECT k FROM `{RECORDS_DATABASE}`.records "
+                      f"WHERE startsWith(k, 'log:{namespace}')").split()
+    assert len(entries) <= 40 and f"log:{namespace}{SINK}:{1:020d}" not in entries
+    assert tree(KeeperMapNodes(records_table, namespace=namespace)) == tree(writer)
+    assert tree(stale) == tree(writer)
+    writer.stop()
+    stale.stop()
+
+
 def test_a_writer_with_a_copy_older_than_the_snapshots_is_refused_by_version(
         records_table) -> None:
-    """Entries are never deleted, so a stale writer cannot append at a taken number: its
-    conditional write is judged against the newest tree."""
+    """A stale writer cannot append at a taken number: its conditional write is judged
+    against the newest tree."""
     namespace = f"/tests/{uuid.uuid4().hex[:10]}"
     stale = KeeperMapNodes(records_table, namespace=namespace)
     stale.ensure_path(f"{SINK}/a")

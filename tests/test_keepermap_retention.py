@@ -1,0 +1,135 @@
+"""The KeeperMap store's retention: old log entries are deleted, and no copy misses one.
+
+Pure logic over an in-memory key-value table with the KeeperMap table's semantics (a
+strict create of several keys is all or nothing); the same rules over the real table are
+checked in ``tests/test_keepermap_store.py``. Time is the store's own: ``retain`` is set
+to a fraction of a second, so "older than the retention" is a short sleep.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import pytest
+from kazoo.exceptions import BadVersionError
+
+from coordinator.keepermap import KeeperMapNodes
+from tests.test_keepermap_store import SINK, tree
+
+RETAIN = 0.2  # seconds
+
+
+class MemoryTable:
+    """A dict with the KeeperMap table's API (``coordinator.keepermap.KeyValueTable``)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, str] = {}
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, str]:
+        return {k: self.rows[k] for k in keys if k in self.rows}
+
+    def create_new(self, rows: dict[str, str]) -> bool:
+        if any(k in self.rows for k in rows):
+            return False
+        self.rows.update(rows)
+        return True
+
+    def put(self, key: str, value: str) -> None:
+        self.rows[key] = value
+
+    def keys_with_prefix(self, prefix: str) -> list[str]:
+        return sorted(k for k in self.rows if k.startswith(prefix))
+
+    def delete(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self.rows.pop(key, None)
+
+    def entries(self) -> list[str]:
+        return [k for k in self.rows if k.startswith("log:")]
+
+
+@pytest.fixture
+def table() -> MemoryTable:
+    return MemoryTable()
+
+
+def store(table: MemoryTable, every: int = 10) -> KeeperMapNodes:
+    return KeeperMapNodes(table, compact_every=every, retain=RETAIN)
+
+
+def write(nodes: KeeperMapNodes, count: int, path: str = f"{SINK}/a") -> None:
+    nodes.ensure_path(path)
+    for i in range(count):
+        nodes.set(path, f"value {i}".encode())
+
+
+def test_entries_below_a_snapshot_older_than_the_retention_are_deleted(table) -> None:
+    writer = store(table)
+    write(writer, 40)
+    time.sleep(RETAIN * 1.5)
+    write(writer, 40)
+    # the snapshots at 40 (or below) are past the retention when the one at 80 is stored
+    assert len(table.entries()) <= 40 + 10
+    assert table.rows[f"trim:{SINK}"] in {"20", "30", "40"}
+    assert tree(KeeperMapNodes(table)) == tree(writer)
+
+
+def test_entries_within_the_retention_are_kept(table) -> None:
+    writer = store(table)
+    write(writer, 80)
+    assert len(table.entries()) == 82  # the two paths and the sets
+    assert f"trim:{SINK}" not in table.rows
+
+
+def test_a_log_never_trimmed_is_trimmed_in_steps_of_the_batch(table, monkeypatch) -> None:
+    monkeypatch.setattr("coordinator.keepermap.TRIM_BATCH", 25)
+    writer = store(table)
+    write(writer, 60)
+    time.sleep(RETAIN * 1.5)
+    write(writer, 20)  # one snapshot (at 70, then 80): two trims of at most 25 entries
+    assert int(table.rows[f"trim:{SINK}"]) <= 50
+    assert len(table.entries()) >= 30
+
+
+def test_a_reader_whose_copy_is_older_than_half_the_retention_starts_from_the_snapshot(
+        table) -> None:
+    """Without the pointer read, the reader would find the entry after its copy deleted
+    and take its stale copy for current."""
+    writer, reader = store(table), store(table)
+    write(writer, 5)
+    assert tree(reader) == tree(writer)
+    time.sleep(RETAIN)
+    write(writer, 45)
+    time.sleep(RETAIN * 1.5)
+    write(writer, 30)
+    assert f"log:{SINK}:{6:020d}" not in table.rows  # the entry after the reader's copy
+    assert tree(reader) == tree(writer)
+
+
+def test_a_writer_whose_copy_is_stale_reads_before_it_appends(table) -> None:
+    """Its conditional write is judged against the newest tree and refused; it never
+    lands in the gap the deleted entries left."""
+    stale, busy = store(table), store(table)
+    stale.ensure_path(f"{SINK}/a")
+    _, seen = stale.get(f"{SINK}/a")
+    time.sleep(RETAIN)
+    write(busy, 45)
+    time.sleep(RETAIN * 1.5)
+    write(busy, 30)
+    with pytest.raises(BadVersionError):
+        stale.set(f"{SINK}/a", b"late", version=seen.version)
+    assert stale.get(f"{SINK}/a") == busy.get(f"{SINK}/a")
+    assert tree(KeeperMapNodes(table)) == tree(busy)
+
+
+def test_a_pointer_to_a_deleted_snapshot_reads_the_newest_one(table) -> None:
+    """A writer paused past the retention may put the pointer back to a snapshot trimmed
+    since: a reader new to the sink then lists the heads and loads the newest."""
+    writer = store(table)
+    write(writer, 40)
+    time.sleep(RETAIN * 1.5)
+    write(writer, 40)
+    table.put(f"base:{SINK}", "10")
+    assert f"snap:{SINK}:{10:020d}" not in table.rows
+    assert tree(KeeperMapNodes(table)) == tree(writer)
