@@ -626,6 +626,8 @@ class KeeperMapNodes:
         count = int(json.loads(found[head])["chunks"])
         chunks = [f"{head}:{i:04d}" for i in range(count)]
         found = self._call(self.table.get_many, chunks)
+        if any(key not in found for key in chunks):  # superseded long ago, deleted meanwhile
+            raise ConnectionLoss(f"snapshot {head} was deleted while it was read")
         log.restore("".join(found[key] for key in chunks))
 
     def _newest_head(self, root: str) -> str:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 
 import pytest
-from kazoo.exceptions import BadVersionError
+from kazoo.exceptions import BadVersionError, ConnectionLoss
 
 from coordinator.keepermap import KeeperMapNodes
 from tests.test_keepermap_store import SINK, tree
@@ -133,3 +133,27 @@ def test_a_pointer_to_a_deleted_snapshot_reads_the_newest_one(table) -> None:
     table.put(f"base:{SINK}", "10")
     assert f"snap:{SINK}:{10:020d}" not in table.rows
     assert tree(KeeperMapNodes(table)) == tree(writer)
+
+
+def test_a_snapshot_deleted_while_it_is_read_is_a_retryable_loss(table) -> None:
+    """Its chunks gone between the head and the chunk read: ``ConnectionLoss``, which the
+    coordinator's retry policy retries, never a half-restored tree."""
+    writer = store(table)
+    write(writer, 25)
+
+    class LosingChunks(MemoryTable):
+        lost = False
+
+        def get_many(self, keys):
+            keys = list(keys)
+            if not self.lost and any(k.startswith("snap:") and k.count(":") > 2 for k in keys):
+                self.lost = True
+                return {}
+            return super().get_many(keys)
+
+    losing = LosingChunks()
+    losing.rows = table.rows
+    reader = KeeperMapNodes(losing)
+    with pytest.raises(ConnectionLoss):
+        reader.get(SINK)
+    assert tree(reader) == tree(writer)
