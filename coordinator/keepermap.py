@@ -487,8 +487,20 @@ class KeeperMapNodes:
             return True
         done = self._one(["delete", path, version, recursive, None])
         if path == root:
-            self._call(self.table.delete, [self._index(root)])
+            self._forget_log(root)
         return done
+
+    def _forget_log(self, root: str) -> None:
+        """Delete every key of a sink deleted whole: its log, snapshots, pointers and index
+        row. Only sinks that nobody writes again are deleted whole
+        (``Retention.forget_sink``), so no copy of the log is appended to after this."""
+        keys = [self._index(root), self._base(root), self._floor(root)]
+        for prefix in (self._key(root, 0)[:-20], self._snapshot_key(root, 0)[:-20]):
+            keys += self._call(self.table.keys_with_prefix, prefix)
+        self._call(self.table.delete, keys)
+        with self._mutex:
+            self._logs.pop(root, None)
+            self._held.pop(root, None)  # its ephemeral nodes went with it: no more refreshes
 
     def ensure_path(self, path: str, acl: Any = None) -> bool:
         root = partition_of(path)

@@ -157,3 +157,15 @@ def test_a_snapshot_deleted_while_it_is_read_is_a_retryable_loss(table) -> None:
     with pytest.raises(ConnectionLoss):
         reader.get(SINK)
     assert tree(reader) == tree(writer)
+
+
+def test_a_sink_deleted_whole_leaves_no_key_of_its_log(table) -> None:
+    """What ``txsink gc`` does to a one-off sink it forgets: its log, snapshots and
+    pointers go with it; another sink's stay."""
+    writer = store(table)
+    write(writer, 30)
+    write(writer, 5, path="/r/sinks/other/a")
+    writer.delete(SINK, recursive=True)
+    assert [k for k in table.rows if SINK + ":" in k or k.endswith(SINK)] == []
+    assert any("/r/sinks/other" in k for k in table.rows)
+    assert KeeperMapNodes(table).exists(SINK) is None
