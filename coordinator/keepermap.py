@@ -482,8 +482,8 @@ class KeeperMapNodes:
                 sink = key[len(self._index("")):]
                 try:
                     self.delete(sink, recursive=True)
-                except NoNodeError:
-                    self._call(self.table.delete, [key])
+                except NoNodeError:  # deleted before, its keys not (an interrupted delete)
+                    self._forget_log(sink)
             return True
         done = self._one(["delete", path, version, recursive, None])
         if path == root:
