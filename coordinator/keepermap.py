@@ -740,11 +740,12 @@ class KeeperMapNodes:
                 self._catch_up(log)
             while True:
                 overlay = _Overlay(log)
+                at = int(time.time() * 1000)  # the entry's time: the writer's own tree too
                 results: list[Any] = []
                 failed: list[Any] | None = None
                 for i, op in enumerate(ops):
                     try:
-                        results.append(overlay.apply(op, int(time.time() * 1000), now))
+                        results.append(overlay.apply(op, at, now))
                     except (NoNodeError, NodeExistsError, BadVersionError, NotEmptyError,
                             SessionExpiredError, BadArgumentsError) as exc:
                         failed = ([RolledBackError()] * i + [exc]
@@ -759,7 +760,7 @@ class KeeperMapNodes:
                             self._own_expired(log):
                         self._new_session()
                     return failed
-                entry = {"id": entry_id, "at": int(time.time() * 1000), "ops": ops}
+                entry = {"id": entry_id, "at": at, "ops": ops}
                 text = json.dumps(entry, separators=(",", ":"), sort_keys=True)
                 sent = time.monotonic()
                 if self._call(self.table.create_new, {self._key(root, log.seq + 1): text}):

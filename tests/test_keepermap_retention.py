@@ -169,3 +169,16 @@ def test_a_sink_deleted_whole_leaves_no_key_of_its_log(table) -> None:
     assert [k for k in table.rows if SINK + ":" in k or k.endswith(SINK)] == []
     assert any("/r/sinks/other" in k for k in table.rows)
     assert KeeperMapNodes(table).exists(SINK) is None
+
+
+def test_a_writers_own_tree_is_what_every_reader_folds_times_included(table,
+                                                                      monkeypatch) -> None:
+    """The writer applies an entry to its tree with the time the entry records, so a
+    snapshot of its tree and a fold of its entries agree to the millisecond."""
+    ticks = iter(range(10**9))
+    monkeypatch.setattr("coordinator.keepermap.time.time", lambda: 1.8e9 + next(ticks) / 7)
+    writer = store(table, every=1000)
+    write(writer, 5)
+    reader = KeeperMapNodes(table)
+    assert reader.get(f"{SINK}/a") == writer.get(f"{SINK}/a")
+    assert reader.get(SINK) == writer.get(SINK)
