@@ -495,7 +495,7 @@ class KeeperMapNodes:
         row. Only sinks that nobody writes again are deleted whole
         (``Retention.forget_sink``), so no copy of the log is appended to after this."""
         keys = [self._index(root), self._base(root), self._floor(root)]
-        for prefix in (self._key(root, 0)[:-20], self._snapshot_key(root, 0)[:-20]):
+        for prefix in (self._key(root, None), self._snapshot_key(root, None)):
             keys += self._call(self.table.keys_with_prefix, prefix)
         self._call(self.table.delete, keys)
         with self._mutex:
@@ -643,7 +643,7 @@ class KeeperMapNodes:
         log.restore("".join(found[key] for key in chunks))
 
     def _newest_head(self, root: str) -> str:
-        prefix = self._snapshot_key(root, 0)[:-20]
+        prefix = self._snapshot_key(root, None)
         heads = [k for k in self._call(self.table.keys_with_prefix, prefix)
                  if ":" not in k[len(prefix):]]
         if not heads:
@@ -833,8 +833,9 @@ class KeeperMapNodes:
                 raise ConnectionLoss(str(exc)) from exc
             raise
 
-    def _key(self, root: str, seq: int) -> str:
-        return f"log:{self.namespace}{root}:{seq:020d}"
+    def _key(self, root: str, seq: int | None) -> str:
+        """The key of entry ``seq``; None: the prefix of every entry of ``root``."""
+        return f"log:{self.namespace}{root}:{'' if seq is None else f'{seq:020d}'}"
 
     def _index(self, root: str) -> str:
         return f"index:{self.namespace}{root}"
@@ -842,8 +843,9 @@ class KeeperMapNodes:
     def _base(self, root: str) -> str:
         return f"base:{self.namespace}{root}"
 
-    def _snapshot_key(self, root: str, seq: int) -> str:
-        return f"snap:{self.namespace}{root}:{seq:020d}"
+    def _snapshot_key(self, root: str, seq: int | None) -> str:
+        """The head key of snapshot ``seq``; None: the prefix of every snapshot key."""
+        return f"snap:{self.namespace}{root}:{'' if seq is None else f'{seq:020d}'}"
 
     def _floor(self, root: str) -> str:
         return f"trim:{self.namespace}{root}"
