@@ -40,6 +40,7 @@ ERROR_NAMES: dict[int, str] = {
     73: "UNKNOWN_FORMAT",
     81: "UNKNOWN_DATABASE",
     82: "DATABASE_ALREADY_EXISTS",
+    84: "DIRECTORY_ALREADY_EXISTS",
     115: "UNKNOWN_SETTING",
     117: "INCORRECT_DATA",
     159: "TIMEOUT_EXCEEDED",
@@ -116,7 +117,7 @@ OUTCOME_UNKNOWN = ("CONNECTION_LOST", "TIMEOUT")  # names the client gives a los
 
 
 #: The codes callers test for: a table or database that is not there.
-UNKNOWN_TABLE, UNKNOWN_DATABASE = 60, 81
+UNKNOWN_TABLE, UNKNOWN_DATABASE, DIRECTORY_ALREADY_EXISTS = 60, 81, 84
 
 
 class ClickHouseError(Exception):

@@ -24,6 +24,7 @@ from server_ext.publish_steps import (
     alter_in_chunks,
     drop_partitions,
     no_step,
+    repeat_past_leftover_clones,
 )
 from server_ext.schema import describe_table
 from server_ext.seal import require_sealed
@@ -97,10 +98,14 @@ class _OverwritePublisher:
             require_sealed(self.client, self.manifests,
                            purpose="read staged parts before overwrite")
             self.on_step(STEP_BEFORE_PARTITION)
-            commands = [f"REPLACE PARTITION ID {sql_string(pid)} FROM {origin}"
-                        for pid, origin in self.assemble(sources).items()]
-            alter_in_chunks(self.client, self.target, commands,
-                            purpose="replace partitions of target", retry=True)
+
+            def replace(_: bool) -> None:  # assembling and replacing repeat as a whole
+                commands = [f"REPLACE PARTITION ID {sql_string(pid)} FROM {origin}"
+                            for pid, origin in self.assemble(sources).items()]
+                alter_in_chunks(self.client, self.target, commands,
+                                purpose="replace partitions of target", retry=True)
+
+            repeat_past_leftover_clones(replace, self.target)
             self.on_step(STEP_AFTER_ATTACH)
             PublishRecord(PUBLISHED).store(self.ledger, self.key)
             self.on_step(STEP_AFTER_MARK)

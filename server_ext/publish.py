@@ -84,6 +84,11 @@ never a duplicate). The remaining blind spot: a foreign insert of a part byte-id
 a staged part, into the same partition, after W, while our attach did not happen, would
 be taken for our attach.
 
+A server killed inside an ATTACH on 18.16 can leave the ATTACH's clones in the target's
+directory, and a later ATTACH fails on them with code 84 (``publish_steps.leftover_clone``).
+Publish repeats past them: before each repeat it decides, as above, which partitions the
+failed ALTER attached, and sends only the others. ``REPLACE`` (overwrite) is repeated as is.
+
 Dynamic partition overwrite (``publish_overwrite``): each partition present in the data
 is replaced as a whole with ``REPLACE PARTITION ... FROM``, which is idempotent; the
 partitions that several winning branches staged are first combined in one staging table
@@ -114,6 +119,7 @@ from server_ext.publish_steps import (
     alter_in_chunks,
     drop_partitions,
     no_step,
+    repeat_past_leftover_clones,
 )
 from server_ext.seal import read_staged_partitions, read_staged_with_watermark
 from server_ext.sql import qualified_name, sql_string
@@ -458,20 +464,37 @@ class _MarkedPublisher(_Publisher):
         try:
             attached = self.decide([p for p in pending if p.partition_id in intended],
                                    record.watermark or 0, sealed)
+            to_attach = [p for p in pending if p.partition_id not in attached]
+            if to_attach:
+                watermark = max_block_number(self.client, self.manifest.target_database,
+                                             self.manifest.target_table)
+                self.put_intent(to_attach, {*record.published, *attached},
+                                watermark=watermark)
+                self.attach(to_attach, watermark, sealed)
+                self.on_step(STEP_AFTER_ATTACH)
         except InDoubtPublish:
             self.set_target_merges("START")  # the evidence is in the error
             raise
-        to_attach = [p for p in pending if p.partition_id not in attached]
-        if to_attach:
-            watermark = max_block_number(self.client, self.manifest.target_database,
-                                         self.manifest.target_table)
-            self.put_intent(to_attach, {*record.published, *attached},
-                            watermark=watermark)
-            alter_in_chunks(self.client, self.target, self.from_staging("ATTACH", to_attach),
-                            purpose="attach partitions into target", retry=False)
-            self.on_step(STEP_AFTER_ATTACH)
         self.mark_published()
         self.set_target_merges("START")
+
+    def attach(self, partitions: list[PartitionManifest], watermark: int,
+               sealed: dict[str, bool]) -> None:
+        """ATTACH ``partitions`` (named by the intent with ``watermark``) into the target,
+        past the clones an interrupted ATTACH left (``leftover_clone``): before each repeat,
+        the partitions the failed ALTER attached are decided as a repeat after a crash
+        decides them, and only the others are sent again."""
+        remaining = partitions
+
+        def attempt(repeat: bool) -> None:
+            nonlocal remaining
+            if repeat:
+                attached = self.decide(remaining, watermark, sealed)
+                remaining = [p for p in remaining if p.partition_id not in attached]
+            alter_in_chunks(self.client, self.target, self.from_staging("ATTACH", remaining),
+                            purpose="attach partitions into target", retry=False)
+
+        repeat_past_leftover_clones(attempt, self.target)
 
     def set_target_merges(self, verb: str) -> None:
         self.client.execute(f"SYSTEM {verb} MERGES {self.target}",

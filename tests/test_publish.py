@@ -11,9 +11,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
+from server_ext.attach_decision import max_block_number
 from server_ext.client import ClickHouseClient
 from server_ext.errors import ClickHouseError, InDoubtPublish, PartsDeduplicated, StagingChanged
 from server_ext.ledger import MemoryLedger, resolve_partition
@@ -283,6 +285,55 @@ def test_rerun_after_a_crash_inside_the_multi_partition_alter_publishes_each_row
                             f"`{STAGING_DATABASE}`.`{manifest.staging_table}`")
     publish(client, manifest, strategy, ledger)
     assert keys_in(clickhouse_url, ch_db) == expect(old, range(90))
+
+
+def leave_clones(client: ClickHouseClient, url: str, database: str, manifest: Manifest,
+                 clones: list[tuple[int, int]]) -> list[str]:
+    """Leave in the target's directory what a server killed inside an ATTACH leaves:
+    clones ``tmp_replace_from_<partition>_<n>_<n>_<level>``. Each of ``clones`` is (the
+    staged part, in command order; the how-manyth number the target's next statements
+    draw): measured on 18.16, they draw the numbers after the target's highest block
+    number, one per part cloned or failure."""
+    path = run_sql(url, "SELECT data_path FROM system.tables WHERE database = "
+                        f"'{database}' AND name = 't'").strip()
+    highest = max_block_number(client, database, "t")
+    parts = [(p.partition_id, name.split("_")[3])
+             for p in manifest.partitions for name in sorted(p.part_names)]
+    names = []
+    for part, draw in clones:
+        partition_id, level = parts[part]
+        number = highest + draw
+        names.append(f"tmp_replace_from_{partition_id}_{number}_{number}_{level}")
+        (Path(path) / names[-1]).mkdir()
+    return names
+
+
+@pytest.mark.parametrize("where", ["first_command", "last_command", "in_turn"])
+def test_attach_marked_publishes_once_past_clones_an_interrupted_attach_left(
+        client, clickhouse_url, ch_db, staging_names, caplog, where) -> None:
+    """The ALTER fails on a leftover after its earlier commands attached: the repeat
+    decides those as attached and sends only the rest."""
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    preexisting(clickhouse_url, ch_db)
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0)
+    last = sum(len(p.parts) for p in manifest.partitions) - 1
+    clones = {"first_command": [(0, 1)], "last_command": [(last, last + 1)],
+              "in_turn": [(0, 1), (0, 2)]}[where]
+    leftovers = leave_clones(client, clickhouse_url, ch_db, manifest, clones)
+    publish(client, manifest, "attach_marked", MemoryLedger())
+    assert keys_in(clickhouse_url, ch_db) == expect(range(1000000, 1000003), range(90))
+    assert all(f"holds {name}" in caplog.text for name in leftovers)
+
+
+def test_overwrite_replaces_past_clones_an_interrupted_replace_left(
+        client, clickhouse_url, ch_db, staging_names, caplog) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    preexisting(clickhouse_url, ch_db)
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0)
+    (leftover,) = leave_clones(client, clickhouse_url, ch_db, manifest, [(1, 2)])
+    publish(client, manifest, "attach_marked", MemoryLedger(), overwrite=True)
+    assert keys_in(clickhouse_url, ch_db) == expect(range(90))
+    assert f"holds {leftover}" in caplog.text
 
 
 def test_attach_marked_rerun_waits_for_a_statement_of_the_interrupted_run_to_end(
