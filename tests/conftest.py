@@ -408,6 +408,12 @@ def server_url(request, server: str) -> str:
 
 
 @pytest.fixture
+def server_options(server_url: str, zk_hosts: str, zk_chroot: str) -> dict[str, str]:
+    """The sink's connection options for the test's server and a fresh ZooKeeper chroot."""
+    return {"url": server_url, "zookeeper": zk_hosts + zk_chroot}
+
+
+@pytest.fixture
 def server_db(server_url: str) -> Iterator[str]:
     """A fresh, empty database on the test's server, dropped after the test."""
     name = f"t_{uuid.uuid4().hex[:10]}"

@@ -24,8 +24,8 @@ def _registered(spark) -> None:
 
 
 @pytest.fixture
-def options(server_url: str, zk_hosts: str, zk_chroot: str) -> dict[str, str]:
-    return {"url": server_url, "zookeeper": zk_hosts + zk_chroot}
+def options(server_options: dict[str, str]) -> dict[str, str]:
+    return server_options
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)

@@ -25,9 +25,9 @@ def _registered(spark) -> None:
 
 
 @pytest.fixture
-def options(server_url, server_db, zk_hosts, zk_chroot) -> dict[str, str]:
-    return {"url": server_url, "zookeeper": zk_hosts + zk_chroot,
-            "table": create_events(server_url, server_db), "sink_id": "with-settings"}
+def options(server_options, server_url, server_db) -> dict[str, str]:
+    return {**server_options, "table": create_events(server_url, server_db),
+            "sink_id": "with-settings"}
 
 
 def write(spark, options: dict[str, str], **settings: str) -> None:

@@ -25,8 +25,8 @@ SINK = "bounded"
 
 
 @pytest.fixture
-def options(server_url: str, zk_hosts: str, zk_chroot: str) -> dict[str, str]:
-    return {"url": server_url, "zookeeper": zk_hosts + zk_chroot, "sink_id": SINK}
+def options(server_options: dict[str, str]) -> dict[str, str]:
+    return {**server_options, "sink_id": SINK}
 
 
 @pytest.fixture

@@ -43,9 +43,9 @@ def _registered(spark) -> None:
 
 
 @pytest.fixture
-def options(server_url: str, zk_hosts: str, zk_chroot: str, server_db: str) -> dict[str, str]:
-    return {"url": server_url, "zookeeper": zk_hosts + zk_chroot, "sink_id": "quarantine",
-            "bad_rows": "quarantine", "quarantine_table": f"{server_db}.bad_rows"}
+def options(server_options: dict[str, str], server_db: str) -> dict[str, str]:
+    return {**server_options, "sink_id": "quarantine", "bad_rows": "quarantine",
+            "quarantine_table": f"{server_db}.bad_rows"}
 
 
 @pytest.fixture

@@ -28,8 +28,8 @@ def first_line_of_refusal(spark, options: dict[str, str], table: str) -> str:
 
 
 @pytest.fixture
-def options(server_url: str, zk_hosts: str, zk_chroot: str) -> dict[str, str]:
-    return {"url": server_url, "zookeeper": zk_hosts + zk_chroot}
+def options(server_options: dict[str, str]) -> dict[str, str]:
+    return server_options
 
 
 def test_a_missing_table_is_named_on_the_first_line(spark, options, server_db):

@@ -29,9 +29,9 @@ def sink_options(clickhouse_url: str, zk_hosts: str, zk_chroot: str) -> dict[str
 
 
 @pytest.fixture
-def server_sink_options(server_url: str, zk_hosts: str, zk_chroot: str) -> dict[str, str]:
+def server_sink_options(server_options: dict[str, str]) -> dict[str, str]:
     """Options for the test's server: tests taking it run on 18.16 and 26.x."""
-    return {"url": server_url, "zookeeper": zk_hosts + zk_chroot}
+    return server_options
 
 
 @pytest.fixture(autouse=True)

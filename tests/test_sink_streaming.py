@@ -51,9 +51,9 @@ def run_stream(spark, source: Path, checkpoint: Path, options: dict[str, str], t
 
 
 @pytest.fixture
-def stream_setup(tmp_path, server_url, server_db, zk_hosts, zk_chroot):
+def stream_setup(tmp_path, server_url, server_db, server_options):
     table = create_events(server_url, server_db)
-    options = {"url": server_url, "zookeeper": zk_hosts + zk_chroot, "sink_id": "events"}
+    options = {**server_options, "sink_id": "events"}
     return tmp_path / "in", tmp_path / "ckpt", options, table
 
 

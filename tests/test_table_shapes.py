@@ -101,13 +101,13 @@ def test_a_ttl_target_expires_the_sinks_rows_as_it_expires_a_plain_inserts(
 
 
 def test_a_target_that_refuses_staged_partitions_is_refused_before_anything_is_staged(
-        spark, server_url, server_db, zk_hosts, zk_chroot):
+        spark, server_url, server_db, server_options):
     # the engine appends its version column to the sorting key, which no staging
     # table the commit can fill without collapsing rows matches
     run_sql(server_url, f"CREATE TABLE `{server_db}`.`versioned` ({COLUMNS}) ENGINE = "
                         "VersionedCollapsingMergeTree(sign, v) PARTITION BY toYYYYMM(d) "
                         "ORDER BY k")
-    options = {"url": server_url, "zookeeper": zk_hosts + zk_chroot}
+    options = server_options
     with pytest.raises(Exception, match="versioned.*refuses the partitions of a staging table"):
         rows_df(spark).write.format("clickhouse_tx").options(**options) \
             .option("table", f"{server_db}.versioned").mode("append").save()

@@ -28,8 +28,8 @@ def _registered(spark) -> None:
 
 
 @pytest.fixture
-def options(server_url: str, zk_hosts: str, zk_chroot: str) -> dict[str, str]:
-    return {"url": server_url, "zookeeper": zk_hosts + zk_chroot, "sink_id": "views"}
+def options(server_options: dict[str, str]) -> dict[str, str]:
+    return {**server_options, "sink_id": "views"}
 
 
 def rows(url: str, sql: str) -> list[tuple[str, ...]]:
