@@ -33,7 +33,14 @@ from dataclasses import dataclass
 from server_ext.capabilities import engine_problem
 from server_ext.client_protocol import SqlClient
 from server_ext.schema import TargetTable, describe_table
-from server_ext.sql import Token, qualified_name, sql_string, table_filter, tokenize
+from server_ext.sql import (
+    Token,
+    qualified_name,
+    quote_identifier,
+    sql_string,
+    table_filter,
+    tokenize,
+)
 
 MAX_DEPTH = 16  # levels of MVs below the target; deeper trees are refused
 
@@ -174,11 +181,16 @@ def _check_select(view: str, select: str, source: tuple[str, str]) -> None:
 
 def staging_select(node: ViewNode, source: str) -> str:
     """The node's SELECT reading ``source`` (a quoted staging table) instead of the table
-    whose inserts fire it."""
+    whose inserts fire it. A read without an alias gets the source table's bare name as
+    its alias, so that columns the SELECT qualifies with that name (``src.id``) still
+    resolve; qualifiers by the full name (``db.src.id``) name the staging table."""
+    tokens = tokenize(node.select)
     out, last = [], 0
-    for start, end, _ in _references(tokenize(node.select), node.source):
+    for start, end, qualifier in _references(tokens, node.source):
         out.append(node.select[last:start])
         out.append(source)
+        if not qualifier and not _aliased(tokens, end):
+            out.append(f" AS {quote_identifier(node.source[1])}")
         last = end
     out.append(node.select[last:])
     return "".join(out)
@@ -211,6 +223,24 @@ def _references(tokens: list[Token], table: tuple[str, str]) -> list[tuple[int, 
             qualifier = i + 3 < len(tokens) and tokens[i + 3].text == "."
             found.append((a.start, b.end, qualifier))
     return found
+
+
+# Words that may follow a table in FROM or JOIN where it has no alias.
+_AFTER_TABLE = frozenset({
+    "FINAL", "SAMPLE", "PREWHERE", "WHERE", "GROUP", "HAVING", "ORDER", "LIMIT", "OFFSET",
+    "SETTINGS", "FORMAT", "UNION", "EXCEPT", "INTERSECT", "WINDOW", "QUALIFY", "INTO",
+    "JOIN", "INNER", "LEFT", "RIGHT", "FULL", "CROSS", "OUTER", "ANY", "ALL", "ASOF", "SEMI",
+    "ANTI", "ARRAY", "GLOBAL", "ON", "USING", "PASTE", "WITH"})
+
+
+def _aliased(tokens: list[Token], end: int) -> bool:
+    """Whether the table reference ending at offset ``end`` is followed by an alias."""
+    following = next((t for t in tokens if t.start >= end), None)
+    if following is None:
+        return False
+    if following.kind == "quoted":
+        return True
+    return following.kind == "word" and following.text.upper() not in _AFTER_TABLE
 
 
 def _select_start(tokens: list[Token]) -> int | None:

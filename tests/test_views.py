@@ -13,6 +13,7 @@ from kazoo.client import KazooClient
 
 import txsink
 from server_ext.sql import tokenize
+from server_ext.views import ViewNode, staging_select
 from tests.conftest import run_sql
 from tests.sinkutil import assert_exactly_once, create_events, events_df, save, staging_tables
 from txsink import cli
@@ -112,8 +113,22 @@ def retried(df):
     return df.mapInArrow(fail_first_attempt, df.schema)
 
 
+def copy_view(url: str, db: str, select: str) -> None:
+    """A view ``select``-ing from ``events`` into a table of its columns."""
+    run_sql(url, f"CREATE TABLE `{db}`.`copy` (id UInt64, day Date, value Float64) "
+                 "ENGINE = MergeTree() PARTITION BY toYYYYMM(day) ORDER BY id")
+    run_sql(url, f"CREATE MATERIALIZED VIEW `{db}`.`copy_mv` TO `{db}`.`copy` AS "
+                 + select.format(source=f"`{db}`.`events`"))
+
+
 TREES = {
     "a view with a TO table": lambda url, db: summing_view(url, db),
+    "a view qualifying columns by its source's name": lambda url, db: copy_view(
+        url, db, "SELECT events.id AS id, events.day AS day, events.value AS value "
+                 "FROM {source} WHERE events.id % 3 = 0"),
+    "a view reading its source under an alias": lambda url, db: copy_view(
+        url, db, "SELECT e.id AS id, e.day AS day, e.value AS value FROM {source} AS e "
+                 "WHERE e.id % 3 = 1"),
     "a view with an inner table": doubled_inner_view,
     "a chain of two views": lambda url, db: (even_copy_view(url, db),
                                              summing_view(url, db, source="copy")),
@@ -282,6 +297,19 @@ def test_tokens_keep_quoted_identifiers_and_strings_apart():
         ("word", "SELECT"), ("quoted", "a`b"), ("punct", "."), ("quoted", "c"),
         ("punct", ","), ("string", "'x.y'"), ("word", "FROM"), ("word", "db"),
         ("punct", "."), ("word", "t")]
+
+
+@pytest.mark.parametrize("select,staged", [
+    ("SELECT src.id AS id FROM db.src", "SELECT src.id AS id FROM `stg` AS `src`"),
+    ("SELECT db.src.id FROM db.src FINAL WHERE 1",
+     "SELECT `stg`.id FROM `stg` AS `src` FINAL WHERE 1"),
+    ("SELECT s.id FROM db.src AS s", "SELECT s.id FROM `stg` AS s"),
+    ("SELECT s.id FROM db.src s", "SELECT s.id FROM `stg` s"),
+    ("SELECT id FROM (SELECT id FROM db.src)", "SELECT id FROM (SELECT id FROM `stg` AS `src`)"),
+])
+def test_a_staging_view_reads_the_staging_table_under_the_name_its_select_uses(select, staged):
+    node = ViewNode(0, -1, ("db", "mv"), ("db", "src"), None, select)  # type: ignore[arg-type]
+    assert staging_select(node, "`stg`") == staged
 
 
 def test_a_transaction_publishes_a_targets_views_with_its_other_tables(
