@@ -31,6 +31,7 @@ from server_ext.sharding import (
     layout_from_distributed,
     layout_from_urls,
     parse_shard_urls,
+    shown_url,
 )
 from server_ext.sql import qualified_name, sql_string
 from tests.conftest import run_sql
@@ -130,6 +131,21 @@ def test_parse_shard_urls_never_echoes_credentials() -> None:
         parse_shard_urls("http://a:8123;http://admin:hunter2@b:8123")
     assert "hunter2" not in str(info.value) and "admin" not in str(info.value)
     assert "shard 2, replica 1" in str(info.value) and "credentials" in str(info.value)
+
+
+@pytest.mark.parametrize("url", [
+    "http://admin:hun/ter2@b:8123",  # a password with a slash: parsed as a path
+    "http://admin:8123/hunter2@b:8123",
+    "http://admin:hun?ter2@b:8123",
+    "http://admin:hun#ter2@b:8123",
+    "http://b:8123;password=hunter2",
+    "http://b:8123/?user=admin@corp&password=hunter2",
+])
+def test_a_malformed_url_with_a_secret_is_refused_and_never_echoed(url: str) -> None:
+    with pytest.raises(ShardingError) as info:
+        parse_shard_urls(f"http://a:8123;{url}")
+    assert "hunter2" not in str(info.value) and ", replica 1: " in str(info.value)
+    assert "ter2" not in shown_url(url)
 
 
 def test_parse_shard_urls_rejects_a_server_given_twice() -> None:

@@ -61,6 +61,9 @@ SECRET_URLS = {
     "query_string": "{base}/?user=default&password=" + SECRET,
     "fragment": "{base}/#password=" + SECRET,
     "userinfo": "http://default:" + SECRET + "@{host}/",
+    "userinfo_password_with_a_slash": "http://default:Pw/" + SECRET + "@{host}/",
+    "userinfo_that_parses_as_a_path": "http://default:8123/" + SECRET + "@{host}/",
+    "semicolon_parameter": "{base};password=" + SECRET,
 }
 
 

@@ -26,7 +26,13 @@ from server_ext.capabilities import Strategy
 from server_ext.client import header_problem
 from server_ext.compression import ENCODINGS
 from server_ext.partition_bound import DEFAULT_LIMIT as DEFAULT_PARTITION_LIMIT
-from server_ext.sharding import ShardingError, parse_shard_urls, shown_url, url_problem
+from server_ext.sharding import (
+    ShardingError,
+    has_userinfo,
+    parse_shard_urls,
+    shown_url,
+    url_problem,
+)
 from txsink import bad_rows_options, distributed_options, insert_settings, table_options
 
 AUTO = "auto"  # the strategy option's default: the server picks (capabilities.choose_strategy)
@@ -306,7 +312,7 @@ def parse_options(
     if not url.startswith(("http://", "https://")):
         raise OptionError(f"option url must start with http:// or https://, got "
                           f"{shown_url(url)}")
-    if "@" in url.split("//", 1)[1].split("/", 1)[0]:
+    if has_userinfo(url):
         raise OptionError("option url must not carry credentials; use user and password")
     if url_problem(url):  # before any request: a query string may hold a password
         raise OptionError(f"option url: {url_problem(url)}")

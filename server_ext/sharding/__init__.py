@@ -57,7 +57,7 @@ from server_ext.sharding.errors import ShardingError
 from server_ext.sharding.key_values import unsigned_key_values
 from server_ext.sharding.layout import Shard, ShardLayout, layout_from_urls
 from server_ext.sharding.routing import ShardRouter
-from server_ext.sharding.urls import parse_shard_urls, shown_url, url_problem
+from server_ext.sharding.urls import has_userinfo, parse_shard_urls, shown_url, url_problem
 
 __all__ = [
     "Shard",
@@ -65,6 +65,7 @@ __all__ = [
     "ShardRouter",
     "ShardingError",
     "engine_arguments",
+    "has_userinfo",
     "layout_from_distributed",
     "layout_from_urls",
     "parse_shard_urls",

@@ -8,6 +8,7 @@ e.g. ``?user=…&password=…``, which ClickHouse reads from the query string).
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit
 
 from server_ext.sharding.errors import ShardingError
@@ -45,8 +46,11 @@ def check_url(url: str, where: str = "") -> str:
 
 def url_problem(url: str) -> str | None:
     """Why ``url`` cannot name a server (None if it can), safe to show: the URL appears
-    without userinfo, query or fragment. For every option that names a server, checked
-    before any request is sent with it."""
+    as :func:`shown_url` shows it. For every option that names a server, checked before
+    any request is sent with it."""
+    if has_userinfo(url):
+        return (f"{shown_url(url)} carries credentials; give them as the user and password "
+                "options")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError on a bad port
@@ -54,27 +58,43 @@ def url_problem(url: str) -> str | None:
         return f"{shown_url(url)} is not a URL"
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"{shown_url(url)} is not an http:// or https:// URL with a host"
-    if parts.username is not None or parts.password is not None:
-        return (f"{shown_url(url)} carries credentials; give them as the user and password "
-                "options")
     if parts.query or parts.fragment:
         return (f"{shown_url(url)} must not have a query or fragment (it is not shown: it "
                 "may hold credentials; give them as the user and password options)")
     return None
 
 
+def has_userinfo(url: str) -> bool:
+    """Whether ``url`` may carry a ``user[:password]@`` part: it has an ``@`` anywhere. A
+    password may hold ``/``, ``?``, ``#``, ``;`` or ``:``, which a URL parser takes for the
+    start of a path, query or port (``http://u:a/b@host`` parses as host ``u``, path
+    ``/b@host``); no server URL needs an ``@``."""
+    return "@" in url
+
+
+_SAFE_SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*")
+_SAFE_HOST_RE = re.compile(r"[A-Za-z0-9.\-:\[\]]*")
+_SAFE_PATH_RE = re.compile(r"[A-Za-z0-9/_.\-]*")
+
+
 def shown_url(url: str) -> str:
-    """``url`` without userinfo, query string and fragment, safe for an error message."""
+    """``url`` as an error message may show it: scheme, host, port and a plain path.
+    Userinfo, query, fragment and any part with characters a host or path does not have
+    (a mistyped password, ``;password=…``) become ``***``. With an ``@`` anywhere, only
+    what follows the last one can be a host."""
     scheme, sep, rest = url.partition("://")
-    if not sep:
-        return "'<redacted>'" if any(c in url for c in "@?#") else repr(url)
+    if not sep:  # a host and port without a scheme, or anything
+        return repr(url) if _SAFE_HOST_RE.fullmatch(url.rstrip("/")) else "'<redacted>'"
+    if not _SAFE_SCHEME_RE.fullmatch(scheme):
+        scheme = "***"
+    _, at, rest = rest.rpartition("@")
     rest, cut, _ = rest.partition("?")
     rest, hashed, _ = rest.partition("#")
     netloc, slash, path = rest.partition("/")
-    if "@" in netloc:
-        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    netloc = netloc if _SAFE_HOST_RE.fullmatch(netloc) else "***"
+    path = path if _SAFE_PATH_RE.fullmatch(path) else "***"
     hidden = "?***" if cut else "#***" if hashed else ""
-    return repr(f"{scheme}://{netloc}{slash}{path}{hidden}")
+    return repr(f"{scheme}://{'***@' if at else ''}{netloc}{slash}{path}{hidden}")
 
 
 def reject_duplicates(shard_urls: list[list[str]]) -> None:
