@@ -7,7 +7,7 @@ about Spark or SQL: publishing and rolling back a branch are callbacks it is han
 """
 
 from coordinator.audit import Anomaly, AnomalyKind, audit
-from coordinator.auth import AccessDenied, DigestAuth
+from coordinator.auth import AccessDenied, DigestAuth, hosts_problem
 from coordinator.callbacks import CallbackPolicy
 from coordinator.coordinator import Coordinator
 from coordinator.errors import (
@@ -84,5 +84,6 @@ __all__ = [
     "ZooKeeperTLS",
     "ZooKeeperTLSError",
     "audit",
+    "hosts_problem",
     "tls_hint",
 ]

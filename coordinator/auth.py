@@ -32,6 +32,21 @@ from coordinator.errors import CoordinatorError
 from coordinator.nodes import NodeStore
 
 
+def hosts_problem(hosts: str) -> str | None:
+    """Why a ZooKeeper connection string (``host:port,...[/chroot]``) cannot be used,
+    safe to show (it never repeats the string), or None.
+
+    ZooKeeper takes no credentials in it, and kazoo reads ``user:password@host`` as
+    ``host``, dropping the rest without a word: the session would run unauthenticated and
+    create the sink's records open to anyone. Any ``@`` is refused (a password may hold
+    ``/``, which would put its ``@`` in the chroot).
+    """
+    if "@" in hosts:
+        return ("carries credentials (it has an '@'), which ZooKeeper does not take there: "
+                "give them as zookeeper_auth (or TXSINK_ZOOKEEPER_AUTH), user:password")
+    return None
+
+
 class AccessDenied(CoordinatorError):
     """ZooKeeper refused this session access to a sink's records (their ACL)."""
 

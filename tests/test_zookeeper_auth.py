@@ -175,3 +175,24 @@ def test_malformed_credentials_are_refused_without_showing_them():
     parsed = parse_options({"url": "http://h:8123", "table": "db.t", "zookeeper": "z:2181",
                             "zookeeper_auth": CREDENTIALS})
     assert "s3cret" not in repr(parsed)
+
+
+@pytest.mark.parametrize("hosts", ["etl:s3cret@{hosts}", "etl:s3/cret@{hosts}"])
+def test_credentials_in_the_zookeeper_option_are_refused_before_any_session_and_not_shown(
+        spark, clickhouse_url, ch_db, zk_hosts, zk_chroot, zk, hosts):
+    """kazoo would drop them silently and the sink's records would be open to anyone."""
+    table = create_events(clickhouse_url, ch_db)
+    zookeeper = hosts.format(hosts=zk_hosts) + zk_chroot
+    with pytest.raises(Exception, match="option zookeeper carries credentials") as err:
+        save(events_df(spark, 0, 100), table, {"url": clickhouse_url, "zookeeper": zookeeper,
+                                               "sink_id": "guarded"})
+    assert "s3" not in str(err.value) and "cret" not in str(err.value)
+    assert zk.get_children("/") == []
+    assert staging_tables(clickhouse_url, {"sink_id": "guarded",
+                                           "zookeeper": zk_hosts + zk_chroot}) == []
+
+
+def test_credentials_in_an_operator_commands_zookeeper_address_are_refused(capsys):
+    assert cli.main(["status", "--zookeeper", "etl:s3cret@127.0.0.1:2181"]) != 0
+    err = capsys.readouterr().err
+    assert "--zookeeper carries credentials" in err and "s3cret" not in err

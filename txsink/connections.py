@@ -14,7 +14,14 @@ import threading
 from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
-from coordinator import AccessDenied, Coordinator, DigestAuth, ZooKeeperTLS, tls_hint
+from coordinator import (
+    AccessDenied,
+    Coordinator,
+    DigestAuth,
+    ZooKeeperTLS,
+    hosts_problem,
+    tls_hint,
+)
 from coordinator.keepermap import KeeperMapNodes
 from coordinator.nodes import SESSION_TIMEOUT, NodeStore
 from server_ext.client import DEFAULT_RETRIES, DEFAULT_TIMEOUT, ClickHouseClient
@@ -58,6 +65,9 @@ def zookeeper(hosts: str, timeout: float = 15.0, auth: str | None = None,
     A TLS failure raises ``ZooKeeperTLSError`` within seconds, before any session:
     kazoo itself would retry it as a dropped connection until ``timeout``.
     """
+    problem = hosts_problem(hosts)
+    if problem:
+        raise ValueError(f"{named} {problem}")
     digest = DigestAuth.parse(auth) if auth else None
     tls = ZooKeeperTLS(ca_file) if ca_file else None
     with _lock:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
-from coordinator.auth import DigestAuth
+from coordinator.auth import DigestAuth, hosts_problem
 from coordinator.layout import check_root
 from coordinator.nodes import SESSION_TIMEOUT as DEFAULT_SESSION_TIMEOUT
 from server_ext.capabilities import STRATEGIES as server_strategies
@@ -308,6 +308,9 @@ def parse_options(
     missing = [n for n in required if not values.get(n)]
     if missing:
         raise OptionError(f"missing required option(s): {', '.join(missing)}")
+    problem = hosts_problem(str(values["zookeeper"]))
+    if problem:
+        raise OptionError(f"option zookeeper {problem}")
     url = str(values["url"])
     if not url.startswith(("http://", "https://")):
         raise OptionError(f"option url must start with http:// or https://, got "
