@@ -447,6 +447,28 @@ def _check_integer(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
     _check_integer_range(name, array, ch, row_of)
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _check_float(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
+                 ranges: ValueRanges) -> None:
+    """A double into ``Float32``: a finite value that rounds beyond Float32's range would
+    be stored as infinity (both servers convert it without a word). NaN and infinities
+    are stored as they are; a value within the range is rounded to the nearest Float32."""
+    if ch.base != "Float32" or not pa.types.is_float64(array.type):
+        return
+    extremes = pc.min_max(array)  # nulls and NaN ignored
+    low, high = extremes["min"].as_py(), extremes["max"].as_py()
+    if low is None or (-_FLOAT32_MAX <= low and high <= _FLOAT32_MAX):
+        return
+    values = pc.fill_null(array, 0.0).to_numpy(zero_copy_only=False)
+    with np.errstate(over="ignore"):
+        overflows = np.isfinite(values) & np.isinf(values.astype(np.float32))
+    if overflows.any():
+        _fail(name, array, overflows, row_of,
+              f"value out of range for {ch} (beyond ±{_FLOAT32_MAX:.7g}: stored as infinity)")
+
+
 def _check_date(name: str, array: pa.Array, ch: ChType, row_of: RowOf,
                 ranges: ValueRanges) -> None:
     low, high = ranges.date_days if ch.base == "Date" else ranges.date32_days
@@ -599,6 +621,7 @@ _VALUE_CHECKS: dict[str, Callable[[str, pa.Array, ChType, RowOf, ValueRanges], N
     "Tuple": _check_tuple,
     "int": _check_integer,
     "wide int": _check_wide_integer,
+    "float": _check_float,
     "Decimal": lambda name, array, ch, row_of, _: _check_decimal(name, array, ch, row_of),
     "FixedString": lambda name, array, ch, row_of, _: _check_fixed_string(name, array, ch,
                                                                            row_of),

@@ -181,6 +181,16 @@ def test_negative_number_into_unsigned_column_names_the_value(spark, target):
     assert names(r"column `id`: value out of range for UInt64.*value -5", rejected(target, df))
 
 
+def test_a_double_beyond_float32s_range_is_refused_not_stored_as_infinity(spark, target):
+    db = target.table.split(".")[0]
+    sql(target.url, f"CREATE TABLE `{db}`.`f` (id UInt64, ratio Float32) ENGINE = MergeTree() "
+                    "ORDER BY id")
+    df = frame(spark, (1, 1.5), (2, 1e300), schema="id long, ratio double")
+    assert names(r"column `ratio`: value out of range for Float32.*value 1e\+300",
+                 rejected(target, df, table=f"{db}.f"))
+    assert sql(target.url, f"SELECT count() FROM `{db}`.`f`") == "0\n"
+
+
 def test_date_after_the_servers_last_day_is_refused_naming_its_range(spark, target, server):
     last = LAST_DAY[server]
     day = last + timedelta(days=1)

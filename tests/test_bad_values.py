@@ -96,6 +96,16 @@ def test_unequal_nested_lengths_mark_their_rows():
     assert all("equal lengths" in reason for reason in bad.reasons)
 
 
+def test_a_double_that_float32_would_store_as_infinity_is_a_bad_value():
+    limit = float(np.finfo(np.float32).max)
+    values = [1.0, limit, -1e39, 1e300, math.inf, -math.inf, math.nan, None,
+              limit * (1 + 2**-30)]  # the last rounds to Float32's largest value
+    batch = pa.record_batch({"f": pa.array(values, pa.float64())})
+    _, bad = split_batch([Column("f", "Nullable(Float32)")], batch, STORAGE_RANGES)
+    assert bad.rows.tolist() == [2, 3]
+    assert all("out of range for Float32" in reason for reason in bad.reasons)
+
+
 def test_a_row_with_two_bad_values_is_charged_to_its_first_column():
     batch = pa.record_batch({"a": pa.array([1, 300], pa.int32()),
                              "b": pa.array([400, 500], pa.int32())})
