@@ -11,6 +11,7 @@ import txsink
 from tests.conftest import on_servers, run_sql
 from tests.sinkutil import assert_exactly_once, create_events, events_df, staging_tables
 from txsink.harness.services import READONLY_USER
+from txsink.transactions import TransactionFinished
 
 
 @pytest.fixture
@@ -44,6 +45,42 @@ def test_exception_inside_the_block_aborts_every_write(
     assert_exactly_once(server_url, facts, [])
     assert_exactly_once(server_url, daily, [])
     assert staging_tables(server_url, root) == before
+
+
+def test_a_write_after_the_transaction_committed_is_refused_not_dropped(
+        spark, server_url, zk_hosts, zk_chroot, tables):
+    facts, _ = tables
+    with txsink.transaction(spark, url=server_url, zookeeper=zk_hosts + zk_chroot,
+                            sink_id="nightly") as tx:
+        tx.write(events_df(spark, 0, 500), facts)
+    with pytest.raises(TransactionFinished, match="nightly/.* is committed: tx.write must"):
+        tx.write(events_df(spark, 500, 100), facts)
+    tx.commit()  # a repeat does nothing
+    assert_exactly_once(server_url, facts, range(500))
+
+
+def test_a_write_after_an_explicit_commit_inside_the_block_is_refused(
+        spark, server_url, zk_hosts, zk_chroot, tables):
+    facts, _ = tables
+    with pytest.raises(TransactionFinished):
+        with txsink.transaction(spark, url=server_url, zookeeper=zk_hosts + zk_chroot,
+                                sink_id="nightly") as tx:
+            tx.write(events_df(spark, 0, 500), facts)
+            tx.commit()
+            tx.write(events_df(spark, 500, 100), facts)
+    assert_exactly_once(server_url, facts, range(500))  # the commit stands
+
+
+def test_a_write_after_the_transaction_aborted_is_refused(
+        spark, server_url, zk_hosts, zk_chroot, tables):
+    facts, _ = tables
+    with pytest.raises(RuntimeError, match="stop here"):
+        with txsink.transaction(spark, url=server_url, zookeeper=zk_hosts + zk_chroot,
+                                sink_id="nightly") as tx:
+            raise RuntimeError("stop here")
+    with pytest.raises(TransactionFinished, match="is aborted"):
+        tx.write(events_df(spark, 0, 100), facts)
+    assert_exactly_once(server_url, facts, [])
 
 
 @on_servers(ch26=pytest.mark.skip(reason="the users with credentials exist on 18.16 only"))

@@ -44,8 +44,18 @@ from txsink.registration import register
 log = logging.getLogger(__name__)
 
 
+class TransactionFinished(RuntimeError):
+    """A write into, or a commit of, a transaction that has been committed or aborted
+    already: its xid is decided, so what it would stage could never become visible."""
+
+
 class Transaction:
-    """One xid spanning several writes; created by :func:`transaction`."""
+    """One xid spanning several writes; created by :func:`transaction`.
+
+    ``write`` may be called any number of times until the transaction commits or aborts
+    (leaving the ``with`` block does either); after that it raises
+    :class:`TransactionFinished`. ``commit`` repeated after it succeeded does nothing.
+    """
 
     def __init__(self, spark: SparkSession, options: dict[str, str], sink_id: str) -> None:
         self.spark = spark
@@ -62,11 +72,20 @@ class Transaction:
         #: None when the sink's txn_version covers this transaction's: nothing is written
         self.epoch = opened.epoch
         self.covered_by_txn = opened.covered_by_txn
+        self.finished: str | None = None  # "committing", "committed" or "aborted"
+
+    def _require_open(self, action: str) -> None:
+        if self.finished is not None:
+            raise TransactionFinished(
+                f"transaction {self.sink_id}/{self.epoch} is {self.finished}: {action} must "
+                "come inside its `with` block, before it commits; open a new transaction "
+                "for more writes")
 
     def write(self, df: DataFrame, table: str, mode: str = "append") -> None:
         """Stage ``df`` for ``table``; visible only when the whole transaction commits."""
         if mode not in ("append", "overwrite"):
             raise ValueError(f"mode must be append or overwrite, got {mode!r}")
+        self._require_open("tx.write")
         if self.epoch is None:
             return
         (df.write.format("clickhouse_tx").options(**self.options)
@@ -76,8 +95,14 @@ class Transaction:
         self.tables.append(table)
 
     def commit(self) -> None:
+        if self.finished == "committed":
+            return
+        if self.finished == "aborted":
+            self._require_open("tx.commit")
+        self.finished = "committing"  # from here on a write could not be in the decision
         if self.epoch is None:
             driver.log_covered(self.sink_id, self._parsed.txn_version, self.covered_by_txn)
+            self.finished = "committed"
             return
         started = time.time()
         try:
@@ -86,6 +111,7 @@ class Transaction:
                                       self._parsed.txn_version)
         finally:
             self.coord.release(self.epoch)
+        self.finished = "committed"
         metrics = self._metrics(self.epoch, final, started)
         self.coord.record_metrics(self.epoch, metrics.to_dict())
         log.info("txsink sink=%s epoch=%d committed tables=%s rows=%d branches=%d "
@@ -106,6 +132,11 @@ class Transaction:
             tables=len(self.tables))
 
     def abort(self) -> None:
+        if self.finished == "committed":  # an exception after tx.commit() in the block
+            log.warning("txsink sink=%s epoch=%s committed already: not aborted",
+                        self.sink_id, self.epoch)
+            return
+        self.finished = "aborted"
         if self.epoch is None:
             return
         try:
