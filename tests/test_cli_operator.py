@@ -26,10 +26,16 @@ def test_status_of_a_root_without_sinks_says_so(zk_hosts, zk_chroot):
     assert "no sinks under this root" in done.stdout
 
 
-def test_status_of_an_unknown_sink_exits_2_naming_it(zk_hosts, zk_chroot):
-    done = txsink("status", "--zookeeper", zk_hosts + zk_chroot, "--sink", "nightly")
+@pytest.mark.parametrize("command", ["status", "recover", "verify"])
+def test_a_command_on_an_unknown_sink_exits_2_naming_it(zk, zk_hosts, zk_chroot,
+                                                      clickhouse_url, command):
+    """A mistyped ``--sink`` must not pass for "nothing to do" in a scheduled check."""
+    coord = Coordinator(zk, "nightly-other")
+    coord.begin(0, coord.fence())
+    done = txsink(command, "--zookeeper", zk_hosts + zk_chroot, "--url", clickhouse_url,
+                  "--sink", "nightly")
     assert done.returncode == 2
-    assert "no sink 'nightly'" in done.stderr
+    assert "UnknownSink: no sink 'nightly'" in done.stderr and "nightly-other" in done.stderr
 
 
 def test_unreachable_zookeeper_is_one_line_naming_the_host_within_seconds():

@@ -29,6 +29,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import warnings
 from typing import TYPE_CHECKING
@@ -464,6 +465,9 @@ def main(argv: list[str] | None = None) -> int:
         warnings.filterwarnings("ignore", message="No chroot path exists")
     try:
         return args.func(args)
+    except BrokenPipeError:  # the reader went away (`txsink status | head`): say nothing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except Exception as exc:  # noqa: BLE001 - operator-facing: one clear line, no trace
         if args.verbose:
             raise

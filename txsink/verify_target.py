@@ -200,7 +200,8 @@ def _facts(history: SinkHistory, default_url: str | None, pruned: bool = True) -
         for lo, hi in history.pruned_committed:
             # an xid pruned while it was being read is known after all
             if sum(lo <= e <= hi for e in read) < hi - lo + 1:
-                facts.unknown.append((lo, hi, "pruned by retention"))
+                facts.unknown.append((lo, hi, "no record: pruned by retention, or declared "
+                                          "committed by txsink reset"))
     for decided in history.decided:
         try:
             found = _contributions(decided, default_url)
