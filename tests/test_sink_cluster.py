@@ -656,6 +656,28 @@ def test_unreachable_shard_fails_up_front_naming_it_and_changes_nothing(
         assert coord.xids() == []  # failed before the sink was even opened
 
 
+def test_shards_whose_local_tables_differ_in_partition_key_are_refused_before_any_xid(
+    spark, cluster: Cluster, cluster_db: str, zk_sink: str, sink_id: str
+) -> None:
+    """Staging copies shard 1's table: shard 2's ATTACH would fail after the decision,
+    with shard 1's rows visible and the xid stuck."""
+    for index, replicas in enumerate(cluster.shards):
+        for server in replicas:
+            run_sql(server.url, f"CREATE TABLE `{cluster_db}`.`{LOCAL}` {EVENTS_COLUMNS} "
+                                "ENGINE = MergeTree() PARTITION BY "
+                                f"{'toYYYYMM(day)' if index == 0 else 'toMonday(day)'} "
+                                "ORDER BY id")
+    options = distributed_options(cluster, cluster_db, zk_sink, sink_id)
+    with pytest.raises(Exception, match=r"shard 2's local table differs from shard 1's: "
+                                        r"partition key 'toMonday\(day\)'"):
+        save(events_df(spark, 0, 100), options)
+    for server in cluster.servers:
+        assert row_count(server.url, f"`{cluster_db}`.`{LOCAL}`") == 0
+    assert staging_left(cluster, sink_id) == {}
+    with coordinator_of(zk_sink, sink_id) as coord:
+        assert coord.xids() == []
+
+
 # -- materialized views on the shards ------------------------------------------------------
 
 

@@ -146,12 +146,31 @@ def describe_every_shard(options: SinkOptions, layout: ShardLayout
     found: list[tuple[server_ext.TargetTable, str]] = []
     for shard in layout.shards:
         table, url = _describe_on_some_replica(options, layout.local_table, shard)
-        if found and [(c.name, c.type) for c in table.columns] != \
-                [(c.name, c.type) for c in found[0][0].columns]:
+        differences = _shape_differences(found[0][0], table) if found else []
+        if differences:
             raise server_ext.SchemaMismatch(layout.local_table, [
-                f"shard {shard.index + 1} has other columns or types than shard 1"])
+                f"shard {shard.index + 1}'s local table differs from shard 1's: "
+                + "; ".join(differences)])
         found.append((table, url))
     return found
+
+
+def _shape_differences(first: server_ext.TargetTable, other: server_ext.TargetTable
+                       ) -> list[str]:
+    """How ``other`` differs from ``first`` in what a staging table copies from shard 1's
+    description: a partition one server's staging holds must be one every shard's table
+    takes (ATTACH and MOVE refuse another partition or sorting key), so a difference
+    found at publish would leave the xid decided and half visible."""
+    if [(c.name, c.type) for c in other.columns] != [(c.name, c.type) for c in first.columns]:
+        return ["other columns or types"]
+    return [f"{what} {mine!r} against {theirs!r}" for what, mine, theirs in (
+        ("engine", other.engine.removeprefix("Replicated"),
+         first.engine.removeprefix("Replicated")),
+        ("partition key", other.partition_key, first.partition_key),
+        ("sorting key", other.sorting_key, first.sorting_key),
+        ("primary key", other.primary_key, first.primary_key),
+        ("index_granularity", other.index_granularity, first.index_granularity),
+    ) if mine != theirs]
 
 
 def _describe_on_some_replica(options: SinkOptions, table: str,
