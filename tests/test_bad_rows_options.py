@@ -30,6 +30,11 @@ def test_a_quarantine_table_without_quarantine_is_refused():
         parsed(quarantine_table="db.bad")
 
 
+def test_a_bound_on_bad_rows_without_quarantine_is_refused():
+    with pytest.raises(OptionError, match="max_bad_rows is only used with bad_rows=quarantine"):
+        parsed(max_bad_rows="10")
+
+
 @pytest.mark.parametrize("given, message", [
     ({"bad_rows": "skip"}, "bad_rows='skip' is not one of fail, quarantine"),
     ({"bad_rows": "quarantine", "quarantine_table": "bad"}, "must be database.table"),

@@ -19,7 +19,8 @@ def check(values: dict[str, object]) -> None:
 
     ``bad_rows`` is one of the choices; ``quarantine_table`` (``database.table``) is
     required with ``bad_rows=quarantine`` and refused without it; ``max_bad_rows`` is a
-    count from 0 (0: no bad row is kept, the first fails the write).
+    count from 0 (0: no bad row is kept, the first fails the write), refused without
+    ``bad_rows=quarantine`` too.
     """
     mode = str(values.get("bad_rows", "fail")).lower()
     if mode not in BAD_ROWS_CHOICES:
@@ -33,6 +34,9 @@ def check(values: dict[str, object]) -> None:
         raise ValueError("option quarantine_table is only used with bad_rows=quarantine")
     if table and (table.count(".") != 1 or not all(table.split("."))):
         raise ValueError(f"option quarantine_table={table!r} must be database.table")
+    if "max_bad_rows" in values and mode != "quarantine":
+        raise ValueError("option max_bad_rows is only used with bad_rows=quarantine (with "
+                         "bad_rows=fail the first bad row fails the write)")
     if "max_bad_rows" in values:
         raw = str(values["max_bad_rows"])
         try:
