@@ -169,3 +169,13 @@ def test_gc_keeps_one_off_sinks_younger_than_the_age(zk, zk_hosts, zk_chroot, cl
     assert done.returncode == 0, done.stderr
     assert "batch-0123456789abcdef" in txsink("status", "--zookeeper",
                                                zk_hosts + zk_chroot).stdout
+
+
+def test_reset_of_a_sink_the_root_does_not_hold_says_it_was_created(zk_hosts, zk_chroot):
+    done = txsink("reset", "--zookeeper", zk_hosts + zk_chroot, "--sink", "nightly",
+                  "--committed-through", "2")
+    assert done.returncode == 0
+    assert "NOTE: the root held no sink nightly; it was created now" in done.stdout
+    again = txsink("reset", "--zookeeper", zk_hosts + zk_chroot, "--sink", "nightly",
+                   "--committed-through", "2")
+    assert again.returncode == 0 and "NOTE" not in again.stdout
