@@ -678,6 +678,24 @@ def test_shards_whose_local_tables_differ_in_partition_key_are_refused_before_an
         assert coord.xids() == []
 
 
+def test_an_overwrite_leaving_a_shard_without_rows_of_a_partition_is_refused_before_its_decision(
+    spark, cluster: Cluster, cluster_db: str, zk_sink: str, sink_id: str
+) -> None:
+    """Shard 2 would keep its old rows of the months the new rows (even ids: shard 1
+    alone) replace on shard 1; an overwrite with rows for both shards replaces them."""
+    table = replicated_local_tables(cluster, cluster_db)
+    options = distributed_options(cluster, cluster_db, zk_sink, sink_id)
+    save(events_df(spark, 0, 300), options)
+    even = events_df(spark, 1000, 300).where("id % 2 = 0")
+    with pytest.raises(Exception, match=r"would keep old rows.*no row for shard\(s\) 2"):
+        even.write.format("clickhouse_tx").options(**options).mode("overwrite").save()
+    assert_sharded_exactly_once(cluster.shard_urls(), table, range(300))
+    events_df(spark, 1000, 300).write.format("clickhouse_tx").options(**options) \
+        .mode("overwrite").save()
+    assert_sharded_exactly_once(cluster.shard_urls(), table, range(1000, 1300))
+    assert staging_left(cluster, sink_id) == {}
+
+
 # -- materialized views on the shards ------------------------------------------------------
 
 

@@ -34,13 +34,14 @@ from coordinator import (
     XidRecord,
 )
 from server_ext import partition_bound
+from server_ext.sharding import ShardingError
 from server_ext.sql import qualified_name
 from txsink import combine, connections, payload, quarantine
 from txsink.messages import BranchMessage, SkippedMessage
 from txsink.metrics import EpochMetrics
 from txsink.options import SinkOptions
 from txsink.plan import WritePlan
-from txsink.publisher import BranchPublisher
+from txsink.publisher import BranchPublisher, server_of
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +237,41 @@ def check_partitions(plan: WritePlan, records: Sequence[BranchRecord]) -> None:
         option="max_partitions_per_job")
 
 
+def check_sharded_overwrite(plan: WritePlan, records: Sequence[BranchRecord]) -> None:
+    """Refuse, before the decision, an overwrite of a sharded target that would keep old
+    rows: each shard replaces the partitions its own rows fall in, so a partition of the
+    data that no row of some shard falls in would keep that shard's old rows of it."""
+    layout = plan.layout
+    if not plan.overwrite or layout is None or len(layout.shards) < 2:
+        return
+    shard_of = {url.rstrip("/"): shard.index for shard in layout.shards
+                for url in shard.replicas}
+    shards_of: dict[str, set[int]] = {}
+    for record in records:
+        staged = payload.from_record(record.manifest)
+        server = server_of(record)
+        if (not isinstance(staged, payload.StagedBranch) or staged.view or server is None
+                or _quarantined(plan, staged)):
+            continue
+        for partition in staged.manifest.partitions:
+            shards_of.setdefault(partition.partition_id, set()).add(
+                shard_of[server.rstrip("/")])
+    everyone = {shard.index for shard in layout.shards}
+    short = {pid: everyone - found for pid, found in sorted(shards_of.items())
+             if found != everyone}
+    if short:
+        examples = "; ".join(
+            f"partition {pid!r}: no row for shard(s) "
+            + ", ".join(str(i + 1) for i in sorted(missing))
+            for pid, missing in list(short.items())[:5])
+        raise ShardingError(
+            f"mode overwrite of {layout.local_table} on {len(layout.shards)} shards would "
+            f"keep old rows: a shard replaces only the partitions its own new rows fall in "
+            f"({examples}{'; ...' if len(short) > 5 else ''}). Nothing was written; "
+            "overwrite these partitions with rows for every shard, or delete them first "
+            "(ALTER TABLE ... DROP PARTITION on every shard) and append")
+
+
 def _quarantined(plan: WritePlan, staged: payload.StagedBranch) -> bool:
     """Whether ``staged`` is a quarantine share (``txsink.quarantine``)."""
     table = plan.quarantine
@@ -261,6 +297,7 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> Non
                 quarantine.check_bound(plan.options, branch_messages)  # nothing visible yet
                 records = coord.branches(epoch, winners)
                 check_partitions(plan, records)  # before the decision: nothing is visible
+                check_sharded_overwrite(plan, records)
                 winners = combine.combined_branches(plan, coord, epoch, generation, records,
                                                     publisher)
             if plan.options.in_transaction():
