@@ -403,7 +403,9 @@ def _judge(g: _Group, facts: dict[str, _SinkFacts], writers: Writers,
     if g.in_flight:
         xids = sorted({c.xid for c in g.in_flight})
         return _not_judged(g, where, f"xid {', '.join(xids)} is being published or was decided "
-                           "during the check; run verify again", cause="in_flight")
+                           "during the check; run verify again (an xid that stays "
+                           "Committing is stuck: txsink status names it, txsink recover "
+                           "finishes it)", cause="in_flight")
     counts = {t.server: t.partitions.get(g.partition_id, 0) for t in readable}
     if len(set(counts.values())) > 1 or any(t.pending_inserts for t in readable):
         seen = ", ".join(f"{server}: {n}" for server, n in sorted(counts.items()))
