@@ -249,13 +249,12 @@ def check_sharded_overwrite(plan: WritePlan, records: Sequence[BranchRecord]) ->
     shards_of: dict[str, set[int]] = {}
     for record in records:
         staged = payload.from_record(record.manifest)
-        server = server_of(record)
-        if (not isinstance(staged, payload.StagedBranch) or staged.view or server is None
+        shard = shard_of.get((server_of(record) or "").rstrip("/"))
+        if (not isinstance(staged, payload.StagedBranch) or staged.view or shard is None
                 or _quarantined(plan, staged)):
             continue
         for partition in staged.manifest.partitions:
-            shards_of.setdefault(partition.partition_id, set()).add(
-                shard_of[server.rstrip("/")])
+            shards_of.setdefault(partition.partition_id, set()).add(shard)
     everyone = {shard.index for shard in layout.shards}
     short = {pid: everyone - found for pid, found in sorted(shards_of.items())
              if found != everyone}
