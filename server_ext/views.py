@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from server_ext.capabilities import engine_problem
 from server_ext.client_protocol import SqlClient
+from server_ext.errors import ClickHouseError
 from server_ext.schema import TargetTable, describe_table
 from server_ext.sql import (
     Token,
@@ -59,6 +60,9 @@ class ViewNode:
     source: tuple[str, str]  # the table whose inserts fire it
     table: TargetTable  # the table it writes into: its TO table or its inner table
     select: str  # its SELECT as the server stores it
+    # the SELECT's column names, where some of them are not the table's (a ``SELECT *``
+    # whose source gained a column): the staging view keeps only the table's
+    outputs: tuple[str, ...] = ()
 
     @property
     def view_name(self) -> str:
@@ -122,7 +126,23 @@ def _node(client: SqlClient, view: tuple[str, str], source: tuple[str, str], ind
     table = describe_table(client, f"{qualified_name(*table_name)}")
     select = create[tokens[select_at].start:]
     _check_select(name, select, source)
-    return ViewNode(index, parent, view, source, table, select)
+    outputs = _select_outputs(client, name, select)
+    known = {c.name for c in table.columns}
+    extra = () if outputs is None or set(outputs) <= known else outputs
+    return ViewNode(index, parent, view, source, table, select, extra)
+
+
+def _select_outputs(client: SqlClient, view: str, select: str) -> tuple[str, ...] | None:
+    """The names of the columns ``select`` yields (``DESCRIBE`` reads no data); None where
+    the server cannot say. A view stored with ``SELECT *`` yields every column its source
+    has now, also one added after the view: the server drops it when the view fires, but
+    refuses it in a new view's CREATE, as the staging view's."""
+    try:
+        rows = client.query_rows(f"DESCRIBE TABLE ({select})",
+                                 purpose=f"describe the SELECT of view {view}")
+    except ClickHouseError:
+        return None
+    return tuple(row["name"] for row in rows)
 
 
 def _inner_table(client: SqlClient, view: tuple[str, str]) -> tuple[str, str]:
@@ -183,7 +203,9 @@ def staging_select(node: ViewNode, source: str) -> str:
     """The node's SELECT reading ``source`` (a quoted staging table) instead of the table
     whose inserts fire it. A read without an alias gets the source table's bare name as
     its alias, so that columns the SELECT qualifies with that name (``src.id``) still
-    resolve; qualifiers by the full name (``db.src.id``) name the staging table."""
+    resolve; qualifiers by the full name (``db.src.id``) name the staging table. Where
+    the SELECT yields columns the view's table lacks (``ViewNode.outputs``), only the
+    table's are kept, as the server does when the real view fires."""
     tokens = tokenize(node.select)
     out, last = [], 0
     for start, end, qualifier in _references(tokens, node.source):
@@ -193,7 +215,12 @@ def staging_select(node: ViewNode, source: str) -> str:
             out.append(f" AS {quote_identifier(node.source[1])}")
         last = end
     out.append(node.select[last:])
-    return "".join(out)
+    rewritten = "".join(out)
+    if not node.outputs:
+        return rewritten
+    known = {c.name for c in node.table.columns}
+    kept = ", ".join(quote_identifier(n) for n in node.outputs if n in known)
+    return f"SELECT {kept} FROM ({rewritten})"
 
 
 def staging_view_ddl(node: ViewNode, view: str, source: str, into: str) -> str:

@@ -26,16 +26,27 @@ def test_status_of_a_root_without_sinks_says_so(zk_hosts, zk_chroot):
     assert "no sinks under this root" in done.stdout
 
 
-@pytest.mark.parametrize("command", ["status", "recover", "verify"])
-def test_a_command_on_an_unknown_sink_exits_2_naming_it(zk, zk_hosts, zk_chroot,
-                                                      clickhouse_url, command):
-    """A mistyped ``--sink`` must not pass for "nothing to do" in a scheduled check."""
+@pytest.mark.parametrize("command", ["status", "verify"])
+def test_a_check_of_an_unknown_sink_exits_2_naming_it(zk, zk_hosts, zk_chroot,
+                                                    clickhouse_url, command):
+    """A mistyped ``--sink`` must not pass for "nothing wrong" in a scheduled check."""
     coord = Coordinator(zk, "nightly-other")
     coord.begin(0, coord.fence())
     done = txsink(command, "--zookeeper", zk_hosts + zk_chroot, "--url", clickhouse_url,
                   "--sink", "nightly")
     assert done.returncode == 2
     assert "UnknownSink: no sink 'nightly'" in done.stderr and "nightly-other" in done.stderr
+
+
+def test_recover_of_a_sink_not_made_yet_says_so_and_succeeds(zk, zk_hosts, zk_chroot,
+                                                             clickhouse_url):
+    """A pipeline recovers its sink before its first write makes it."""
+    coord = Coordinator(zk, "nightly-other")
+    coord.begin(0, coord.fence())
+    done = txsink("recover", "--zookeeper", zk_hosts + zk_chroot, "--url", clickhouse_url,
+                  "--sink", "nightly")
+    assert done.returncode == 0
+    assert "no sink 'nightly' under this root: nothing to recover" in done.stdout
 
 
 def test_unreachable_zookeeper_is_one_line_naming_the_host_within_seconds():

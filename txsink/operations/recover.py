@@ -121,7 +121,7 @@ class RecoverCommands(Session):
                 "way_out": [hint for a in failed if a.from_state is XidState.COMMITTING
                             for hint in self.way_out(coord, a.epoch)],
             })
-        return {"sinks": reports}
+        return {"sinks": reports, **({"unknown": sink} if sink and not sinks else {})}
 
     def _finish_decided(self, coord: Coordinator, epoch: int | None,
                         strategy: str | None) -> list[RecoveryAction]:
@@ -387,6 +387,9 @@ class RecoverCommands(Session):
 def render(result: dict[str, Any]) -> str:
     """Human-readable text of ``recover``'s or ``resolve``'s result."""
     lines = protected_lines(result)
+    if result.get("unknown"):
+        return "\n".join([*lines, f"no sink {result['unknown']!r} under this root: nothing "
+                                  "to recover (a sink's first write makes it)"])
     if not result["sinks"]:
         return "\n".join([*lines, NO_SINKS])
     for sink in result["sinks"]:

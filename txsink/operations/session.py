@@ -81,15 +81,16 @@ class Session:
         user, password = self._credentials
         return connections.clickhouse_client(url, user, password)
 
-    def _sinks(self, only: str | None) -> list[str]:
+    def _sinks(self, only: str | None, must_exist: bool = False) -> list[str]:
         """The sinks a command works on: ``only``, or every sink of the root that this
         session may read. Sinks whose records carry an ACL for other credentials
         (``zookeeper_auth``) are left out and listed in ``self.protected``; naming one
-        with ``only`` is refused with :class:`AccessDenied`, naming one the root does not
-        hold with :class:`UnknownSink` (a mistyped ``--sink`` never passes for "nothing
-        to do")."""
+        with ``only`` is refused with :class:`AccessDenied`. ``must_exist``: naming one
+        the root does not hold is refused with :class:`UnknownSink` (a mistyped ``--sink``
+        never passes for "nothing wrong"); ``recover`` allows it, since a pipeline
+        recovers its sink before its first job makes it."""
         sinks = Coordinator.sinks(self.zk, self.root)
-        if only is not None and only not in sinks:
+        if must_exist and only is not None and only not in sinks:
             raise UnknownSink(f"no sink {only!r} under {self.root_identity} (known: "
                               f"{', '.join(sinks[:10]) or 'none'})")
         chosen = [s for s in sinks if only is None or s == only]

@@ -76,7 +76,7 @@ class StatusCommand(Session):
                unwatched_after: float | None = None) -> dict[str, Any]:
         now = time.time()
         sinks = []
-        for sink_id in self._sinks(sink):
+        for sink_id in self._sinks(sink, must_exist=True):
             coord = self._coordinator(sink_id)
             open_xids = coord.xids(states=OPEN_STATES)
             verdicts = {v.record.epoch: v for v in coord.verdicts(unwatched_after)}

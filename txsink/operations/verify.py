@@ -22,7 +22,7 @@ class VerifyCommand(Session):
         makes the command fail); ``target`` has the target findings as data, the
         partitions it could not judge and why, and how many matched.
         """
-        sinks = self._sinks(sink)
+        sinks = self._sinks(sink, must_exist=True)
         reports = (check_targets(self.zk, self.root, sinks, self.client_for, self.url, writers)
                    if target and sinks else {})
         result = []
