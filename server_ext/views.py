@@ -60,9 +60,9 @@ class ViewNode:
     source: tuple[str, str]  # the table whose inserts fire it
     table: TargetTable  # the table it writes into: its TO table or its inner table
     select: str  # its SELECT as the server stores it
-    # the SELECT's column names, where some of them are not the table's (a ``SELECT *``
-    # whose source gained a column): the staging view keeps only the table's
-    outputs: tuple[str, ...] = ()
+    # where the SELECT yields columns the table lacks (a ``SELECT *`` whose source gained
+    # a column): the table's columns among them, which the staging view keeps
+    keep: tuple[str, ...] = ()
 
     @property
     def view_name(self) -> str:
@@ -126,10 +126,10 @@ def _node(client: SqlClient, view: tuple[str, str], source: tuple[str, str], ind
     table = describe_table(client, f"{qualified_name(*table_name)}")
     select = create[tokens[select_at].start:]
     _check_select(name, select, source)
-    outputs = _select_outputs(client, name, select)
+    outputs = _select_outputs(client, name, select) or ()
     known = {c.name for c in table.columns}
-    extra = () if outputs is None or set(outputs) <= known else outputs
-    return ViewNode(index, parent, view, source, table, select, extra)
+    keep = () if set(outputs) <= known else tuple(n for n in outputs if n in known)
+    return ViewNode(index, parent, view, source, table, select, keep)
 
 
 def _select_outputs(client: SqlClient, view: str, select: str) -> tuple[str, ...] | None:
@@ -204,8 +204,8 @@ def staging_select(node: ViewNode, source: str) -> str:
     whose inserts fire it. A read without an alias gets the source table's bare name as
     its alias, so that columns the SELECT qualifies with that name (``src.id``) still
     resolve; qualifiers by the full name (``db.src.id``) name the staging table. Where
-    the SELECT yields columns the view's table lacks (``ViewNode.outputs``), only the
-    table's are kept, as the server does when the real view fires."""
+    the SELECT yields columns the view's table lacks, only the table's are kept
+    (``ViewNode.keep``), as the server does when the real view fires."""
     tokens = tokenize(node.select)
     out, last = [], 0
     for start, end, qualifier in _references(tokens, node.source):
@@ -216,11 +216,9 @@ def staging_select(node: ViewNode, source: str) -> str:
         last = end
     out.append(node.select[last:])
     rewritten = "".join(out)
-    if not node.outputs:
+    if not node.keep:
         return rewritten
-    known = {c.name for c in node.table.columns}
-    kept = ", ".join(quote_identifier(n) for n in node.outputs if n in known)
-    return f"SELECT {kept} FROM ({rewritten})"
+    return f"SELECT {', '.join(map(quote_identifier, node.keep))} FROM ({rewritten})"
 
 
 def staging_view_ddl(node: ViewNode, view: str, source: str, into: str) -> str:
