@@ -1,9 +1,11 @@
-"""Deciding whether an interrupted ``attach_marked`` publish attached a partition.
+"""Deciding whether an interrupted publish statement made a partition visible.
 
 ATTACH into a plain MergeTree gives each attached part a fresh block number above the
 watermark recorded in the publish intent and keeps its rows, bytes, level and content;
 this module reads the target's parts above the watermark and compares. See the
-``attach_marked`` section of ``publish.py`` for the whole argument.
+``attach_marked`` section of ``publish.py`` for the whole argument. An INSERT of one
+staged partition (``attach_replicated``'s copy of parts the server deduplicated) leaves
+one fresh part with the partition's rows and content above the partition's watermark.
 """
 
 from __future__ import annotations
@@ -79,22 +81,45 @@ class AttachDecider:
                   "once" if found & staged else "merged or mutated parts above the watermark")
         return self.doubt(partition, reason, above)
 
-    def doubt(self, partition: PartitionManifest, reason: str,
-              above: list[_TargetPart]) -> bool:
+    def inserted(self, partition: PartitionManifest, watermark: int) -> bool:
+        """Whether an interrupted INSERT of ``partition``'s staged rows, sent as one block,
+        reached the target: exactly one fresh part above ``watermark`` holds its rows and
+        content. Not: none does, and every part above is a fresh insert (other writers')."""
+        above = self.parts_above(partition.partition_id, watermark)
+        candidates = [p.name for p in above if p.fresh_insert and p.rows == partition.rows]
+        matches = []
+        if candidates:
+            staged = self.fingerprints(self.staging, partition.partition_id,
+                                       list(partition.part_names))
+            whole = str(sum(int(value) for value in staged.values()) % 2 ** 64)
+            found = self.fingerprints(self.target, partition.partition_id, candidates)
+            matches = [name for name in candidates if found.get(name) == whole]
+        if len(matches) == 1:
+            return True
+        if not matches and all(p.fresh_insert for p in above):
+            return False
+        return self.doubt(partition, "parts above the watermark match the staged rows more "
+                          "than once or were merged", above, watermark)
+
+    def doubt(self, partition: PartitionManifest, reason: str, above: list[_TargetPart],
+              watermark: int | None = None) -> bool:
         listing = ", ".join(f"{p.name} ({p.rows} rows)" for p in above) or "none"
         sealed = ", ".join(f"{p.name} ({p.rows} rows)" for p in partition.parts)
+        mark = self.watermark if watermark is None else watermark
         self.in_doubt.append((partition.partition_id,
                               f"partition {partition.partition_id!r}: {reason}; target parts "
-                              f"above block {self.watermark}: {listing}; sealed: {sealed}"))
+                              f"above block {mark}: {listing}; sealed: {sealed}"))
         return False
 
-    def parts_above(self, partition_id: str) -> list[_TargetPart]:
+    def parts_above(self, partition_id: str, watermark: int | None = None
+                    ) -> list[_TargetPart]:
+        mark = self.watermark if watermark is None else watermark
         rows = self.client.query_rows(
             "SELECT name, rows, bytes_on_disk, level, min_block_number, max_block_number, "
             "data_version FROM system.parts WHERE database = "
             f"{sql_string(self.manifest.target_database)} AND table = "
             f"{sql_string(self.manifest.target_table)} AND active AND partition_id = "
-            f"{sql_string(partition_id)} AND max_block_number > {int(self.watermark)} "
+            f"{sql_string(partition_id)} AND max_block_number > {int(mark)} "
             "ORDER BY name",
             purpose="read target parts above the watermark",
         )
@@ -132,6 +157,22 @@ class AttachDecider:
                 self.client, f"{self.manifest.target_database}.{self.manifest.target_table}")
             self._columns = [c.name for c in target.columns if c.default_kind != "ALIAS"]
         return self._columns
+
+
+def partition_watermarks(client: SqlClient, database: str, table: str,
+                         partition_ids: Iterable[str]) -> dict[str, int]:
+    """Highest block number of any part (active or not) of each named partition; 0 for a
+    partition without parts. A Replicated table numbers blocks per partition."""
+    wanted = list(partition_ids)
+    rows = client.query_rows(
+        "SELECT partition_id, max(max_block_number) AS mark FROM system.parts WHERE "
+        f"database = {sql_string(database)} AND table = {sql_string(table)} AND "
+        f"partition_id IN ({', '.join(sql_string(pid) for pid in wanted)}) "
+        "GROUP BY partition_id",
+        purpose="read block number watermarks of target partitions",
+    )
+    found = {row["partition_id"]: int(row["mark"]) for row in rows}
+    return {pid: found.get(pid, 0) for pid in wanted}
 
 
 def max_block_number(client: SqlClient, database: str, table: str) -> int:

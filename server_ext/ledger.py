@@ -69,10 +69,13 @@ class PublishRecord:
 
     ``attaching``: partitions the statement in flight may already have made visible (an
     intent); ``published``: partitions recorded as visible; ``deduplicated``: partitions
-    the server dropped as duplicates (an operator decides); ``watermark``: the target's
-    highest block number before an ``attach_marked`` attach; ``at``: when the first
-    ``attach_replicated`` intent was written; ``manifest``: a combined table's sealed
-    manifest (state ``combined``).
+    the server dropped as duplicates of earlier parts (``attach_replicated`` copies them
+    with an INSERT); ``watermark``: the target's highest block number before an
+    ``attach_marked`` attach; ``at``: when the first ``attach_replicated`` intent was
+    written; ``blocks_before``: per partition, the deduplication block ids the target
+    held before the first ``attach_replicated`` ATTACH; ``watermarks``: per partition, the
+    target's highest block number before the INSERT of deduplicated partitions;
+    ``manifest``: a combined table's sealed manifest (state ``combined``).
 
     Format 1. The records of releases before the format key read the same (the key is
     the only difference); a newer format is refused by name, never guessed at.
@@ -84,6 +87,8 @@ class PublishRecord:
     deduplicated: tuple[str, ...] = ()
     watermark: int | None = None
     at: float | None = None
+    blocks_before: dict[str, tuple[str, ...]] | None = None
+    watermarks: dict[str, int] | None = None
     manifest: Manifest | None = None
 
     @property
@@ -105,6 +110,10 @@ class PublishRecord:
             raw["watermark"] = self.watermark
         if self.at is not None:
             raw["at"] = self.at
+        if self.blocks_before is not None:
+            raw["blocks_before"] = {pid: sorted(ids) for pid, ids in self.blocks_before.items()}
+        if self.watermarks is not None:
+            raw["watermarks"] = dict(self.watermarks)
         if self.manifest is not None:
             raw["manifest"] = self.manifest.to_dict()
         return raw
@@ -118,10 +127,16 @@ class PublishRecord:
                 f"publish record of format {version}, state {state!r}: this release reads "
                 f"format {RECORD_FORMAT}; finish the xid with the release that wrote it")
         manifest = raw.get("manifest")
+        blocks = raw.get("blocks_before")
+        marks = raw.get("watermarks")
         return cls(state=state, attaching=tuple(raw.get("attaching", ())),
                    published=tuple(raw.get("published", ())),
                    deduplicated=tuple(raw.get("deduplicated", ())),
                    watermark=raw.get("watermark"), at=raw.get("at"),
+                   blocks_before=None if blocks is None else {
+                       pid: tuple(ids) for pid, ids in blocks.items()},
+                   watermarks=None if marks is None else {
+                       pid: int(mark) for pid, mark in marks.items()},
                    manifest=Manifest.from_dict(manifest) if manifest else None)
 
     @classmethod
@@ -150,8 +165,7 @@ def resolve_partition(manifest: Manifest, partition_id: str, ledger: Ledger, *,
 
     ``attached=True``: the rows are in the target (or their loss is accepted); publish
     will not attach the partition again. ``attached=False``: they are not; the next
-    ``publish`` attaches it afresh (for a deduplicated partition the server will drop it
-    again: its rows must be copied some other way).
+    ``publish`` attaches it afresh.
     """
     manifest.partition(partition_id)  # KeyError for a partition the manifest lacks
     key = ledger_key(manifest.staging_table)

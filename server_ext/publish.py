@@ -46,17 +46,21 @@ attach is dropped by the server. Measured on 18.16, and handled here: the block 
 hash of the part's content only, so a staged part byte-identical to a part attached within
 the last ``replicated_deduplication_window`` blocks (default 100) is dropped too, even with
 ``insert_deduplicate=0``; and two identical parts in one staged partition make the ATTACH
-fail (``Node exists``, code 999). Publish therefore compares the partition's block ids in
-ZooKeeper before and after its ATTACH: fewer new ids than staged parts, when no earlier
-attempt can have attached them, raises ``PartsDeduplicated`` (never a silent loss); seal
-merges look-alike parts of a partition so the second case does not arise. A repeat after
-a crash relies on the server's deduplication, so it must come within the deduplication
-window (100 further attaches or inserts into the target on 18.16, 10,000 on 26.x; and
-``replicated_deduplication_window_seconds``: 7 days on 18.16, 1 hour on 26.x). The time
-window is enforced: the intent records when the publish began, and a repeat after the
-window (less a margin) is ``InDoubtPublish`` for an operator, never a blind repeat. The
-block-count window is not checked: it needs that many other writes into the target
-between a crash and its repeat.
+fail (``Node exists``, code 999). The first intent therefore records the partitions' block
+ids as they were before the first ATTACH (``blocks_before``), and every run counts the new
+ids against them: one per staged part means attached. A partition of which the server took
+no part (a rollup that counts the same in two epochs does this) is copied with an ``INSERT
+... SELECT`` (``insert_dropped``: its own intent, watermark and decision), as a plain
+INSERT keeps such rows; unless views read the table, which an INSERT would fire:
+``PartsDeduplicated`` then, never a silent loss. A partition of which it took some parts
+only is ``InDoubtPublish``. Seal merges look-alike parts of a partition so the ``Node
+exists`` case does not arise. A repeat after a crash relies on the server's deduplication,
+so it must come within the deduplication window (100 further attaches or inserts into the
+target on 18.16, 10,000 on 26.x; and ``replicated_deduplication_window_seconds``: 7 days on
+18.16, 1 hour on 26.x). The time window is enforced: the intent records when the publish
+began, and a repeat after the window (less a margin) is ``InDoubtPublish`` for an
+operator, never a blind repeat. The block-count window is not checked: it needs that many
+other writes into the target between a crash and its repeat.
 
 ``attach_marked`` (plain MergeTree without MOVE, e.g. 18.16): ``ATTACH PARTITION ... FROM``
 into a plain MergeTree is not idempotent (a repeat duplicates the rows), so the ledger
@@ -101,8 +105,8 @@ import logging
 import time
 from collections.abc import Iterable
 
-from server_ext.attach_decision import AttachDecider, max_block_number
-from server_ext.capabilities import STRATEGIES
+from server_ext.attach_decision import AttachDecider, max_block_number, partition_watermarks
+from server_ext.capabilities import STRATEGIES, known_settings
 from server_ext.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError, InDoubtPublish, PartsDeduplicated, StagingChanged
 from server_ext.ledger import PUBLISHED, Ledger, PublishRecord, ledger_key
@@ -111,6 +115,8 @@ from server_ext.overwrite import publish_overwrite
 from server_ext.publish_steps import (
     STEP_AFTER_ATTACH,
     STEP_AFTER_DROP,
+    STEP_AFTER_INSERT,
+    STEP_AFTER_INSERT_INTENT,
     STEP_AFTER_INTENT,
     STEP_AFTER_MARK,
     STEP_BEFORE_PARTITION,
@@ -121,8 +127,9 @@ from server_ext.publish_steps import (
     no_step,
     repeat_past_leftover_clones,
 )
+from server_ext.schema import describe_table
 from server_ext.seal import read_staged_partitions, read_staged_with_watermark
-from server_ext.sql import qualified_name, sql_string
+from server_ext.sql import qualified_name, quote_identifier, sql_string
 from server_ext.staging import table_settings
 
 log = logging.getLogger(__name__)
@@ -130,6 +137,8 @@ log = logging.getLogger(__name__)
 WINDOW_SETTING = "replicated_deduplication_window_seconds"
 WINDOW_MARGIN_SECONDS = 300.0  # clock skew and the server's cleanup period, at most
 STATEMENT_WAIT_SECONDS = 60.0  # how long a repeat waits for an interrupted ALTER to end
+ONE_BLOCK_BYTES = 1 << 40  # squash a copied partition into one block, whatever its size
+OPTIMIZE_ON_INSERT = "optimize_on_insert"
 
 
 def publish(
@@ -284,6 +293,10 @@ class _Publisher:
                                  found="; ".join(reason for _, reason in decider.in_doubt))
         return published
 
+    def set_target_merges(self, verb: str) -> None:
+        self.client.execute(f"SYSTEM {verb} MERGES {self.target}",
+                            purpose=f"{verb.lower()} merges of target around publish")
+
     def from_staging(self, verb: str, partitions: list[PartitionManifest]) -> list[str]:
         """``<verb> PARTITION ID p FROM staging`` commands for ALTER TABLE target."""
         return [f"{verb} PARTITION ID {sql_string(p.partition_id)} FROM {self.staging}"
@@ -375,8 +388,6 @@ class _ReplicatedPublisher(_Publisher):
 
     def publish_pending(self, pending: list[PartitionManifest], record: PublishRecord,
                         sealed: dict[str, bool]) -> None:
-        if record.deduplicated:
-            raise self.deduplicated(list(record.deduplicated), "earlier")
         intended = record.intended
         self.require_staged(pending, sealed, intended)
         unsealed = [p.partition_id for p in pending if not sealed[p.partition_id]]
@@ -384,12 +395,22 @@ class _ReplicatedPublisher(_Publisher):
             raise InDoubtPublish(target=self.target, staging=self.staging,
                                  partition_ids=unsealed,
                                  found="the staging partitions are gone before the mark")
+        if record.deduplicated:  # an earlier run's ATTACH was dropped: copy them
+            dropped = set(record.deduplicated)
+            self.insert_dropped([p for p in pending if p.partition_id in dropped], record)
+            return
         if intended:
             self.require_within_window(record, sorted(intended))
         blocks_path = self.blocks_path()
-        before = self.block_ids(blocks_path)
+        current = self.block_ids(blocks_path)
+        # the first run's ids stay: a repeat counts what every run attached
+        first = record.blocks_before if intended else None
+        before = {p.partition_id: tuple(sorted(
+            (first or {}).get(p.partition_id, current.get(p.partition_id, ()))))
+            for p in pending}
         # the first intent's time stays: the window runs from the first ATTACH
-        self.put_intent(pending, record.published, at=record.at or round(time.time(), 3))
+        self.put_intent(pending, record.published, at=record.at or round(time.time(), 3),
+                        blocks_before=before)
         try:
             alter_in_chunks(self.client, self.target, self.from_staging("ATTACH", pending),
                             purpose="attach partitions into target", retry=True)
@@ -400,23 +421,115 @@ class _ReplicatedPublisher(_Publisher):
             raise
         self.on_step(STEP_AFTER_ATTACH)
         after = self.block_ids(blocks_path)
-        dropped = [p.partition_id for p in pending
-                   if self.dropped_by_server(p, before, after, intended)]
+        legacy = intended if first is None else set()  # an intent without its block ids
+        attached = {p.partition_id: self.attached_parts(p, before, after, legacy)
+                    for p in pending}
+        partly = [p.partition_id for p in pending if 0 < attached[p.partition_id] < len(p.parts)]
+        if partly:
+            raise InDoubtPublish(
+                target=self.target, staging=self.staging, partition_ids=partly,
+                found="the server dropped some, not all, staged parts of each as duplicates "
+                      "of byte-identical earlier parts; which ones cannot be told")
+        dropped = [p for p in pending if attached[p.partition_id] == 0]
         if dropped:
-            kept = [p.partition_id for p in pending if p.partition_id not in dropped]
-            PublishRecord.intent((), [*record.published, *kept],
-                                 deduplicated=tuple(dropped)).store(self.ledger, self.key)
-            raise self.deduplicated(dropped, "attached earlier")
+            kept = [p.partition_id for p in pending if p not in dropped]
+            record = PublishRecord.intent((), [*record.published, *kept],
+                                          deduplicated=tuple(p.partition_id for p in dropped))
+            record.store(self.ledger, self.key)
+            self.insert_dropped(dropped, record)
+            return
         self.mark_published()
 
     @staticmethod
-    def dropped_by_server(partition: PartitionManifest, before: dict[str, set[str]],
-                          after: dict[str, set[str]], intended: set[str]) -> bool:
+    def attached_parts(partition: PartitionManifest, before: dict[str, tuple[str, ...]],
+                       after: dict[str, set[str]], legacy: set[str]) -> int:
+        """How many staged parts of ``partition`` the ATTACHes so far took: one new block
+        id each, counted from before the first run's ATTACH."""
         pid = partition.partition_id
-        new_ids = len(after.get(pid, set()) - before.get(pid, set()))
-        # No new id on a repeat: the interrupted run attached them (the intended dedup).
-        repeat = pid in intended and new_ids == 0
-        return new_ids < len(partition.parts) and not repeat
+        new_ids = len(after.get(pid, set()) - set(before.get(pid, ())))
+        if pid in legacy and new_ids == 0:  # a release before blocks_before: trusted as is
+            return len(partition.parts)
+        return min(new_ids, len(partition.parts))
+
+    def insert_dropped(self, partitions: list[PartitionManifest], record: PublishRecord
+                       ) -> None:
+        """Copy the partitions whose parts the server dropped as duplicates with one
+        ``INSERT ... SELECT`` each (``insert_deduplicate=0``), then mark published.
+
+        A plain INSERT keeps such rows (the server deduplicates a retried INSERT, not what
+        a view writes or a later epoch repeats), so the sink does too. The INSERT is not
+        idempotent: as ``attach_marked`` does for its ATTACH, the intent carries each
+        partition's block-number watermark, merges of the target are stopped around it,
+        and a repeat decides from the parts above the watermark (``AttachDecider.inserted``).
+        A table that materialized views read is refused (``PartsDeduplicated``): the INSERT
+        would fire them, and their share of the epoch is published on its own.
+        """
+        pids = [p.partition_id for p in partitions]
+        if self.feeds_views():
+            raise self.deduplicated(pids, "earlier; it feeds materialized views, which a copy "
+                                          "by INSERT would fire a second time")
+        self.set_target_merges("STOP")
+        try:
+            copied: set[str] = set()
+            if record.watermarks is not None:
+                self.wait_for_interrupted_statement()
+                decider = AttachDecider(self.client, self.manifest, 0)
+                copied = {p.partition_id for p in partitions if p.partition_id in
+                          record.watermarks and decider.inserted(
+                              p, record.watermarks[p.partition_id])}
+                if decider.in_doubt:
+                    raise InDoubtPublish(
+                        target=self.target, staging=self.staging,
+                        partition_ids=[pid for pid, _ in decider.in_doubt],
+                        found="; ".join(reason for _, reason in decider.in_doubt))
+            to_copy = [p for p in partitions if p.partition_id not in copied]
+            if to_copy:
+                marks = partition_watermarks(self.client, self.manifest.target_database,
+                                             self.manifest.target_table,
+                                             [p.partition_id for p in to_copy])
+                done = set(record.published) | copied
+                PublishRecord.intent((), done, deduplicated=tuple(pids),
+                                     watermarks=marks).store(self.ledger, self.key)
+                self.on_step(STEP_AFTER_INSERT_INTENT)
+                self.ledger.confirm()
+                for partition in to_copy:
+                    self.insert_partition(partition)
+                self.on_step(STEP_AFTER_INSERT)
+        except InDoubtPublish:
+            self.set_target_merges("START")  # the evidence is in the error
+            raise
+        log.warning("%s dropped staged parts of partitions %s from %s as duplicates of "
+                    "byte-identical earlier parts; their rows were copied by INSERT",
+                    self.target, pids, self.staging)
+        self.mark_published()
+        self.set_target_merges("START")
+
+    def insert_partition(self, partition: PartitionManifest) -> None:
+        """One staged partition into the target as one block: one part, never deduplicated."""
+        target = describe_table(self.client, f"{self.manifest.target_database}."
+                                             f"{self.manifest.target_table}")
+        columns = [c for c in target.columns if c.default_kind in ("", "DEFAULT", "MATERIALIZED")]
+        names = ", ".join(quote_identifier(c.name) for c in columns)
+        settings: dict[str, object] = {
+            "insert_deduplicate": 0, "min_insert_block_size_rows": 0,
+            "min_insert_block_size_bytes": ONE_BLOCK_BYTES}
+        if any(c.default_kind == "MATERIALIZED" for c in columns):
+            settings["insert_allow_materialized_columns"] = 1
+        if OPTIMIZE_ON_INSERT in known_settings(self.client, (OPTIMIZE_ON_INSERT,)):
+            settings[OPTIMIZE_ON_INSERT] = 0  # the copy keeps the staged rows as they are
+        self.client.execute(
+            f"INSERT INTO {self.target} ({names}) SELECT {names} FROM {self.staging} "
+            f"WHERE _partition_id = {sql_string(partition.partition_id)}",
+            purpose="copy deduplicated partition into target", settings=settings,
+            retry=False)
+
+    def feeds_views(self) -> bool:
+        """Whether a materialized view reads the target."""
+        return bool(int(self.client.query_value(
+            "SELECT count() FROM system.tables WHERE database = "
+            f"{sql_string(self.manifest.target_database)} AND name = "
+            f"{sql_string(self.manifest.target_table)} AND notEmpty(dependencies_table)",
+            purpose="look for materialized views reading target")))
 
     def blocks_path(self) -> str:
         rows = self.client.query_rows(
@@ -495,7 +608,3 @@ class _MarkedPublisher(_Publisher):
                             purpose="attach partitions into target", retry=False)
 
         repeat_past_leftover_clones(attempt, self.target)
-
-    def set_target_merges(self, verb: str) -> None:
-        self.client.execute(f"SYSTEM {verb} MERGES {self.target}",
-                            purpose=f"{verb.lower()} merges of target around publish")

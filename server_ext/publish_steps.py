@@ -28,6 +28,9 @@ STEP_AFTER_INTENT = "publish.after_intent"
 STEP_AFTER_ATTACH = "publish.after_attach"  # after the statement that makes rows visible
 STEP_AFTER_MARK = "publish.after_mark"
 STEP_AFTER_DROP = "publish.after_drop_staging_partition"
+# attach_replicated, only where the server dropped staged parts as duplicates: their copy
+STEP_AFTER_INSERT_INTENT = "publish.after_insert_intent"
+STEP_AFTER_INSERT = "publish.after_insert"
 
 # The crash points each way of publishing passes, in order.
 PUBLISH_STEPS: dict[str, tuple[str, ...]] = {

@@ -22,7 +22,13 @@ from server_ext.ledger import MemoryLedger, resolve_partition
 from server_ext.manifest import Manifest
 from server_ext.overwrite import publish_overwrite
 from server_ext.publish import STATEMENT_WAIT_SECONDS, publish
-from server_ext.publish_steps import PUBLISH_STEPS, STEP_AFTER_ATTACH, STEP_AFTER_INTENT
+from server_ext.publish_steps import (
+    PUBLISH_STEPS,
+    STEP_AFTER_ATTACH,
+    STEP_AFTER_INSERT,
+    STEP_AFTER_INSERT_INTENT,
+    STEP_AFTER_INTENT,
+)
 from server_ext.schema import TargetTable, describe_table
 from server_ext.seal import seal
 from server_ext.staging import STAGING_DATABASE, create_staging, rollback, staging_table_name
@@ -469,22 +475,81 @@ def test_attach_marked_rerun_is_in_doubt_when_an_identical_part_arrived_besides_
 # -- attach_replicated: the server's content deduplication ---------------------------------
 
 
-def test_replicated_publish_of_content_identical_to_an_earlier_branch_is_reported(
+def twice(keys: range) -> tuple[int, int, int]:
+    rows, distinct, total = expect(keys)
+    return 2 * rows, distinct, 2 * total
+
+
+def test_replicated_publish_of_content_identical_to_an_earlier_branch_copies_it_once(
         client, clickhouse_url, ch_db, staging_names) -> None:
     target = make_target(clickhouse_url, client, ch_db, "replicated")
     first = stage(client, clickhouse_url, target, staging_names(), 0)
     second = stage(client, clickhouse_url, target, staging_names(), 0)  # same rows again
     ledger = MemoryLedger()
     publish(client, first, "attach_replicated", ledger)
-    with pytest.raises(PartsDeduplicated, match="byte-identical"):
+    report = publish(client, second, "attach_replicated", ledger)
+    assert report.published == list(second.partition_ids)
+    assert keys_in(clickhouse_url, ch_db) == twice(range(90))
+    assert staged_rows(clickhouse_url, second.staging_table) == 0
+    publish(client, second, "attach_replicated", ledger)  # a repeat copies nothing again
+    assert keys_in(clickhouse_url, ch_db) == twice(range(90))
+
+
+@pytest.mark.parametrize("step", [STEP_AFTER_INTENT, STEP_AFTER_ATTACH,
+                                  STEP_AFTER_INSERT_INTENT, STEP_AFTER_INSERT,
+                                  "publish.after_mark"])
+def test_replicated_copy_of_deduplicated_content_rerun_after_crash_at_step_copies_it_once(
+        client, clickhouse_url, ch_db, staging_names, step) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "replicated")
+    first = stage(client, clickhouse_url, target, staging_names(), 0)
+    second = stage(client, clickhouse_url, target, staging_names(), 0)
+    ledger = MemoryLedger()
+    publish(client, first, "attach_replicated", ledger)
+    with pytest.raises(Crash):
+        publish(client, second, "attach_replicated", ledger, on_step=crash_at(step))
+    publish(client, second, "attach_replicated", ledger)
+    assert keys_in(clickhouse_url, ch_db) == twice(range(90))
+    assert staged_rows(clickhouse_url, second.staging_table) == 0
+
+
+def test_replicated_copy_rerun_is_in_doubt_when_a_merge_mixed_the_copied_part(
+        client, clickhouse_url, ch_db, staging_names) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "replicated")
+    first = stage(client, clickhouse_url, target, staging_names(), 0)
+    second = stage(client, clickhouse_url, target, staging_names(), 0)
+    ledger = MemoryLedger()
+    publish(client, first, "attach_replicated", ledger)
+    with pytest.raises(Crash):
+        publish(client, second, "attach_replicated", ledger,
+                on_step=crash_at(STEP_AFTER_INSERT))
+    run_sql(clickhouse_url, f"SYSTEM START MERGES `{ch_db}`.t")
+    run_sql(clickhouse_url, f"OPTIMIZE TABLE `{ch_db}`.t PARTITION 202401 FINAL")
+    with pytest.raises(InDoubtPublish, match="merged"):
+        publish(client, second, "attach_replicated", ledger)
+    assert keys_in(clickhouse_url, ch_db) == twice(range(90))
+
+
+def test_replicated_publish_of_identical_content_into_a_table_views_read_is_refused(
+        client, clickhouse_url, ch_db, staging_names) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "replicated")
+    run_sql(clickhouse_url, f"CREATE MATERIALIZED VIEW `{ch_db}`.keys ENGINE = MergeTree() "
+                            f"ORDER BY k AS SELECT k FROM `{ch_db}`.t")
+    first = stage(client, clickhouse_url, target, staging_names(), 0)
+    second = stage(client, clickhouse_url, target, staging_names(), 0)
+    ledger = MemoryLedger()
+    publish(client, first, "attach_replicated", ledger)
+    with pytest.raises(PartsDeduplicated, match="feeds materialized views"):
         publish(client, second, "attach_replicated", ledger)
     with pytest.raises(PartsDeduplicated):  # a re-run does not pass over it either
         publish(client, second, "attach_replicated", ledger)
+    assert keys_in(clickhouse_url, ch_db) == expect(range(90))
 
 
 def test_deduplicated_partitions_accepted_by_an_operator_let_publish_finish(
         client, clickhouse_url, ch_db, staging_names) -> None:
     target = make_target(clickhouse_url, client, ch_db, "replicated")
+    run_sql(clickhouse_url, f"CREATE MATERIALIZED VIEW `{ch_db}`.keys ENGINE = MergeTree() "
+                            f"ORDER BY k AS SELECT k FROM `{ch_db}`.t")
     first = stage(client, clickhouse_url, target, staging_names(), 0)
     second = stage(client, clickhouse_url, target, staging_names(), 0)
     ledger = MemoryLedger()

@@ -65,9 +65,12 @@ def test_a_combined_record_carries_the_combined_tables_manifest():
 @pytest.mark.parametrize("record", [
     PublishRecord.intent(["202401"], ["202312"], watermark=118),
     PublishRecord.intent([], ["a"], deduplicated=("b",)),
+    PublishRecord.intent(["b"], [], at=1.5, blocks_before={"b": ("b_replace_from_1",)}),
+    PublishRecord.intent([], ["a"], deduplicated=("b",), watermarks={"b": 7}),
     PublishRecord(PUBLISHED),
     PublishRecord(COMBINED, manifest=Manifest.from_dict(MANIFEST_V1)),
-], ids=["intent", "deduplicated", "published", "combined"])
+], ids=["intent", "deduplicated", "replicated_intent", "copy_intent", "published",
+        "combined"])
 def test_a_publish_record_round_trips_through_the_ledger(record):
     ledger = MemoryLedger()
     record.store(ledger, "txs_a")

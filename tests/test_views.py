@@ -362,3 +362,26 @@ def test_an_overwrite_of_a_null_table_is_refused_before_anything_is_staged(
     assert_refused_untouched(spark, server_url, {**options, "materialized_views": "ignore"},
                              f"{server_db}.ingest", "Null table keeps none", zk_hosts,
                              zk_chroot, mode="overwrite")
+
+
+# -- a Replicated view table on 18.16 -----------------------------------------------------
+
+
+def test_a_view_output_repeated_byte_for_byte_in_later_epochs_reaches_a_replicated_view_table(
+        spark, clickhouse_url, ch_db, zk_hosts, zk_chroot):
+    """Rows per month into a ReplicatedSummingMergeTree: equal counts in two epochs are the
+    same part, byte for byte, which the server drops from an ATTACH as a duplicate."""
+    create_events(clickhouse_url, ch_db)
+    run_sql(clickhouse_url, f"CREATE TABLE `{ch_db}`.per_month (month UInt32, n UInt64) "
+                            f"ENGINE = ReplicatedSummingMergeTree('/clickhouse/tables/{ch_db}/"
+                            "per_month', '{replica}') PARTITION BY month ORDER BY month")
+    run_sql(clickhouse_url, f"CREATE MATERIALIZED VIEW `{ch_db}`.per_month_mv TO "
+                            f"`{ch_db}`.per_month AS SELECT toYYYYMM(day) AS month, "
+                            f"count() AS n FROM `{ch_db}`.events GROUP BY month")
+    options = {"url": clickhouse_url, "zookeeper": zk_hosts + zk_chroot, "sink_id": "views"}
+    for epoch in range(3):
+        df = spark.range(epoch * 100, epoch * 100 + 100, numPartitions=1).selectExpr(
+            "id", "DATE'2026-01-15' AS day", "'e' AS name", "0.0 AS value")
+        save(df, options, f"{ch_db}.events")
+    assert rows(clickhouse_url, f"SELECT sum(n) FROM `{ch_db}`.per_month") == [("300",)]
+    assert_exactly_once(clickhouse_url, f"{ch_db}.events", range(300))
