@@ -383,6 +383,26 @@ def test_append_with_shards_option_and_city_hash_key_to_plain_merge_tree(
     assert staging_left(cluster, sink_id) == {}
 
 
+def test_an_expression_key_the_server_computes_otherwise_than_chdb_is_refused_leaving_nothing(
+    spark, cluster: Cluster, cluster_db: str, zk_sink: str, sink_id: str
+) -> None:
+    """18.16 computes ``toInt32(-8) % 70001`` as 55933, chdb as -8: rows would go to other
+    shards than the Distributed table puts them. The task's probe refuses the key."""
+    shards = [[replicas[0]] for replicas in cluster.shard_urls()]
+    for (url,) in shards:
+        run_sql(url, f"CREATE TABLE `{cluster_db}`.`{LOCAL}` (id Int32, day Date) "
+                     "ENGINE = MergeTree() PARTITION BY toYYYYMM(day) ORDER BY id")
+    table = f"{cluster_db}.{LOCAL}"
+    options = {"url": shards[0][0], "table": table, "shards": shards_option(shards),
+               "sharding_key": "id % 70001", "zookeeper": zk_sink, "sink_id": sink_id}
+    df = spark.range(-50, 50, numPartitions=2).selectExpr(
+        "CAST(id AS INT) AS id", "DATE'2026-01-15' AS day")
+    with pytest.raises(Exception, match="computed differently by the server than by chdb"):
+        save(df, options)
+    assert [row_count(url, table) for (url,) in shards] == [0, 0]
+    assert staging_left(cluster, sink_id) == {}
+
+
 def run_stream(spark, source: Path, checkpoint: Path, options: dict[str, str]) -> list:
     """Process every input file present now, one file per micro-batch, then stop; the
     query's progress reports."""

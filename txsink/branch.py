@@ -301,7 +301,8 @@ class _Attempt:
     def write(self, batch: pa.RecordBatch) -> None:
         if self.router is None:
             types = {c.name: c.type for c in self.plan.table.columns} if self.plan.table else None
-            self.router = ShardRouter(self.plan.shard_layout, batch.schema, types)
+            self.router = ShardRouter(self.plan.shard_layout, batch.schema, types,
+                                      connections.clickhouse(self.plan.options))
             if self.plan.table is not None:
                 self.counter = self.count_partitions(self.plan.table)
         if self.counter is not None:

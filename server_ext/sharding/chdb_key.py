@@ -14,8 +14,10 @@ import numpy as np
 import pyarrow as pa
 
 from server_ext.chtypes import INTEGER_TYPES, parse_type
+from server_ext.client_protocol import SqlClient
 from server_ext.sharding.engine_args import tokens, unquote
 from server_ext.sharding.errors import ShardingError
+from server_ext.sharding.key_probe import check_agreement
 from server_ext.sharding.key_values import KeyValues, reject_nulls, unsigned_key_values
 from server_ext.sql import quote_identifier, sql_string
 
@@ -26,12 +28,25 @@ _CHDB_MISSING = ("install the chdb package (pip install chdb) to route rows by i
                  "the sharding key a bare integer column")
 
 
-def expression_key(key: str, schema: pa.Schema, types: dict[str, str]) -> KeyValues:
-    """Any other expression: evaluated by chdb over the batch's key columns."""
+def expression_key(key: str, schema: pa.Schema, types: dict[str, str],
+                   server: SqlClient | None = None, total_weight: int = 1) -> KeyValues:
+    """Any other expression: evaluated by chdb over the batch's key columns. With
+    ``server`` (the one an INSERT through the Distributed table would route on), the key is
+    first checked to route probe rows as that server does (``key_probe``), once per
+    process, server and key."""
     session = _chdb_session(key)
     used = _referenced_columns(key, schema)
     plan = _ChdbKey(key, used, schema, types, session)
+    if server is not None and all(name in types for name in used):
+        used_types = {name: types[name] for name in used}
+        agreed = (server.url, key, tuple(sorted(used_types.items())), total_weight)
+        if agreed not in _AGREED:
+            check_agreement(key, used_types, session, server, total_weight)
+            _AGREED.add(agreed)
     return plan.values
+
+
+_AGREED: set[tuple[object, ...]] = set()  # keys that passed the probe in this process
 
 
 def _chdb_session(key: str) -> Any:

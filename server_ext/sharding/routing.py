@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 import pyarrow as pa
 
+from server_ext.client_protocol import SqlClient
 from server_ext.sharding.chdb_key import expression_key
 from server_ext.sharding.engine_args import name_value
 from server_ext.sharding.key_values import KeyValues, column_key
@@ -30,17 +31,19 @@ class ShardRouter:
     ``describe_table``) makes the key see the server's types; without it the Arrow types
     stand in (int64 for Int64, string for String, ...). The key is checked here, before
     any batch: missing columns and non-integer results are errors (with one shard the key
-    decides nothing and is not checked).
+    decides nothing and is not checked). ``server``: the server whose routing an
+    expression key must match (``key_probe``).
     """
 
     def __init__(self, layout: ShardLayout, schema: pa.Schema,
-                 column_types: Mapping[str, str] | None = None) -> None:
+                 column_types: Mapping[str, str] | None = None,
+                 server: SqlClient | None = None) -> None:
         self.layout = layout
         # uint16 shard numbers: numpy sorts them by radix (linear) in _gather
         self._slots = np.array(layout.slots, dtype=np.uint16)
         self._weights = np.array([shard.weight for shard in layout.shards], dtype=np.int64)
         self._position = random.randrange(layout.total_weight)  # see _any_shard_counts
-        self._key_values = _key_evaluator(layout, schema, dict(column_types or {}))
+        self._key_values = _key_evaluator(layout, schema, dict(column_types or {}), server)
 
     def split(self, batch: pa.RecordBatch) -> dict[int, pa.RecordBatch]:
         """Shard index -> the rows of ``batch`` that go there (shards without rows omitted).
@@ -88,8 +91,8 @@ class ShardRouter:
         return self._slices(batch.take(pa.array(order)), counts)
 
 
-def _key_evaluator(layout: ShardLayout, schema: pa.Schema,
-                   types: dict[str, str]) -> KeyValues | None:
+def _key_evaluator(layout: ShardLayout, schema: pa.Schema, types: dict[str, str],
+                   server: SqlClient | None) -> KeyValues | None:
     """The function giving each row's unsigned key value, or None when any shard will do."""
     key = layout.sharding_key
     if key is None or _RANDOM_KEY_RE.match(key) or len(layout.shards) == 1:
@@ -97,7 +100,7 @@ def _key_evaluator(layout: ShardLayout, schema: pa.Schema,
     column = _column_name(key)
     if column is not None:
         return column_key(key, column, schema, types)
-    return expression_key(key, schema, types)
+    return expression_key(key, schema, types, server, layout.total_weight)
 
 
 def _column_name(key: str) -> str | None:
