@@ -124,6 +124,17 @@ def test_a_column_no_type_holds_is_refused_and_nothing_is_created(spark, server_
     nothing_opened(server_url, options, zk, "never")
 
 
+def test_a_sharding_key_without_shards_is_refused_and_nothing_is_created(
+        spark, server_url, server_db, options, zk):
+    table = f"{server_db}.unsharded"
+    with pytest.raises(Exception, match=r"sharding_key needs the shards option .* Nothing was "
+                                        r"created"):
+        save(events_df(spark, 0, 10, partitions=1), options, table, create_table="if_missing",
+             order_by="id", sharding_key="id", sink_id="unsharded")
+    assert not table_exists(server_url, table)
+    nothing_opened(server_url, options, zk, "unsharded")
+
+
 def test_add_columns_adds_a_missing_column_and_fills_it(spark, server_url, server_db, options):
     table = f"{server_db}.events"
     create_plain(server_url, table)

@@ -28,7 +28,6 @@ from server_ext.compression import ENCODINGS
 from server_ext.partition_bound import DEFAULT_LIMIT as DEFAULT_PARTITION_LIMIT
 from server_ext.sharding import (
     ShardingError,
-    has_userinfo,
     parse_shard_urls,
     shown_url,
     url_problem,
@@ -315,10 +314,9 @@ def parse_options(
     if not url.startswith(("http://", "https://")):
         raise OptionError(f"option url must start with http:// or https://, got "
                           f"{shown_url(url)}")
-    if has_userinfo(url):
-        raise OptionError("option url must not carry credentials; use user and password")
-    if url_problem(url):  # before any request: a query string may hold a password
-        raise OptionError(f"option url: {url_problem(url)}")
+    problem = url_problem(url)  # before any request: a query string may hold a password
+    if problem:
+        raise OptionError(f"option url: {problem}")
     strategy = str(values.get("strategy", "auto"))
     if strategy not in STRATEGIES:
         raise OptionError(f"option strategy={strategy!r} is not one of {', '.join(STRATEGIES)}")

@@ -108,6 +108,9 @@ class CheckedTarget:
     view_strategies: tuple[Strategy, ...] = ()  # the publish strategy of each view's table
 
 
+SHARDING_KEY_ALONE = "option sharding_key needs the shards option or a Distributed table"
+
+
 def single_server(options: SinkOptions) -> ShardLayout:
     return layout_from_urls([[options.url]], options.table, None)
 
@@ -125,7 +128,7 @@ def resolve_layout(options: SinkOptions, client, table: server_ext.TargetTable) 
     if given:
         return layout_from_urls(given, options.table, options.sharding_key)
     if options.sharding_key:
-        raise OptionError("option sharding_key needs the shards option or a Distributed table")
+        raise OptionError(SHARDING_KEY_ALONE)
     return single_server(options)
 
 

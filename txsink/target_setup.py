@@ -38,8 +38,8 @@ from server_ext.nested import flatten_schema
 from server_ext.schema import type_problem
 from server_ext.sharding import parse_shard_urls
 from txsink import connections, distributed_target
-from txsink.options import SinkOptions
-from txsink.plan import arrow_schema
+from txsink.options import OptionError, SinkOptions
+from txsink.plan import SHARDING_KEY_ALONE, arrow_schema
 from txsink.table_options import ADD_COLUMNS, IF_MISSING
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,10 @@ def prepare_target(options: SinkOptions, spark_schema) -> SinkOptions:
     servers = _servers(options)
     found = {url: _describe(options, url) for url in servers}
     missing = [url for url, table in found.items() if table is None]
+    target = found.get(options.url)
+    if (options.sharding_key and not options.shards and distributed is None
+            and (target is None or target.engine != "Distributed")):
+        raise OptionError(f"{SHARDING_KEY_ALONE}. Nothing was created or changed")
     if missing and options.create_table == IF_MISSING:
         _create(options, schema, missing)
         found.update({url: _describe(options, url) for url in missing})
