@@ -368,7 +368,7 @@ def test_an_overwrite_of_a_null_table_is_refused_before_anything_is_staged(
 
 
 def test_a_view_output_repeated_byte_for_byte_in_later_epochs_reaches_a_replicated_view_table(
-        spark, clickhouse_url, ch_db, zk_hosts, zk_chroot):
+        spark, clickhouse_url, ch_db, zk_hosts, zk_chroot, capsys):
     """Rows per month into a ReplicatedSummingMergeTree: equal counts in two epochs are the
     same part, byte for byte, which the server drops from an ATTACH as a duplicate."""
     create_events(clickhouse_url, ch_db)
@@ -385,3 +385,7 @@ def test_a_view_output_repeated_byte_for_byte_in_later_epochs_reaches_a_replicat
         save(df, options, f"{ch_db}.events")
     assert rows(clickhouse_url, f"SELECT sum(n) FROM `{ch_db}`.per_month") == [("300",)]
     assert_exactly_once(clickhouse_url, f"{ch_db}.events", range(300))
+    code = cli.main(["verify", "--zookeeper", zk_hosts + zk_chroot, "--url", clickhouse_url,
+                     "--sink", "views", "--exclusive-target", "--json"])
+    found = json.loads(capsys.readouterr().out)["sinks"][0]["target"]
+    assert (code, found["anomalies"]) == (0, [])
