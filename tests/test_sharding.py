@@ -422,8 +422,16 @@ def test_expression_key_the_server_computes_otherwise_is_refused_naming_both_val
         ShardRouter(two_shards(key, [1, 2]), batch.schema, types, server=client)
 
 
-def test_probe_rows_cover_every_probed_column_and_each_value_of_the_longest(
-        ) -> None:
+def test_expression_key_with_a_function_the_server_lacks_is_refused_naming_it(
+        client: ClickHouseClient) -> None:
+    batch = pa.record_batch({"id": pa.array([1], pa.int64())})
+    with pytest.raises(ShardingError, match="the server cannot evaluate sharding key "
+                                            "xxHash64"):
+        ShardRouter(two_shards("xxHash64(id)", [1, 2]), batch.schema, {"id": "Int64"},
+                    server=client)
+
+
+def test_probe_rows_cover_every_probed_column_and_each_value_of_the_longest() -> None:
     sql = probe_sql("cityHash64(a, b)", {"a": "Nullable(Int8)", "b": "LowCardinality(String)"})
     assert sql is not None
     assert sql.count("UNION ALL") == len(probe_values("Int8")) - 1

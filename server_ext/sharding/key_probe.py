@@ -19,6 +19,7 @@ import numpy as np
 
 from server_ext.chtypes import INTEGER_TYPES, parse_type
 from server_ext.client_protocol import SqlClient
+from server_ext.errors import ClickHouseError
 from server_ext.sharding.errors import ShardingError
 from server_ext.sharding.key_values import unsigned_key_values
 from server_ext.sql import quote_identifier, sql_string
@@ -106,7 +107,11 @@ def check_agreement(key: str, types: Mapping[str, str], chdb: SqlClient, server:
         return
     purpose = "probe sharding key"
     ours = chdb.query_rows(sql, purpose=purpose)
-    theirs = server.query_rows(sql, purpose=purpose)
+    try:
+        theirs = server.query_rows(sql, purpose=purpose)
+    except ClickHouseError as exc:
+        raise ShardingError(f"the server cannot evaluate sharding key {key}, so it would "
+                            f"refuse an INSERT through the Distributed table: {exc}") from None
     constant = not types
     try:
         server_slots = slots(theirs, total_weight, constant)
