@@ -103,7 +103,7 @@ class BadRows:
         """The offending value of each bad row, as Arrow's ``to_pylist`` gives it."""
         values: list[object] = [None] * len(self.rows)
         for taken, at in self.found:
-            for position, value in zip(at.tolist(), taken.to_pylist(), strict=True):
+            for position, value in zip(at.tolist(), python_values(taken), strict=True):
                 values[position] = value
         return tuple(values)
 
@@ -160,9 +160,27 @@ class Rows:
             self.sink.report(name, shown, flags, self, reason)
 
 
+def python_values(array: pa.Array) -> list[object]:
+    """``array.to_pylist()``, except that a value Python cannot hold comes as Arrow's text
+    of it: a zoned timestamp whose wall-clock time falls outside years 1..9999 (a far
+    instant read in another zone) raises ``OverflowError`` in ``to_pylist``."""
+    try:
+        return array.to_pylist()
+    except (OverflowError, ValueError):
+        return [python_value(array, index) for index in range(len(array))]
+
+
+def python_value(array: pa.Array, index: int) -> object:
+    """``array[index].as_py()``, or Arrow's text of a value Python cannot hold."""
+    try:
+        return array[index].as_py()
+    except (OverflowError, ValueError):
+        return pc.cast(array.slice(index, 1), pa.string())[0].as_py()
+
+
 def shown_value(array: pa.Array, index: int) -> object:
     """The value at ``index`` as an error shows it (long texts cut)."""
-    value = array[index].as_py()
+    value = python_value(array, index)
     if isinstance(value, str | bytes) and len(value) > 60:
         return value[:60] + (b"..." if isinstance(value, bytes) else "...")
     return value

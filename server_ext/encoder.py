@@ -52,7 +52,13 @@ import pyarrow.compute as pc
 
 from server_ext.chtypes import FLOAT_TYPES, INTEGER_TYPES, WIDE_INTEGER_TYPES, ChType
 from server_ext.conversions import to_days, to_seconds
-from server_ext.schema import Column, decimal_arrow_type, list_values, struct_fields_for
+from server_ext.schema import (
+    Column,
+    decimal_arrow_type,
+    list_values,
+    struct_fields_for,
+    to_decimal,
+)
 
 Piece = bytes | memoryview
 
@@ -247,7 +253,7 @@ def _decimal(array: pa.Array, ch: ChType) -> np.ndarray:
     """Decimal(P, S) as Int32/Int64/Int128 scaled integers (two's complement, little-endian)."""
     if ch.precision > 38:
         raise TypeError(f"the encoder does not support {ch}")
-    wide = pc.cast(array, pa.decimal128(38, ch.scale), safe=False)  # exact: checked before
+    wide = to_decimal(array, pa.decimal128(38, ch.scale))  # exact: checked before
     buffer = wide.buffers()[1]
     words = np.frombuffer(buffer, "<i8", count=2 * len(wide), offset=wide.offset * 16)
     width = ch.decimal_width
@@ -536,6 +542,8 @@ def _cast_exact(array: pa.Array, wanted: pa.DataType) -> pa.Array:
         return seconds.cast(wanted)
     if pa.types.is_timestamp(wanted):  # DateTime64: exact (checked), so a safe cast
         return pc.cast(array, wanted, safe=True)
+    if pa.types.is_decimal(wanted):
+        return to_decimal(array, wanted)
     # values were checked to fit; unsafe only skips the truncation of sub-units
     return pc.cast(array, wanted, safe=False)
 

@@ -10,7 +10,10 @@ server stores as written.
 
 Spark structs and maps go to the server as they are: it serializes them to JSON itself
 (measured: fields by name, map keys as text, arrays as arrays, a null field or element
-left out of its object). Their leaves must be numbers, booleans or strings; a decimal
+left out of its object), except that it stores a null array member as ``[]`` (measured on
+26.9): a struct or map that holds arrays is therefore turned into JSON text here
+(:func:`as_json_texts`), a null member left out. Their leaves must be numbers, booleans or
+strings; a decimal
 would become a Float64, and dates, timestamps and binary would become text the server
 may read back as another type, so those are refused by name: cast them in Spark.
 """
@@ -100,6 +103,45 @@ def json_source_problem(arrow_type: pa.DataType, path: str = "") -> str | None:
         return None
     return (f"{where} is {arrow_type}, which JSON holds only as another type; cast it to "
             "a string or a number in Spark")
+
+
+def holds_arrays(arrow_type: pa.DataType) -> bool:
+    """Whether a struct or map type has an array anywhere inside."""
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
+        return True
+    if pa.types.is_struct(arrow_type):
+        return any(holds_arrays(field.type) for field in arrow_type)
+    if pa.types.is_map(arrow_type):
+        return holds_arrays(arrow_type.item_type)
+    return False
+
+
+def as_json_texts(array: pa.Array) -> pa.Array:
+    """Struct or map values as the JSON texts of their objects, a null member left out
+    (as a JSON text sent with it absent stores it). One Python pass per row."""
+    kind = array.type
+    return pa.array([None if value is None else json.dumps(
+        _plain(value, kind), ensure_ascii=False, allow_nan=True)
+        for value in array.to_pylist()], pa.string())
+
+
+def _plain(value: object, kind: pa.DataType) -> object:
+    """A ``to_pylist`` value of type ``kind`` as JSON data: structs and maps as objects
+    without their null members, maps' keys as text."""
+    if value is None:
+        return None
+    if pa.types.is_struct(kind):
+        assert isinstance(value, dict)
+        return {field.name: _plain(value[field.name], field.type) for field in kind
+                if value.get(field.name) is not None}
+    if pa.types.is_map(kind):
+        assert isinstance(value, list)
+        return {str(key): _plain(item, kind.item_type) for key, item in value
+                if item is not None}
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        assert isinstance(value, list)
+        return [_plain(item, kind.value_type) for item in value]
+    return value
 
 
 def is_spark_variant(arrow_type: pa.DataType) -> bool:

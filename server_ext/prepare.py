@@ -9,6 +9,8 @@ would mean to the server, and the checks and both encoders must see what is mean
   saving) is refused naming the row. ``TimestampType`` is an instant already and is kept.
 - an array of structs for a table that keeps Nested (or 18.16's ``Array(Tuple)``) as
   sub-columns ``n.a``, ``n.b`` is split into them (``nested``).
+- a struct or map holding arrays, for a ``JSON`` column, becomes JSON text: the server
+  would store a null array member as ``[]`` (``json_values``).
 The checks (``schema.check_batch``) then run on the prepared batch, which is the one to
 encode: ``checked_batch`` does both.
 """
@@ -23,6 +25,7 @@ from server_ext.bad_values import BadRows, Collect, Rows
 from server_ext.chtypes import ChType, ValueRanges
 from server_ext.conversions import wall_clock_instants
 from server_ext.errors import InvalidValue
+from server_ext.json_values import as_json_texts, holds_arrays
 from server_ext.nested import flatten_batch
 from server_ext.schema import Column, RowOf, check_batch, list_values, struct_fields_for
 
@@ -65,10 +68,17 @@ def prepare_batch(columns: list[Column], batch: pa.RecordBatch, server_zone: str
     changed = False
     for column in columns:
         array = arrays.get(column.name)
-        if array is None or not _has_wall_clock(array.type):
+        if array is None:
             continue
-        arrays[column.name] = _placed(column.name, array, column.chtype, server_zone, rows)
-        changed = True
+        if column.chtype.value_type().base == "JSON" and (
+                pa.types.is_struct(array.type) or pa.types.is_map(array.type)) \
+                and holds_arrays(array.type):
+            arrays[column.name] = as_json_texts(array)
+            changed = True
+        elif _has_wall_clock(array.type):
+            arrays[column.name] = _placed(column.name, array, column.chtype, server_zone,
+                                          rows)
+            changed = True
     if not changed:
         return batch
     return pa.RecordBatch.from_arrays(list(arrays.values()), names=list(arrays))

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from server_ext.bad_values import BadRows
+from server_ext.bad_values import BadRows, python_value
 from server_ext.client_protocol import SqlClient
 from server_ext.errors import UNKNOWN_TABLE, ClickHouseError, SchemaMismatch
 from server_ext.schema import TargetTable, describe_table
@@ -238,9 +238,9 @@ def _iso_instants(column: pa.Array) -> pa.Array:
     if not outside.size:
         return text
     values = text.to_pylist()
-    for row, value in zip(outside.tolist(), column.take(pa.array(outside)).to_pylist(),
-                          strict=True):
-        values[row] = None if value is None else value.isoformat()
+    for row in outside.tolist():
+        value = python_value(column, row)  # text where Python cannot hold the wall-clock
+        values[row] = value.isoformat() if isinstance(value, dt.datetime) else value
     return pa.array(values, pa.string())
 
 

@@ -395,7 +395,9 @@ def check_batch(target_columns: list[Column], batch: pa.RecordBatch,
     (``bad_values.Collect``: every bad row is recorded there instead of raised).
     """
     rows = rows or Rows.fail_fast()
-    for column in target_columns:
+    order = {name: index for index, name in enumerate(batch.schema.names)}
+    # the batch's (the DataFrame's) order: a row's first problem is that of its first column
+    for column in sorted(target_columns, key=lambda c: order.get(c.name, len(order))):
         array = batch.column(column.name)
         _check_array(column.name, array, column.chtype, rows, ranges)
     check_sibling_lengths([(c.name, c.chtype) for c in target_columns], batch, rows)
@@ -738,10 +740,19 @@ def decimal_arrow_type(ch: ChType) -> pa.DataType:
 
 def _cast_fits(array: pa.Array, target: pa.DataType) -> bool:
     try:
-        pc.cast(array, target, safe=True)
+        to_decimal(array, target)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return False
     return True
+
+
+def to_decimal(array: pa.Array, target: pa.DataType) -> pa.Array:
+    """``array`` as decimal type ``target``, exactly (``ArrowInvalid`` for a value that does
+    not fit). Integers go through Decimal(38, 0): Arrow casts an integer type straight to a
+    decimal only if the decimal holds every value of the type, whatever the values are."""
+    if pa.types.is_integer(array.type):
+        array = pc.cast(array, pa.decimal128(38, 0))
+    return pc.cast(array, target, safe=True)
 
 
 def _first_failing_row(array: pa.Array, fits: Callable[[pa.Array], bool]) -> int:

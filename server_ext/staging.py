@@ -53,7 +53,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from server_ext.capabilities import SCRATCH_DATABASE
+from server_ext.capabilities import SCRATCH_DATABASE, known_settings
 from server_ext.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError
 from server_ext.schema import TargetTable
@@ -195,19 +195,31 @@ def create_staging(client: SqlClient, target: TargetTable, table_name: str,
         _create_database(client, server)
     try:
         client.execute(staging_ddl(target, staging, dedup_window, merges, mirror_engine),
-                       purpose="create staging table")
+                       purpose="create staging table", settings=ddl_settings(client, target))
     except ClickHouseError as exc:
         if exc.code != UNKNOWN_DATABASE:
             raise
         _create_database(client, server)
         client.execute(staging_ddl(target, staging, dedup_window, merges, mirror_engine),
-                       purpose="create staging table")
+                       purpose="create staging table", settings=ddl_settings(client, target))
     if not merges and target.engine != "Null":
         client.execute(f"SYSTEM STOP MERGES {staging}", purpose="stop merges in staging table")
     return staging
 
 
 _DATABASE_MADE: set[str] = set()  # servers where this process made the staging database
+LOW_CARDINALITY_SETTING = "allow_experimental_low_cardinality_type"
+
+
+def ddl_settings(client: SqlClient, target: TargetTable) -> dict[str, object] | None:
+    """Settings a staging table of ``target`` needs to be created: 18.16 creates a table
+    with a LowCardinality column only with ``allow_experimental_low_cardinality_type``
+    (newer servers know the setting as obsolete, or not at all)."""
+    if not any("LowCardinality" in column.type for column in target.columns):
+        return None
+    if LOW_CARDINALITY_SETTING not in known_settings(client, (LOW_CARDINALITY_SETTING,)):
+        return None
+    return {LOW_CARDINALITY_SETTING: 1}
 UNKNOWN_DATABASE = 81
 
 
@@ -373,7 +385,8 @@ def publish_problem(client: SqlClient, target: TargetTable, strategy: str) -> st
         scratch = qualified_name(SCRATCH_DATABASE, f"preflight_{suffix}_{int(mirror)}")
         try:
             client.execute(staging_ddl(target, scratch, mirror_engine=mirror),
-                           purpose="create preflight staging table")
+                           purpose="create preflight staging table",
+                           settings=ddl_settings(client, target))
             statement = (
                 f"ALTER TABLE {scratch} MOVE PARTITION ID '{_PREFLIGHT_PARTITION}' "
                 f"TO TABLE {target.qualified}" if strategy == "move" else

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from server_ext.chtypes import STORAGE_RANGES
 from server_ext.errors import InvalidValue
+from server_ext.json_values import as_json_texts
 from server_ext.prepare import checked_batch, split_batch
 from server_ext.quarantine import ARROW_SCHEMA, KeptRows, records, rows_json, to_json
 from server_ext.schema import Column, _failing_rows, check_batch
@@ -112,6 +113,56 @@ def test_a_row_with_two_bad_values_is_charged_to_its_first_column():
     columns = [Column("a", "UInt8"), Column("b", "UInt8")]
     _, bad = split_batch(columns, batch, STORAGE_RANGES)
     assert list(zip(bad.rows.tolist(), bad.columns, strict=True)) == [(0, "b"), (1, "a")]
+
+
+def test_a_row_with_two_bad_values_is_charged_to_its_first_column_in_the_dataframe():
+    batch = pa.record_batch({"z": pa.array([400, 1], pa.int32()),
+                             "a": pa.array([500, 1], pa.int32())})
+    columns = [Column("a", "UInt8"), Column("z", "UInt8")]  # the table's order differs
+    _, bad = split_batch(columns, batch, STORAGE_RANGES)
+    assert list(zip(bad.rows.tolist(), bad.columns, strict=True)) == [(0, "z")]
+    with pytest.raises(InvalidValue, match="column `z`"):
+        check_batch(columns, batch)
+
+
+@pytest.mark.parametrize("arrow_type", [pa.int64(), pa.int32(), pa.uint64(), pa.int8()])
+def test_integers_that_fit_a_narrow_decimal_are_good_and_the_others_named(arrow_type):
+    values = [0, 5, 0 if pa.types.is_unsigned_integer(arrow_type) else -100, 99, None] + (
+        [10**7] if arrow_type != pa.int8() else [])
+    batch = pa.record_batch({"v": pa.array(values, arrow_type)})
+    columns = [Column("v", "Nullable(Decimal(9, 2))")]
+    _, bad = split_batch(columns, batch, STORAGE_RANGES)
+    assert bad.rows.tolist() == ([5] if arrow_type != pa.int8() else [])
+    assert checked_batch(columns, batch.slice(0, 5), STORAGE_RANGES).num_rows == 5
+
+
+FAR = -62135596800 * 10**6 + 3600 * 10**6  # 0001-01-01 01:00 UTC: year 0 in Los Angeles
+
+
+def test_a_far_instant_python_cannot_show_in_its_zone_is_named_not_an_overflow():
+    batch = pa.record_batch({"t": pa.array([FAR], pa.timestamp("us", "America/Los_Angeles"))})
+    with pytest.raises(InvalidValue, match="0000-12-31") as caught:
+        check_batch([Column("t", "DateTime64(6, 'Asia/Tokyo')")], batch)
+    assert caught.value.row == 0
+
+
+def test_quarantine_records_show_a_far_instant_python_cannot_show_in_its_zone():
+    batch = pa.record_batch({"code": pa.array([300], pa.int32()),
+                             "t": pa.array([FAR], pa.timestamp("us", "America/Los_Angeles"))})
+    _, bad = split_batch([Column("code", "UInt8"), Column("t", "DateTime64(6)")], batch,
+                         STORAGE_RANGES)
+    (kept,) = records([KeptRows.of(bad, batch, 0)], sink_id="s", epoch=1,
+                      task="t").to_pylist()
+    assert kept["column"] == "code" and "0000-12-31" in kept["row"]
+
+
+def test_a_struct_holding_arrays_becomes_json_text_without_its_null_members():
+    kind = pa.struct([("x", pa.int64()), ("y", pa.list_(pa.int64())),
+                      ("m", pa.map_(pa.int32(), pa.list_(pa.string())))])
+    array = pa.array([{"x": 1, "y": None, "m": [(7, None), (8, ["a"])]},
+                      {"x": None, "y": [], "m": None}, None], kind)
+    assert as_json_texts(array).to_pylist() == ['{"x": 1, "m": {"8": ["a"]}}', '{"y": []}',
+                                                None]
 
 
 def test_a_null_into_a_non_nullable_column_and_bad_json_are_bad_rows():

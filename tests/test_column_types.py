@@ -456,6 +456,57 @@ def test_a_refused_value_sends_nothing(modern_clickhouse_url: str, database) -> 
     assert run_sql(modern_clickhouse_url, f"SELECT count() FROM `{db}`.t").strip() == "0"
 
 
+@pytest.mark.parametrize("server", ["ch18", "ch26"])
+def test_integers_into_a_narrow_decimal_are_written_exactly(request, database,
+                                                            server: str) -> None:
+    url = _server_url(request, server)
+    db = database(url)
+    run_sql(url, f"CREATE TABLE `{db}`.t (k UInt8, a Decimal(9, 2), b Decimal(18, 0)) "
+                 "ENGINE = MergeTree ORDER BY k")
+    client = ClickHouseClient(url)
+    target = describe_table(client, f"{db}.t")
+    writer = BranchWriter(client, target, target.qualified, detect_capabilities(client))
+    writer.write(pa.record_batch({"k": pa.array([0, 1, 2], pa.uint8()),
+                                  "a": pa.array([0, -5, 9_999_999], pa.int64()),
+                                  "b": pa.array([0, -10**17, 10**18 - 1], pa.int64())}))
+    writer.flush()
+    assert run_sql(url, f"SELECT toInt64(toFloat64(a) * 100), toString(b) FROM `{db}`.t ORDER BY k "
+                        "FORMAT TSV").split("\n")[:3] == [
+        "0\t0", "-500\t-100000000000000000", "999999900\t999999999999999999"]
+
+
+def test_a_struct_with_null_arrays_into_json_is_stored_as_its_text_without_them(
+        modern_clickhouse_url: str, database) -> None:
+    url = modern_clickhouse_url
+    db = database(url)
+    run_sql(url, f"CREATE TABLE `{db}`.t (k UInt8, j JSON) ENGINE = MergeTree ORDER BY k")
+    client = ClickHouseClient(url)
+    target = describe_table(client, f"{db}.t")
+    kind = pa.struct([("x", pa.int64()), ("y", pa.list_(pa.int64()))])
+    writer = BranchWriter(client, target, target.qualified, detect_capabilities(client))
+    writer.write(pa.record_batch({"k": pa.array([0, 1], pa.uint8()),
+                                  "j": pa.array([{"x": 1, "y": None}, {"x": None, "y": [2]}],
+                                                kind)}))
+    writer.flush()
+    run_sql(url, f"INSERT INTO `{db}`.t FORMAT JSONEachRow "
+                 '{"k": 10, "j": {"x": 1, "y": null}} {"k": 11, "j": {"x": null, "y": [2]}}')
+    found = run_sql(url, f"SELECT k % 10, toString(j) FROM `{db}`.t ORDER BY k FORMAT TSV")
+    ours, texts = found.strip().split("\n")[:2], found.strip().split("\n")[2:]
+    assert ours == texts == ['0\t{"x":1}', '1\t{"y":[2]}']
+
+
+def test_a_low_cardinality_column_is_written_on_18_16(
+        spark, _registered, clickhouse_url, database, zk_hosts, zk_chroot) -> None:
+    url, db = clickhouse_url, database(clickhouse_url)
+    _query(url, f"CREATE TABLE `{db}`.t (id Int32, lc LowCardinality(Nullable(String))) "
+                "ENGINE = MergeTree ORDER BY id", fmt="",
+           settings=(("allow_experimental_low_cardinality_type", 1),))
+    df = spark.sql("SELECT * FROM VALUES (1, 'a'), (2, NULL) AS v(id, lc)")
+    df.write.format("clickhouse_tx").option("url", url).option("zookeeper", zk_hosts + zk_chroot) \
+        .option("table", f"{db}.t").mode("append").save()
+    assert run_sql(url, f"SELECT id, lc FROM `{db}`.t ORDER BY id FORMAT TSV") == "1\ta\n2\t\\N\n"
+
+
 _ZERO = "00000000-0000-0000-0000-000000000000"
 
 
