@@ -81,16 +81,44 @@ class AttachDecider:
                   "once" if found & staged else "merged or mutated parts above the watermark")
         return self.doubt(partition, reason, above)
 
-    def inserted(self, partition: PartitionManifest, watermark: int) -> bool:
-        """Whether an interrupted INSERT of ``partition``'s staged rows, sent as one block,
-        reached the target: exactly one fresh part above ``watermark`` holds its rows and
-        content. Not: none does, and every part above is a fresh insert (other writers')."""
+    def dropped(self, partition: PartitionManifest, watermark: int, taken: int
+                ) -> list[str] | None:
+        """The staged parts of ``partition`` that ATTACHes which took ``taken`` of them
+        left out: those without a counterpart (one block, same rows, bytes, level and
+        content) above ``watermark``. None where the parts above do not show exactly
+        ``taken`` counterparts (merged since, or a foreign look-alike arrived)."""
         above = self.parts_above(partition.partition_id, watermark)
-        candidates = [p.name for p in above if p.fresh_insert and p.rows == partition.rows]
+        wanted = {(p.rows, p.bytes, p.level) for p in partition.parts}
+        candidates = [p for p in above if p.single_block and (p.rows, p.bytes, p.level) in wanted]
+        found: Counter[Signature] = Counter()
+        if candidates:
+            found = Counter(self.signatures(self.target, partition, candidates))
+        prints = self.fingerprints(self.staging, partition.partition_id,
+                                   list(partition.part_names))
+        own = {p.name: (p.rows, p.bytes, p.level, prints.get(p.name, "")) for p in partition.parts}
+        matched = found & Counter(own.values())
+        if sum(matched.values()) != taken or sum(found.values()) != taken:
+            return None
+        left = []
+        for name, signature in own.items():
+            if matched[signature]:
+                matched[signature] -= 1
+            else:
+                left.append(name)
+        return left
+
+    def inserted(self, partition: PartitionManifest, watermark: int,
+                 part_names: tuple[str, ...]) -> bool:
+        """Whether an interrupted INSERT of the staged parts ``part_names`` of
+        ``partition``, sent as one block, reached the target: exactly one fresh part above
+        ``watermark`` holds their rows and content. Not: none does, and every part above
+        is a fresh insert (other writers')."""
+        above = self.parts_above(partition.partition_id, watermark)
+        rows = sum(p.rows for p in partition.parts if p.name in part_names)
+        candidates = [p.name for p in above if p.fresh_insert and p.rows == rows]
         matches = []
         if candidates:
-            staged = self.fingerprints(self.staging, partition.partition_id,
-                                       list(partition.part_names))
+            staged = self.fingerprints(self.staging, partition.partition_id, list(part_names))
             whole = str(sum(int(value) for value in staged.values()) % 2 ** 64)
             found = self.fingerprints(self.target, partition.partition_id, candidates)
             matches = [name for name in candidates if found.get(name) == whole]

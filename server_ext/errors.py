@@ -252,7 +252,7 @@ class InDoubtPublish(PublishError):
         self.found = found
         super().__init__(
             f"publish of partitions {partition_ids} from {staging} into {target} is in "
-            f"doubt: {found}. Nothing was attached; decide with resolve_partition after "
+            f"doubt: {found}. Publish stopped there; decide with resolve_partition after "
             "looking at the target",
             target=target, staging=staging, partition_ids=partition_ids,
         )

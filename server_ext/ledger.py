@@ -72,9 +72,11 @@ class PublishRecord:
     the server dropped as duplicates of earlier parts (``attach_replicated`` copies them
     with an INSERT); ``watermark``: the target's highest block number before an
     ``attach_marked`` attach; ``at``: when the first ``attach_replicated`` intent was
-    written; ``blocks_before``: per partition, the deduplication block ids the target
-    held before the first ``attach_replicated`` ATTACH; ``watermarks``: per partition, the
-    target's highest block number before the INSERT of deduplicated partitions;
+    written; ``blocks_before`` and ``attach_watermarks``: per partition, the deduplication
+    block ids and the highest block number the target held before the first
+    ``attach_replicated`` ATTACH; ``dropped_parts``: per deduplicated partition, the staged
+    parts the server dropped (all of them where absent); ``watermarks``: per partition, the
+    target's highest block number before the INSERT of the dropped parts;
     ``manifest``: a combined table's sealed manifest (state ``combined``).
 
     Format 1. The records of releases before the format key read the same (the key is
@@ -88,6 +90,8 @@ class PublishRecord:
     watermark: int | None = None
     at: float | None = None
     blocks_before: dict[str, tuple[str, ...]] | None = None
+    attach_watermarks: dict[str, int] | None = None
+    dropped_parts: dict[str, tuple[str, ...]] | None = None
     watermarks: dict[str, int] | None = None
     manifest: Manifest | None = None
 
@@ -112,6 +116,10 @@ class PublishRecord:
             raw["at"] = self.at
         if self.blocks_before is not None:
             raw["blocks_before"] = {pid: sorted(ids) for pid, ids in self.blocks_before.items()}
+        if self.attach_watermarks is not None:
+            raw["attach_watermarks"] = dict(self.attach_watermarks)
+        if self.dropped_parts is not None:
+            raw["dropped_parts"] = {pid: list(parts) for pid, parts in self.dropped_parts.items()}
         if self.watermarks is not None:
             raw["watermarks"] = dict(self.watermarks)
         if self.manifest is not None:
@@ -128,6 +136,8 @@ class PublishRecord:
                 f"format {RECORD_FORMAT}; finish the xid with the release that wrote it")
         manifest = raw.get("manifest")
         blocks = raw.get("blocks_before")
+        attach_marks = raw.get("attach_watermarks")
+        dropped = raw.get("dropped_parts")
         marks = raw.get("watermarks")
         return cls(state=state, attaching=tuple(raw.get("attaching", ())),
                    published=tuple(raw.get("published", ())),
@@ -135,6 +145,10 @@ class PublishRecord:
                    watermark=raw.get("watermark"), at=raw.get("at"),
                    blocks_before=None if blocks is None else {
                        pid: tuple(ids) for pid, ids in blocks.items()},
+                   attach_watermarks=None if attach_marks is None else {
+                       pid: int(mark) for pid, mark in attach_marks.items()},
+                   dropped_parts=None if dropped is None else {
+                       pid: tuple(parts) for pid, parts in dropped.items()},
                    watermarks=None if marks is None else {
                        pid: int(mark) for pid, mark in marks.items()},
                    manifest=Manifest.from_dict(manifest) if manifest else None)

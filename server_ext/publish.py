@@ -51,9 +51,12 @@ ids as they were before the first ATTACH (``blocks_before``), and every run coun
 ids against them: one per staged part means attached. A partition of which the server took
 no part (a rollup that counts the same in two epochs does this) is copied with an ``INSERT
 ... SELECT`` (``insert_dropped``: its own intent, watermark and decision), as a plain
-INSERT keeps such rows; unless views read the table, which an INSERT would fire:
-``PartsDeduplicated`` then, never a silent loss. A partition of which it took some parts
-only is ``InDoubtPublish``. Seal merges look-alike parts of a partition so the ``Node
+INSERT keeps such rows; only the parts it dropped are copied (those without a counterpart
+above the partition's watermark from before the first ATTACH, where it took some). Where
+views read the table, an INSERT would fire them a second time: the server's deduplication
+then stands in the table, with a warning, as it does for a plain INSERT of such a block
+(whose views, measured on 18.16, then get nothing; the sink's views get the epoch's rows,
+published on their own). Seal merges look-alike parts of a partition so the ``Node
 exists`` case does not arise. A repeat after a crash relies on the server's deduplication,
 so it must come within the deduplication window (100 further attaches or inserts into the
 target on 18.16, 10,000 on 26.x; and ``replicated_deduplication_window_seconds``: 7 days on
@@ -403,14 +406,19 @@ class _ReplicatedPublisher(_Publisher):
             self.require_within_window(record, sorted(intended))
         blocks_path = self.blocks_path()
         current = self.block_ids(blocks_path)
-        # the first run's ids stay: a repeat counts what every run attached
+        # the first run's ids and watermarks stay: a repeat counts what every run attached
         first = record.blocks_before if intended else None
         before = {p.partition_id: tuple(sorted(
             (first or {}).get(p.partition_id, current.get(p.partition_id, ()))))
             for p in pending}
+        marks = record.attach_watermarks if first is not None else None
+        if marks is None:
+            marks = partition_watermarks(self.client, self.manifest.target_database,
+                                         self.manifest.target_table,
+                                         [p.partition_id for p in pending])
         # the first intent's time stays: the window runs from the first ATTACH
         self.put_intent(pending, record.published, at=record.at or round(time.time(), 3),
-                        blocks_before=before)
+                        blocks_before=before, attach_watermarks=marks)
         try:
             alter_in_chunks(self.client, self.target, self.from_staging("ATTACH", pending),
                             purpose="attach partitions into target", retry=True)
@@ -424,21 +432,42 @@ class _ReplicatedPublisher(_Publisher):
         legacy = intended if first is None else set()  # an intent without its block ids
         attached = {p.partition_id: self.attached_parts(p, before, after, legacy)
                     for p in pending}
-        partly = [p.partition_id for p in pending if 0 < attached[p.partition_id] < len(p.parts)]
-        if partly:
-            raise InDoubtPublish(
-                target=self.target, staging=self.staging, partition_ids=partly,
-                found="the server dropped some, not all, staged parts of each as duplicates "
-                      "of byte-identical earlier parts; which ones cannot be told")
-        dropped = [p for p in pending if attached[p.partition_id] == 0]
-        if dropped:
-            kept = [p.partition_id for p in pending if p not in dropped]
-            record = PublishRecord.intent((), [*record.published, *kept],
-                                          deduplicated=tuple(p.partition_id for p in dropped))
+        short = [p for p in pending if attached[p.partition_id] < len(p.parts)]
+        if short:
+            record = PublishRecord.intent(
+                (), [*record.published, *(p.partition_id for p in pending if p not in short)],
+                deduplicated=tuple(p.partition_id for p in short),
+                dropped_parts=self.dropped_parts(short, attached, marks))
             record.store(self.ledger, self.key)
-            self.insert_dropped(dropped, record)
+            self.insert_dropped(short, record)
             return
         self.mark_published()
+
+    def dropped_parts(self, short: list[PartitionManifest], attached: dict[str, int],
+                      marks: dict[str, int]) -> dict[str, tuple[str, ...]]:
+        """Per partition the server took fewer parts of than staged, the parts it dropped:
+        all, where it took none; else those without a counterpart above the partition's
+        watermark from before the first ATTACH (``InDoubtPublish`` where that cannot be
+        told)."""
+        decider = AttachDecider(self.client, self.manifest, 0)
+        dropped: dict[str, tuple[str, ...]] = {}
+        undecided = []
+        for partition in short:
+            pid = partition.partition_id
+            names = list(partition.part_names) if attached[pid] == 0 else (
+                decider.dropped(partition, marks[pid], attached[pid]) if pid in marks
+                else None)
+            if names is None:
+                undecided.append(pid)
+            else:
+                dropped[pid] = tuple(names)
+        if undecided:
+            raise InDoubtPublish(
+                target=self.target, staging=self.staging, partition_ids=undecided,
+                found="the server dropped some, not all, staged parts of each as duplicates "
+                      "of byte-identical earlier parts, and the target's parts above the "
+                      "watermark no longer show which")
+        return dropped
 
     @staticmethod
     def attached_parts(partition: PartitionManifest, before: dict[str, tuple[str, ...]],
@@ -461,13 +490,19 @@ class _ReplicatedPublisher(_Publisher):
         idempotent: as ``attach_marked`` does for its ATTACH, the intent carries each
         partition's block-number watermark, merges of the target are stopped around it,
         and a repeat decides from the parts above the watermark (``AttachDecider.inserted``).
-        A table that materialized views read is refused (``PartsDeduplicated``): the INSERT
-        would fire them, and their share of the epoch is published on its own.
+        A table that materialized views read is not copied into: the INSERT would fire
+        them a second time (their share of the epoch is published on its own). There the
+        server's deduplication stands, as it does for a plain INSERT of such a block; a
+        warning names the partitions.
         """
         pids = [p.partition_id for p in partitions]
         if self.feeds_views():
-            raise self.deduplicated(pids, "earlier; it feeds materialized views, which a copy "
-                                          "by INSERT would fire a second time")
+            log.warning("%s dropped staged parts of partitions %s from %s as duplicates of "
+                        "byte-identical earlier parts, as it drops such an INSERT block; not "
+                        "copied, since it feeds materialized views, which an INSERT would "
+                        "fire again (they got the epoch's rows)", self.target, pids, self.staging)
+            self.mark_published()
+            return
         self.set_target_merges("STOP")
         try:
             copied: set[str] = set()
@@ -476,7 +511,7 @@ class _ReplicatedPublisher(_Publisher):
                 decider = AttachDecider(self.client, self.manifest, 0)
                 copied = {p.partition_id for p in partitions if p.partition_id in
                           record.watermarks and decider.inserted(
-                              p, record.watermarks[p.partition_id])}
+                              p, record.watermarks[p.partition_id], self.parts_of(p, record))}
                 if decider.in_doubt:
                     raise InDoubtPublish(
                         target=self.target, staging=self.staging,
@@ -489,11 +524,12 @@ class _ReplicatedPublisher(_Publisher):
                                              [p.partition_id for p in to_copy])
                 done = set(record.published) | copied
                 PublishRecord.intent((), done, deduplicated=tuple(pids),
+                                     dropped_parts=record.dropped_parts,
                                      watermarks=marks).store(self.ledger, self.key)
                 self.on_step(STEP_AFTER_INSERT_INTENT)
                 self.ledger.confirm()
                 for partition in to_copy:
-                    self.insert_partition(partition)
+                    self.insert_partition(partition, self.parts_of(partition, record))
                 self.on_step(STEP_AFTER_INSERT)
         except InDoubtPublish:
             self.set_target_merges("START")  # the evidence is in the error
@@ -504,8 +540,15 @@ class _ReplicatedPublisher(_Publisher):
         self.mark_published()
         self.set_target_merges("START")
 
-    def insert_partition(self, partition: PartitionManifest) -> None:
-        """One staged partition into the target as one block: one part, never deduplicated."""
+    @staticmethod
+    def parts_of(partition: PartitionManifest, record: PublishRecord) -> tuple[str, ...]:
+        """The staged parts of ``partition`` to copy: those the server dropped."""
+        return (record.dropped_parts or {}).get(partition.partition_id, partition.part_names)
+
+    def insert_partition(self, partition: PartitionManifest, part_names: tuple[str, ...]
+                         ) -> None:
+        """Staged parts of one partition into the target as one block: one part, never
+        deduplicated."""
         target = describe_table(self.client, f"{self.manifest.target_database}."
                                              f"{self.manifest.target_table}")
         columns = [c for c in target.columns if c.default_kind in ("", "DEFAULT", "MATERIALIZED")]
@@ -519,7 +562,8 @@ class _ReplicatedPublisher(_Publisher):
             settings[OPTIMIZE_ON_INSERT] = 0  # the copy keeps the staged rows as they are
         self.client.execute(
             f"INSERT INTO {self.target} ({names}) SELECT {names} FROM {self.staging} "
-            f"WHERE _partition_id = {sql_string(partition.partition_id)}",
+            f"WHERE _partition_id = {sql_string(partition.partition_id)} AND _part IN "
+            f"({', '.join(sql_string(name) for name in part_names)})",
             purpose="copy deduplicated partition into target", settings=settings,
             retry=False)
 

@@ -17,7 +17,7 @@ import pytest
 
 from server_ext.attach_decision import max_block_number
 from server_ext.client import ClickHouseClient
-from server_ext.errors import ClickHouseError, InDoubtPublish, PartsDeduplicated, StagingChanged
+from server_ext.errors import ClickHouseError, InDoubtPublish, StagingChanged
 from server_ext.ledger import MemoryLedger, resolve_partition
 from server_ext.manifest import Manifest
 from server_ext.overwrite import publish_overwrite
@@ -512,6 +512,37 @@ def test_replicated_copy_of_deduplicated_content_rerun_after_crash_at_step_copie
     assert staged_rows(clickhouse_url, second.staging_table) == 0
 
 
+def stage_twice(client: ClickHouseClient, url: str, target: TargetTable, name: str
+                ) -> Manifest:
+    """Staging whose every partition holds a part byte-identical to ``stage(..., 0)``'s and
+    a part of other rows (keys 500..679, two a day)."""
+    staging = create_staging(client, target, name)
+    for first_key, rows in ((0, 90), (500, 180)):
+        run_sql(url, f"INSERT INTO {staging} (d, k, n) SELECT toDate('2024-01-01') + "
+                     f"number % 90, {first_key} + number, number FROM system.numbers "
+                     f"LIMIT {rows}")
+    return seal(client, target, staging, expected_rows=270)
+
+
+@pytest.mark.parametrize("step", [None, STEP_AFTER_ATTACH, STEP_AFTER_INSERT_INTENT,
+                                  STEP_AFTER_INSERT])
+def test_replicated_publish_copies_only_the_parts_the_server_dropped(
+        client, clickhouse_url, ch_db, staging_names, step) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "replicated")
+    first = stage(client, clickhouse_url, target, staging_names(), 0)
+    second = stage_twice(client, clickhouse_url, target, staging_names())
+    assert all(len(p.parts) == 2 for p in second.partitions)
+    ledger = MemoryLedger()
+    publish(client, first, "attach_replicated", ledger)
+    if step is not None:
+        with pytest.raises(Crash):
+            publish(client, second, "attach_replicated", ledger, on_step=crash_at(step))
+    publish(client, second, "attach_replicated", ledger)
+    rows, distinct, total = keys_in(clickhouse_url, ch_db)
+    assert (rows, distinct, total) == (360, 270, 2 * sum(range(90)) + sum(range(500, 680)))
+    assert staged_rows(clickhouse_url, second.staging_table) == 0
+
+
 def test_replicated_copy_rerun_is_in_doubt_when_a_merge_mixed_the_copied_part(
         client, clickhouse_url, ch_db, staging_names) -> None:
     target = make_target(clickhouse_url, client, ch_db, "replicated")
@@ -529,8 +560,11 @@ def test_replicated_copy_rerun_is_in_doubt_when_a_merge_mixed_the_copied_part(
     assert keys_in(clickhouse_url, ch_db) == twice(range(90))
 
 
-def test_replicated_publish_of_identical_content_into_a_table_views_read_is_refused(
-        client, clickhouse_url, ch_db, staging_names) -> None:
+def test_replicated_publish_into_a_table_views_read_keeps_the_servers_deduplication(
+        client, clickhouse_url, ch_db, staging_names, caplog) -> None:
+    """A copy by INSERT would fire the views again; a plain INSERT's block the table drops
+    still reaches its views, so the table keeps the server's deduplication, with a
+    warning."""
     target = make_target(clickhouse_url, client, ch_db, "replicated")
     run_sql(clickhouse_url, f"CREATE MATERIALIZED VIEW `{ch_db}`.keys ENGINE = MergeTree() "
                             f"ORDER BY k AS SELECT k FROM `{ch_db}`.t")
@@ -538,28 +572,11 @@ def test_replicated_publish_of_identical_content_into_a_table_views_read_is_refu
     second = stage(client, clickhouse_url, target, staging_names(), 0)
     ledger = MemoryLedger()
     publish(client, first, "attach_replicated", ledger)
-    with pytest.raises(PartsDeduplicated, match="feeds materialized views"):
+    with caplog.at_level("WARNING"):
         publish(client, second, "attach_replicated", ledger)
-    with pytest.raises(PartsDeduplicated):  # a re-run does not pass over it either
-        publish(client, second, "attach_replicated", ledger)
+    assert "feeds materialized views" in caplog.text
     assert keys_in(clickhouse_url, ch_db) == expect(range(90))
-
-
-def test_deduplicated_partitions_accepted_by_an_operator_let_publish_finish(
-        client, clickhouse_url, ch_db, staging_names) -> None:
-    target = make_target(clickhouse_url, client, ch_db, "replicated")
-    run_sql(clickhouse_url, f"CREATE MATERIALIZED VIEW `{ch_db}`.keys ENGINE = MergeTree() "
-                            f"ORDER BY k AS SELECT k FROM `{ch_db}`.t")
-    first = stage(client, clickhouse_url, target, staging_names(), 0)
-    second = stage(client, clickhouse_url, target, staging_names(), 0)
-    ledger = MemoryLedger()
-    publish(client, first, "attach_replicated", ledger)
-    with pytest.raises(PartsDeduplicated) as err:
-        publish(client, second, "attach_replicated", ledger)
-    for partition_id in err.value.partition_ids:
-        resolve_partition(second, partition_id, ledger, attached=True)
-    report = publish(client, second, "attach_replicated", ledger)
-    assert report.already_published == list(second.partition_ids)
+    assert int(run_sql(clickhouse_url, f"SELECT count() FROM `{ch_db}`.keys")) == 0
     assert staged_rows(clickhouse_url, second.staging_table) == 0
 
 
