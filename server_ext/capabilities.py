@@ -225,7 +225,8 @@ def supported_strategies(caps: Capabilities, target: DescribedTarget) -> list[St
     return [s for s in ordered if strategy_problem(caps, target, s) is None]
 
 
-def engine_problem(target: DescribedTarget) -> str | None:
+def engine_problem(target: DescribedTarget, *, through_distributed: bool = True
+                   ) -> str | None:
     """None if staged partitions can be published into a table of this engine.
 
     Publishing hands whole partitions of a staging MergeTree to the target (ATTACH, MOVE
@@ -234,14 +235,15 @@ def engine_problem(target: DescribedTarget) -> str | None:
     MergeTree's partitions). The deprecated ``MergeTree(date, key, granularity)`` syntax
     has another part format and cannot be staged. A ``Null`` table (an ingest table whose
     rows live only in its materialized views) is staged as ``Null``: its staging views
-    fire, and nothing is published into it.
+    fire, and nothing is published into it. ``through_distributed``: the table is a
+    target, which may also be a Distributed table over such tables (a view's table may not).
     """
     if target.engine == "Null":
         return None
     if not target.engine.endswith("MergeTree"):
+        over = " (or a Distributed table over such tables)" if through_distributed else ""
         return (f"its engine is {target.engine}; clickhouse_tx publishes whole partitions, "
-                "which only a MergeTree-family table (or a Distributed table over such "
-                "tables) accepts")
+                f"which only a MergeTree-family table{over} accepts")
     if " ORDER BY " not in f" {target.engine_full} ":
         return ("it uses the deprecated MergeTree(date, key, granularity) syntax, whose "
                 "parts have another format; recreate it with PARTITION BY / ORDER BY")

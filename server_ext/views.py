@@ -178,7 +178,7 @@ def tree_problem(nodes: tuple[ViewNode, ...], overwrite: bool) -> str | None:
                 "write in append mode, or set materialized_views='ignore' to leave them "
                 "without these rows")
     for node in nodes:
-        problem = engine_problem(node.table)
+        problem = engine_problem(node.table, through_distributed=False)
         if problem:
             return (f"materialized view {node.view_name} writes into "
                     f"{node.table.database}.{node.table.name}: {problem}")

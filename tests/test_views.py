@@ -246,7 +246,7 @@ def partitions(url: str, table: str) -> list[str]:
 
 def assert_refused_untouched(spark, server_url, options, table, match, zk_hosts, zk_chroot,
                              mode="append"):
-    with pytest.raises(Exception, match=match):
+    with pytest.raises(Exception, match=match) as caught:
         save(events_df(spark, 0, 10), options, table, mode=mode)
     assert staging_tables(server_url, options) == []
     zk = KazooClient(hosts=zk_hosts + zk_chroot)
@@ -256,6 +256,7 @@ def assert_refused_untouched(spark, server_url, options, table, match, zk_hosts,
         assert not zk.exists(sink) or zk.get_children(sink) == []
     finally:
         zk.stop()
+    return str(caught.value)
 
 
 def test_an_overwrite_of_a_table_that_feeds_views_is_refused_naming_them(
@@ -274,6 +275,35 @@ def test_a_view_into_a_table_no_partition_can_be_published_into_is_refused_namin
                         f"`{server_db}`.`log` AS SELECT id FROM `{server_db}`.`events`")
     assert_refused_untouched(spark, server_url, options, table, "log_mv.*engine is Log",
                              zk_hosts, zk_chroot)
+
+
+def test_a_view_into_a_table_its_staging_cannot_match_is_refused_naming_the_view(
+        spark, server_url, server_db, options, zk_hosts, zk_chroot):
+    table = create_events(server_url, server_db)
+    run_sql(server_url, f"CREATE TABLE `{server_db}`.`vc` (id UInt64, sign Int8, v UInt8) "
+                        "ENGINE = VersionedCollapsingMergeTree(sign, v) ORDER BY id")
+    run_sql(server_url, f"CREATE MATERIALIZED VIEW `{server_db}`.`vc_mv` TO "
+                        f"`{server_db}`.`vc` AS SELECT id, toInt8(1) AS sign, toUInt8(1) AS v "
+                        f"FROM `{server_db}`.`events`")
+    assert_refused_untouched(spark, server_url, options, table,
+                             r"vc` \(the table of materialized view [^)]*vc_mv\)",
+                             zk_hosts, zk_chroot)
+
+
+def test_a_view_into_a_distributed_table_is_refused_without_offering_a_distributed_table(
+        spark, clickhouse_url, ch_db, zk_hosts, zk_chroot):
+    """18.16 only: the modern test server has no cluster for a Distributed table."""
+    table = create_events(clickhouse_url, ch_db)
+    run_sql(clickhouse_url, f"CREATE TABLE `{ch_db}`.`ids` (id UInt64) ENGINE = MergeTree() "
+                            "ORDER BY id")
+    run_sql(clickhouse_url, f"CREATE TABLE `{ch_db}`.`ids_all` AS `{ch_db}`.`ids` ENGINE = "
+                            f"Distributed(txsink_cluster, `{ch_db}`, ids)")
+    run_sql(clickhouse_url, f"CREATE MATERIALIZED VIEW `{ch_db}`.`ids_mv` TO "
+                            f"`{ch_db}`.`ids_all` AS SELECT id FROM `{ch_db}`.`events`")
+    options = {"url": clickhouse_url, "zookeeper": zk_hosts + zk_chroot, "sink_id": "views"}
+    message = assert_refused_untouched(spark, clickhouse_url, options, table,
+                                       "ids_mv.*engine is Distributed", zk_hosts, zk_chroot)
+    assert "or a Distributed table" not in message
 
 
 def test_a_view_that_reads_its_source_twice_is_refused_naming_it(

@@ -336,15 +336,15 @@ def check_publishable(options: SinkOptions, checked: CheckedTarget) -> None:
     several = len(shards) > 1
     for index, (table, server) in enumerate(shards):
         client = connections.clickhouse(options, server)
-        for each, strategy in ((table, checked.strategy),
-                               *((n.table, s) for n, s in zip(checked.views,
-                                                              checked.view_strategies,
-                                                              strict=True))):
+        for each, strategy, view in ((table, checked.strategy, None),
+                                     *((n.table, s, n) for n, s in zip(checked.views,
+                                                                       checked.view_strategies,
+                                                                       strict=True))):
             problem = publish_problem(client, each, strategy)
             if problem:
                 raise server_ext.UnsupportedTarget(
-                    f"cannot write into {each.qualified}{_on_shard(index, server, several)}: "
-                    f"{problem}. Nothing was staged")
+                    f"cannot write into {_named(each, view)}"
+                    f"{_on_shard(index, server, several)}: {problem}. Nothing was staged")
 
 
 def check_insert_memory(options: SinkOptions, checked: CheckedTarget) -> None:
@@ -357,12 +357,19 @@ def check_insert_memory(options: SinkOptions, checked: CheckedTarget) -> None:
     several = len(shards) > 1
     for index, (table, server) in enumerate(shards):
         client = connections.clickhouse(options, server)
-        for each in (table, *(node.table for node in checked.views)):
+        for each, view in ((table, None), *((node.table, node) for node in checked.views)):
             problem = memory_problem(client, each)
             if problem:
                 raise server_ext.UnsupportedTarget(
-                    f"cannot write into {each.qualified}{_on_shard(index, server, several)}: "
-                    f"{problem}. Nothing was staged")
+                    f"cannot write into {_named(each, view)}"
+                    f"{_on_shard(index, server, several)}: {problem}. Nothing was staged")
+
+
+def _named(table: server_ext.TargetTable, view: ViewNode | None) -> str:
+    """A table as a refusal names it: a view's table with the view that fills it."""
+    if view is None:
+        return table.qualified
+    return f"{table.qualified} (the table of materialized view {view.view_name})"
 
 
 def _auto_strategy(options: SinkOptions, tables, name: str) -> str:
