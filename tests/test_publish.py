@@ -475,6 +475,26 @@ def test_attach_marked_rerun_is_in_doubt_when_an_identical_part_arrived_besides_
 # -- attach_replicated: the server's content deduplication ---------------------------------
 
 
+def stage_again(client: ClickHouseClient, url: str, target: TargetTable, name: str
+                ) -> Manifest:
+    """``stage(..., 0)`` once more: parts byte-identical to its first staging's."""
+    return stage(client, url, target, name, 0)
+
+
+def published_then_staged_again(client: ClickHouseClient, url: str, database: str,
+                                staging_names: Callable[[], str],
+                                again: Callable[..., Manifest] = stage_again
+                                ) -> tuple[MemoryLedger, Manifest]:
+    """A Replicated target that got ``stage(..., 0)``'s rows through ``attach_replicated``,
+    and a second staging from ``again`` holding a part byte-identical to it per partition."""
+    target = make_target(url, client, database, "replicated")
+    first = stage(client, url, target, staging_names(), 0)
+    second = again(client, url, target, staging_names())
+    ledger = MemoryLedger()
+    publish(client, first, "attach_replicated", ledger)
+    return ledger, second
+
+
 def twice(keys: range) -> tuple[int, int, int]:
     rows, distinct, total = expect(keys)
     return 2 * rows, distinct, 2 * total
@@ -482,11 +502,7 @@ def twice(keys: range) -> tuple[int, int, int]:
 
 def test_replicated_publish_of_content_identical_to_an_earlier_branch_copies_it_once(
         client, clickhouse_url, ch_db, staging_names) -> None:
-    target = make_target(clickhouse_url, client, ch_db, "replicated")
-    first = stage(client, clickhouse_url, target, staging_names(), 0)
-    second = stage(client, clickhouse_url, target, staging_names(), 0)  # same rows again
-    ledger = MemoryLedger()
-    publish(client, first, "attach_replicated", ledger)
+    ledger, second = published_then_staged_again(client, clickhouse_url, ch_db, staging_names)
     report = publish(client, second, "attach_replicated", ledger)
     assert report.published == list(second.partition_ids)
     assert keys_in(clickhouse_url, ch_db) == twice(range(90))
@@ -500,11 +516,7 @@ def test_replicated_publish_of_content_identical_to_an_earlier_branch_copies_it_
                                   "publish.after_mark"])
 def test_replicated_copy_of_deduplicated_content_rerun_after_crash_at_step_copies_it_once(
         client, clickhouse_url, ch_db, staging_names, step) -> None:
-    target = make_target(clickhouse_url, client, ch_db, "replicated")
-    first = stage(client, clickhouse_url, target, staging_names(), 0)
-    second = stage(client, clickhouse_url, target, staging_names(), 0)
-    ledger = MemoryLedger()
-    publish(client, first, "attach_replicated", ledger)
+    ledger, second = published_then_staged_again(client, clickhouse_url, ch_db, staging_names)
     with pytest.raises(Crash):
         publish(client, second, "attach_replicated", ledger, on_step=crash_at(step))
     publish(client, second, "attach_replicated", ledger)
@@ -528,12 +540,9 @@ def stage_twice(client: ClickHouseClient, url: str, target: TargetTable, name: s
                                   STEP_AFTER_INSERT])
 def test_replicated_publish_copies_only_the_parts_the_server_dropped(
         client, clickhouse_url, ch_db, staging_names, step) -> None:
-    target = make_target(clickhouse_url, client, ch_db, "replicated")
-    first = stage(client, clickhouse_url, target, staging_names(), 0)
-    second = stage_twice(client, clickhouse_url, target, staging_names())
+    ledger, second = published_then_staged_again(client, clickhouse_url, ch_db, staging_names,
+                                                  stage_twice)
     assert all(len(p.parts) == 2 for p in second.partitions)
-    ledger = MemoryLedger()
-    publish(client, first, "attach_replicated", ledger)
     if step is not None:
         with pytest.raises(Crash):
             publish(client, second, "attach_replicated", ledger, on_step=crash_at(step))
@@ -545,11 +554,7 @@ def test_replicated_publish_copies_only_the_parts_the_server_dropped(
 
 def test_replicated_copy_rerun_is_in_doubt_when_a_merge_mixed_the_copied_part(
         client, clickhouse_url, ch_db, staging_names) -> None:
-    target = make_target(clickhouse_url, client, ch_db, "replicated")
-    first = stage(client, clickhouse_url, target, staging_names(), 0)
-    second = stage(client, clickhouse_url, target, staging_names(), 0)
-    ledger = MemoryLedger()
-    publish(client, first, "attach_replicated", ledger)
+    ledger, second = published_then_staged_again(client, clickhouse_url, ch_db, staging_names)
     with pytest.raises(Crash):
         publish(client, second, "attach_replicated", ledger,
                 on_step=crash_at(STEP_AFTER_INSERT))
