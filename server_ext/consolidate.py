@@ -72,8 +72,8 @@ from server_ext.publish import publish
 from server_ext.publish_steps import MAX_COMMANDS_PER_ALTER, PublishReport, StepHook, no_step
 from server_ext.schema import TargetTable, describe_table
 from server_ext.seal import merge_partitions, read_staged_partitions, require_sealed, seal
-from server_ext.sql import qualified_name, quote_identifier, split_table_name, sql_string
-from server_ext.staging import create_staging, rollback, staging_qualified
+from server_ext.sql import qualified_name, split_table_name, sql_string
+from server_ext.staging import copied_columns, create_staging, rollback, staging_qualified
 
 log = logging.getLogger(__name__)
 
@@ -312,8 +312,7 @@ def _rewrite(client: SqlClient, target: TargetTable, sources: list[Manifest],
     repeatable (a failed INSERT may have written some blocks): a repeat of the combine
     drops the table first. MATERIALIZED columns are copied, not recomputed.
     """
-    columns = [c for c in target.columns if c.default_kind in ("", "DEFAULT", "MATERIALIZED")]
-    names = ", ".join(quote_identifier(c.name) for c in columns)
+    names, copy_settings = copied_columns(target)
     # A regular expression naming exactly the sources: merge() takes its columns from the
     # first table it matches, so nothing else may match (a transaction's other targets
     # stage under the same xid prefix). 18.16 pays ~20 us per alternative and table of the
@@ -323,11 +322,9 @@ def _rewrite(client: SqlClient, target: TargetTable, sources: list[Manifest],
            f"merge({sql_string(sources[0].staging_database)}, {sql_string(f'^({tables})$')})")
     settings: dict[str, object] = {
         "min_insert_block_size_rows": 0, "min_insert_block_size_bytes": REWRITE_BLOCK_BYTES,
-        "max_query_size": max(DEFAULT_MAX_QUERY_SIZE, len(sql) + 1)}
+        "max_query_size": max(DEFAULT_MAX_QUERY_SIZE, len(sql) + 1), **copy_settings}
     if PARTITIONS_LIMIT in known_settings(client, (PARTITIONS_LIMIT,)):
         settings[PARTITIONS_LIMIT] = 0  # an epoch may span more than 100 partitions
-    if any(c.default_kind == "MATERIALIZED" for c in columns):
-        settings["insert_allow_materialized_columns"] = 1
     client.execute(sql, purpose="combine winners into one table", settings=settings,
                    retry=False)
 

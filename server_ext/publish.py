@@ -130,10 +130,10 @@ from server_ext.publish_steps import (
     no_step,
     repeat_past_leftover_clones,
 )
-from server_ext.schema import describe_table
+from server_ext.schema import TargetTable, describe_table
 from server_ext.seal import read_staged_partitions, read_staged_with_watermark
-from server_ext.sql import qualified_name, quote_identifier, sql_string
-from server_ext.staging import table_settings
+from server_ext.sql import qualified_name, sql_string
+from server_ext.staging import copied_columns, table_settings
 
 log = logging.getLogger(__name__)
 
@@ -290,11 +290,15 @@ class _Publisher:
         target's parts above ``watermark``); ``InDoubtPublish`` where that cannot be told."""
         decider = AttachDecider(self.client, self.manifest, watermark)
         published = {p.partition_id for p in partitions if decider.attached(p, sealed)}
+        self.refuse_doubts(decider)
+        return published
+
+    def refuse_doubts(self, decider: AttachDecider) -> None:
+        """``InDoubtPublish`` naming every partition ``decider`` could not decide."""
         if decider.in_doubt:
             raise InDoubtPublish(target=self.target, staging=self.staging,
                                  partition_ids=[pid for pid, _ in decider.in_doubt],
                                  found="; ".join(reason for _, reason in decider.in_doubt))
-        return published
 
     def set_target_merges(self, verb: str) -> None:
         self.client.execute(f"SYSTEM {verb} MERGES {self.target}",
@@ -512,11 +516,7 @@ class _ReplicatedPublisher(_Publisher):
                 copied = {p.partition_id for p in partitions if p.partition_id in
                           record.watermarks and decider.inserted(
                               p, record.watermarks[p.partition_id], self.parts_of(p, record))}
-                if decider.in_doubt:
-                    raise InDoubtPublish(
-                        target=self.target, staging=self.staging,
-                        partition_ids=[pid for pid, _ in decider.in_doubt],
-                        found="; ".join(reason for _, reason in decider.in_doubt))
+                self.refuse_doubts(decider)
             to_copy = [p for p in partitions if p.partition_id not in copied]
             if to_copy:
                 marks = partition_watermarks(self.client, self.manifest.target_database,
@@ -528,8 +528,10 @@ class _ReplicatedPublisher(_Publisher):
                                      watermarks=marks).store(self.ledger, self.key)
                 self.on_step(STEP_AFTER_INSERT_INTENT)
                 self.ledger.confirm()
+                target = describe_table(self.client, f"{self.manifest.target_database}."
+                                                     f"{self.manifest.target_table}")
                 for partition in to_copy:
-                    self.insert_partition(partition, self.parts_of(partition, record))
+                    self.insert_partition(target, partition, self.parts_of(partition, record))
                 self.on_step(STEP_AFTER_INSERT)
         except InDoubtPublish:
             self.set_target_merges("START")  # the evidence is in the error
@@ -545,19 +547,14 @@ class _ReplicatedPublisher(_Publisher):
         """The staged parts of ``partition`` to copy: those the server dropped."""
         return (record.dropped_parts or {}).get(partition.partition_id, partition.part_names)
 
-    def insert_partition(self, partition: PartitionManifest, part_names: tuple[str, ...]
-                         ) -> None:
-        """Staged parts of one partition into the target as one block: one part, never
-        deduplicated."""
-        target = describe_table(self.client, f"{self.manifest.target_database}."
-                                             f"{self.manifest.target_table}")
-        columns = [c for c in target.columns if c.default_kind in ("", "DEFAULT", "MATERIALIZED")]
-        names = ", ".join(quote_identifier(c.name) for c in columns)
+    def insert_partition(self, target: TargetTable, partition: PartitionManifest,
+                         part_names: tuple[str, ...]) -> None:
+        """Staged parts of one partition into the target (described as ``target``) as one
+        block: one part, never deduplicated."""
+        names, copy_settings = copied_columns(target)
         settings: dict[str, object] = {
             "insert_deduplicate": 0, "min_insert_block_size_rows": 0,
-            "min_insert_block_size_bytes": ONE_BLOCK_BYTES}
-        if any(c.default_kind == "MATERIALIZED" for c in columns):
-            settings["insert_allow_materialized_columns"] = 1
+            "min_insert_block_size_bytes": ONE_BLOCK_BYTES, **copy_settings}
         if OPTIMIZE_ON_INSERT in known_settings(self.client, (OPTIMIZE_ON_INSERT,)):
             settings[OPTIMIZE_ON_INSERT] = 0  # the copy keeps the staged rows as they are
         self.client.execute(

@@ -345,6 +345,17 @@ def _split_top_level(text: str) -> list[str]:
     return items
 
 
+def copied_columns(target: TargetTable) -> tuple[str, dict[str, object]]:
+    """The column list of an ``INSERT ... SELECT`` that copies staged rows of ``target``
+    as they are stored (MATERIALIZED columns copied, not recomputed), and the setting the
+    INSERT then needs."""
+    columns = [c for c in target.columns if c.default_kind in ("", "DEFAULT", "MATERIALIZED")]
+    names = ", ".join(quote_identifier(c.name) for c in columns)
+    if any(c.default_kind == "MATERIALIZED" for c in columns):
+        return names, {"insert_allow_materialized_columns": 1}
+    return names, {}
+
+
 def rollback(client: SqlClient, table_name: str, view: str = "") -> None:
     """Drop a staging table (bare name or qualified), and first the staging view that
     writes into it, if the branch has one (``server_ext.views``). Idempotent."""
