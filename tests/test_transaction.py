@@ -115,6 +115,22 @@ def test_two_tables_of_different_columns_commit_together(
     assert_exactly_once(server_url, f"{server_db}.narrow", range(1000, 1400))
 
 
+def test_two_writes_of_one_table_each_publish_from_their_own_pre_combined_table(
+        spark, server_url, zk_hosts, zk_chroot, tables, caplog):
+    """Both writes stage under one xid: each write's tasks contribute to a pre-combined
+    table of that write alone, so neither combine finds the other's rows there."""
+    facts, _ = tables
+    with caplog.at_level("INFO", logger="server_ext.consolidate"):
+        with txsink.transaction(spark, url=server_url, zookeeper=zk_hosts + zk_chroot,
+                                sink_id="twice") as tx:
+            tx.write(events_df(spark, 0, 400), facts)
+            tx.write(events_df(spark, 1000, 300), facts)
+    assert_exactly_once(server_url, facts, [*range(400), *range(1000, 1300)])
+    combined = [r.getMessage() for r in caplog.records if r.getMessage().startswith("combined")]
+    assert len(combined) == 2 and all(" from " in m for m in combined), combined
+    assert not [r for r in caplog.records if "not used" in r.getMessage()]
+
+
 def test_status_shows_a_transaction_commit_finished_by_its_writer_with_timings(
         spark, server_url, zk_hosts, zk_chroot, tables):
     """Recovery is claimed only where recovery finished an xid: the transaction's own

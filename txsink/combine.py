@@ -39,10 +39,11 @@ log = logging.getLogger(__name__)
 PRECOMBINED_PREFIX = "precombined-"
 
 
-def precombined_branch_id(generation: int, server: str, target: str) -> str:
-    """The branch id of an xid's pre-combined table for one server and target: the same
-    in every task of the generation, so they all find one table."""
-    digest = hashlib.sha1(f"{server}|{target}".encode()).hexdigest()[:8]
+def precombined_branch_id(generation: int, server: str, target: str, write: str) -> str:
+    """The branch id of an xid's pre-combined table for one server, target and write
+    (``WritePlan.write_id``): the same in every task of the write's generation, so they
+    all find one table, and another one for a second write of the table in the xid."""
+    digest = hashlib.sha1(f"{server}|{target}|{write}".encode()).hexdigest()[:8]
     return f"{PRECOMBINED_PREFIX}g{generation}-{digest}"
 
 
@@ -61,7 +62,8 @@ def contribute(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
             or not consolidate.DEFAULT_LIMITS.small(manifest)):
         return ""
     options = plan.options
-    branch_id = precombined_branch_id(generation, server, f"{table.database}.{table.name}")
+    branch_id = precombined_branch_id(generation, server, f"{table.database}.{table.name}",
+                                      plan.write_id)
     name = server_ext.staging_table_name(plan.sink_id, epoch, branch_id,
                                          root=options.root_identity)
     key = (options.root_identity, plan.sink_id, epoch, branch_id)

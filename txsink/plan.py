@@ -14,7 +14,8 @@ decided xid can never be rolled back, so one wrong option would block the sink.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+import uuid
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 import pyarrow as pa
@@ -61,6 +62,9 @@ class WritePlan:
     # bad_rows=quarantine: the quarantine table (txsink/quarantine.py) and its strategy
     quarantine: server_ext.TargetTable | None = None
     quarantine_strategy: Strategy | None = None
+    # This write's own: two writes of one table in a transaction share the xid, and each
+    # needs a pre-combined table of its own (txsink.combine)
+    write_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     @property
     def target(self) -> str:
