@@ -40,7 +40,13 @@ from server_ext.schema import (
     check_batch,
     describe_table,
 )
-from server_ext.seal import StagedRowsMismatch, digested, seal, staged_digests
+from server_ext.seal import (
+    StagedRowsMismatch,
+    digested,
+    read_staged_tables,
+    seal,
+    staged_digests,
+)
 from server_ext.sharding import (
     Shard,
     ShardingError,
@@ -121,6 +127,7 @@ __all__ = [
     "publish_overwrite",
     "resolve_partition",
     "rollback",
+    "read_staged_tables",
     "seal",
     "staged_digests",
     "digested",

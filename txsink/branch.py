@@ -62,6 +62,8 @@ from txsink.quarantine import QuarantineShare
 
 log = logging.getLogger(__name__)
 DIGEST_WORKERS = 2  # staged tables of a task digested at once, beside its contributions
+CONTRIBUTE_WORKERS = 4  # a task's staged tables contributed at once
+StagedParts = dict[str, dict[str, server_ext.PartitionManifest]]  # staging table: parts
 
 
 class XidNotWritable(RuntimeError):
@@ -233,11 +235,13 @@ class _ShardBranch:
             parts.append(self.quarantine)
         return parts
 
-    def quarantined(self) -> list[tuple[QuarantineShare, server_ext.Manifest]]:
+    def quarantined(self, staged: StagedParts
+                    ) -> list[tuple[QuarantineShare, server_ext.Manifest]]:
         """The sealed quarantine share, if this branch met bad rows."""
         if self.quarantine is None or self.quarantine.writer is None:
             return []
-        return [(self.quarantine, self.quarantine.seal())]
+        return [(self.quarantine,
+                 self.quarantine.seal(staged.get(self.quarantine.staging, {})))]
 
     @property
     def bad_rows(self) -> int:
@@ -250,9 +254,17 @@ class _ShardBranch:
         return (*(share.branch_id for share in self.views),
                 *((self.quarantine.branch_id,) if quarantined else ()))
 
-    def seal(self) -> tuple[server_ext.Manifest, int, int]:
+    def read_staged(self) -> StagedParts:
+        """The parts of every staging table of this branch that holds rows once flushed
+        (its own, its views', its quarantine share's), read in one query for the seals."""
+        names = [part.staging for part in self.staged()]
+        return server_ext.read_staged_tables(self.client, server_ext.STAGING_DATABASE, names,
+                                             purpose="seal branch")
+
+    def seal(self, staged: StagedParts) -> tuple[server_ext.Manifest, int, int]:
         """(manifest, rows, bytes) of the flushed staging table (empty: no rows came, or
-        a ``Null`` target, whose rows live only in its views)."""
+        a ``Null`` target, whose rows live only in its views); ``staged``: what
+        :meth:`read_staged` read."""
         if self.writer is None or self.table.engine == "Null":
             manifest = server_ext.Manifest.empty(self.table, self.staging)
             return manifest, self.writer.rows_sent if self.writer else 0, 0
@@ -260,10 +272,11 @@ class _ShardBranch:
         # a merging variant may keep fewer rows than were sent (staging.merges_at_insert)
         expected = None if merges_at_insert(self.writer.target) else rows
         manifest = server_ext.seal(self.client, self.writer.target, self.writer.staging_table,
-                                   expected_rows=expected)
+                                   expected_rows=expected,
+                                   partitions=staged.get(self.staging, {}))
         return manifest, manifest.rows if expected is None else rows, self.writer.bytes_sent
 
-    def seal_views(self) -> list[tuple[_ViewBranch, server_ext.Manifest]]:
+    def seal_views(self, staged: StagedParts) -> list[tuple[_ViewBranch, server_ext.Manifest]]:
         """The manifest of each view's staging table: what the staging views wrote."""
         sealed = []
         for share in self.views:
@@ -271,7 +284,8 @@ class _ShardBranch:
                 manifest = server_ext.Manifest.empty(share.table, share.staging)
             else:
                 manifest = server_ext.seal(self.client, share.table, share.staging,
-                                           expected_rows=None)
+                                           expected_rows=None,
+                                           partitions=staged.get(share.staging, {}))
             sealed.append((share, manifest))
         return sealed
 
@@ -359,13 +373,16 @@ class _Attempt:
 
             digesting = {part.staging: digest(branch, part) for branch in self.branches.values()
                          for part in branch.staged() if not part.table.replicated}
-            sealed = [(branch, *branch.seal()) for branch in self.branches.values()]
+            staged_parts = {i: branch.read_staged() for i, branch in self.branches.items()}
+            sealed = [(branch, *branch.seal(staged_parts[i]))
+                      for i, branch in self.branches.items()]
             if sealed:  # any partition key: what the server made of the rows, every shard
                 counter = self.counter or self.count_partitions(sealed[0][0].table)
                 counter.sealed((p.partition_id, p.value) for _, manifest, _, _ in sealed
                                for p in manifest.partitions)
-            views = [(branch, share, manifest) for branch in self.branches.values()
-                     for share, manifest in (*branch.seal_views(), *branch.quarantined())]
+            views = [(branch, share, manifest) for i, branch in self.branches.items()
+                     for share, manifest in (*branch.seal_views(staged_parts[i]),
+                                             *branch.quarantined(staged_parts[i]))]
             crashpoints.hit(crashpoints.BRANCH_AFTER_SEAL)
             # every staged table: the branch's own, then its views' shares
             staged = [(branch, branch, manifest, rows) for branch, manifest, rows, _ in sealed]
@@ -374,8 +391,7 @@ class _Attempt:
             digesting.update((part.staging, digest(branch, part))
                              for branch, part, manifest, _ in staged
                              if manifest.partitions and part.staging not in digesting)
-            contributed = [self.contribute(branch, manifest, part.table)
-                           for branch, part, manifest, _ in staged]
+            contributed = self.contribute_all(staged)
             digested = [server_ext.digested(manifest, digesting[part.staging].result())
                         if manifest.partitions else manifest
                         for _, part, manifest, _ in staged]
@@ -410,6 +426,23 @@ class _Attempt:
                 log.warning("xid %s/%d decided without branch %s; its staging %s is left for "
                             "txsink gc: %s", self.plan.sink_id, self.epoch, branch.branch_id,
                             branch.staging, exc)
+
+    def contribute_all(self, staged: list[tuple[_ShardBranch, _ShardBranch | _ViewBranch
+                                                | QuarantineShare, server_ext.Manifest, int]]
+                       ) -> list[str]:
+        """Each sealed staging table's contribution (:meth:`contribute`), in order. The
+        tables are different ones, and so are their pre-combined tables: they contribute
+        at once."""
+        def contribute(item: tuple[_ShardBranch, _ShardBranch | _ViewBranch
+                                   | QuarantineShare, server_ext.Manifest, int]) -> str:
+            branch, part, manifest, _ = item
+            return self.contribute(branch, manifest, part.table)
+
+        if len(staged) < 2:
+            return [contribute(item) for item in staged]
+        with ThreadPoolExecutor(min(len(staged), CONTRIBUTE_WORKERS),
+                                thread_name_prefix="txsink-contribute") as pool:
+            return list(pool.map(contribute, staged))
 
     def contribute(self, branch: _ShardBranch, manifest: server_ext.Manifest,
                    table: server_ext.TargetTable) -> str:

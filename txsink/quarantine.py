@@ -243,11 +243,13 @@ class QuarantineShare:
         if self.writer is not None:
             self.writer.flush()
 
-    def seal(self) -> server_ext.Manifest:
-        """The manifest of the staged bad rows, checked against the count sent."""
+    def seal(self, partitions: dict[str, server_ext.PartitionManifest]
+             ) -> server_ext.Manifest:
+        """The manifest of the staged bad rows (``partitions``: its staging table's, as
+        just read), checked against the count sent."""
         assert self.writer is not None
         return server_ext.seal(self.client, self.table, self.writer.staging_table,
-                               expected_rows=self.writer.rows_sent)
+                               expected_rows=self.writer.rows_sent, partitions=partitions)
 
     def drop(self) -> None:
         self.pending, self.pending_rows = [], 0
