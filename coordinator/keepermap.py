@@ -416,6 +416,12 @@ class KeeperMapNodes:
     def __repr__(self) -> str:
         return f"KeeperMapNodes({self.table!r})"
 
+    def operator_flags(self) -> str:
+        """The ``txsink`` command-line flags that reach this store (its table's, if it
+        says them)."""
+        flags = getattr(self.table, "operator_flags", None)
+        return flags() if flags is not None else "--coordinator keepermap"
+
     # -- reads -------------------------------------------------------------------------
 
     def get(self, path: str) -> tuple[bytes, Stat]:

@@ -74,13 +74,16 @@ def read_stream(store: SinkStore) -> StreamRecord | None:
 def reset_command(store: SinkStore, flags: str) -> str:
     """The ``txsink reset`` command line for this sink, as an operator would type it.
 
-    The ZooKeeper address is the client's own (hosts and chroot; authentication is not
-    part of it), so the command reaches the same tree.
+    The store's address is the client's own, so the command reaches the same records:
+    ZooKeeper's hosts and chroot (authentication is not part of it), or a KeeperMap
+    store's ``--coordinator keepermap`` flags (its ``operator_flags``).
     """
     client = store.client
-    hosts = ",".join(f"{host}:{port}" for host, port in getattr(client, "hosts", []))
     parts = ["txsink reset"]
-    if hosts:
+    operator_flags = getattr(client, "operator_flags", None)
+    if operator_flags is not None:
+        parts.append(operator_flags())
+    elif hosts := ",".join(f"{host}:{port}" for host, port in getattr(client, "hosts", [])):
         parts.append(f"--zookeeper {hosts}{getattr(client, 'chroot', '') or ''}")
     root = store.layout.root or "/"
     if root != "/txsink":

@@ -31,6 +31,7 @@ from collections.abc import Iterable
 
 from server_ext.client_protocol import SqlClient
 from server_ext.errors import UNKNOWN_DATABASE, UNKNOWN_TABLE, ClickHouseError
+from server_ext.sharding.urls import shown_url
 from server_ext.sql import qualified_name, quote_identifier, sql_string, table_filter
 
 STRICT = {"keeper_map_strict_mode": 1}
@@ -52,7 +53,13 @@ class KeeperMapTable:
         self.name = qualified_name(database, table)
 
     def __repr__(self) -> str:
-        return f"KeeperMapTable({self.database}.{self.table} at {self.client.url})"
+        return f"KeeperMapTable({self.database}.{self.table} at {shown_url(self.client.url)})"
+
+    def operator_flags(self) -> str:
+        """The ``txsink`` command-line flags that reach this table, for messages that tell
+        an operator what to run (the URL shown without credentials)."""
+        return (f"--coordinator keepermap --records-url {shown_url(self.client.url)} "
+                f"--records-table {self.database}.{self.table}")
 
     # -- the key-value API --------------------------------------------------------------
 

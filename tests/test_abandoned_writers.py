@@ -242,3 +242,27 @@ def test_batch_job_killed_with_its_records_in_keepermap_is_rolled_back_by_gc(
         assert id_counts(keepermap_url, table) == {}
     finally:
         run_sql(keepermap_url, f"DROP DATABASE IF EXISTS `{db}`")
+
+
+def test_a_task_broken_by_a_rollback_of_its_xid_says_the_xid_was_rolled_back(zk) -> None:
+    """Interleaving: the task registers and stages; an operator's recover (or another
+    writer's) rolls the xid back and drops the staging; the task's next step fails. Its
+    error says the xid was rolled back, not only that staging lost its rows."""
+    from types import SimpleNamespace
+
+    from coordinator import XidAborted
+    from server_ext.seal import StagedRowsMismatch
+    from txsink.branch import _rolled_back
+
+    coord = Coordinator(zk, "rolled-back")
+    generation = coord.fence()
+    epoch = coord.allocate_epoch()
+    coord.begin(epoch, generation)
+    plan = SimpleNamespace(sink_id="rolled-back")
+    broken = StagedRowsMismatch("txsink_staging.t", 1800, 0)
+    assert _rolled_back(plan, coord, epoch, broken) is None  # undecided: the error stands
+    coord.abort(epoch, generation, rollback=lambda branch: None)
+    said = _rolled_back(plan, coord, epoch, broken)
+    assert isinstance(said, XidAborted), said
+    assert f"xid rolled-back/{epoch} was rolled back while this task attempt wrote it" in str(
+        said) and "StagedRowsMismatch: staging table txsink_staging.t holds 0 rows" in str(said)

@@ -469,3 +469,26 @@ def test_the_keepermap_store_needs_no_zookeeper_address() -> None:
                              "coordinator": "keepermap"}, env={})
     assert options.zookeeper == "" and options.records_server == "http://127.0.0.1:8124"
     assert options.root_identity == "/keepermap/txsink.records/txsink"
+
+
+def test_the_reset_a_stream_refusal_prints_reaches_the_keepermap_store_it_came_from(
+        records_table, capsys: pytest.CaptureFixture[str]) -> None:
+    """The refused stream's message names the records table, not a ZooKeeper: run as
+    printed, the reset finds the sink (a command without the store's flags would reach
+    the default ZooKeeper and create an empty sink there instead)."""
+    import shlex
+
+    from coordinator.stream import reset_command
+
+    store = KeeperMapNodes(records_table)
+    root = f"/tests/{uuid.uuid4().hex[:10]}"
+    coord = Coordinator(store, "km-reset", root=root)
+    coord.own_stream("query-a", 0)  # the sink belongs to query-a from its epoch 0
+    command = reset_command(coord.store, "--forget-epochs")
+    store.stop()
+    assert "--coordinator keepermap" in command and "--zookeeper" not in command, command
+    assert f"--records-table {RECORDS_DATABASE}.records" in command, command
+    words = shlex.split(command)
+    assert words[:2] == ["txsink", "reset"]
+    code, out = operator(capsys, *words[1:])
+    assert code == 0 and "created now" not in out, out

@@ -46,7 +46,7 @@ from functools import cached_property
 import pyarrow as pa
 
 import server_ext
-from coordinator import Coordinator, Fenced, XidDecided, XidState
+from coordinator import Coordinator, Fenced, XidAborted, XidDecided, XidState
 from server_ext import partition_bound
 from server_ext.bad_values import BadRows
 from server_ext.digest import ContentDigest
@@ -470,11 +470,33 @@ def write_branch(
         return _write_branch(plan, coord, epoch, generation, batches)
     except Exception as exc:
         # A refused step, or staging dropped under us, after another writer took the
-        # sink over: say so instead of the low-level error.
-        taken = coord.taken_over(generation, exc)
+        # sink over or an operator rolled the xid back: say so instead of the low-level
+        # error.
+        taken = coord.taken_over(generation, exc) or _rolled_back(plan, coord, epoch, exc)
         if taken is None:
             raise
         raise taken from exc
+
+
+def _rolled_back(plan: WritePlan, coord: Coordinator, epoch: int, exc: Exception
+                 ) -> XidAborted | None:
+    """:class:`XidAborted` if the xid was rolled back while this attempt wrote it (an
+    operator's ``txsink recover``/``gc`` judging it abandoned, or another driver's
+    recovery): its staging was dropped under the attempt. None when it was not, or the
+    coordinator cannot say."""
+    if isinstance(exc, XidAborted):
+        return None  # says so already
+    try:
+        record = coord.xid(epoch)
+    except Exception:  # noqa: BLE001 - the original error stands
+        return None
+    if record is None or record.state not in (XidState.ABORTING, XidState.ABORTED):
+        return None
+    return XidAborted(f"xid {plan.sink_id}/{epoch} was rolled back while this task attempt "
+                      f"wrote it (by txsink recover or gc, which judge an xid nobody watches "
+                      f"by its age, or by another writer's recovery); nothing of it will be "
+                      f"published, and a restart writes the rows again. The step it broke: "
+                      f"{type(exc).__name__}: {exc}")
 
 
 def _write_branch(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,

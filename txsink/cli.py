@@ -326,7 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text,
                            epilog=f"{CREDENTIALS} {ZOOKEEPER_TLS}" if url or credentials
                            else ZOOKEEPER_TLS)
-        p.add_argument("--zookeeper", default="127.0.0.1:2181", help="host:port[/chroot]")
+        p.add_argument("--zookeeper", default="127.0.0.1:2181",
+                       help="host:port[/chroot] (default 127.0.0.1:2181)")
         p.add_argument("--zk-root", default="/txsink", type=_zk_root,
                        help="root of the sinks' records in ZooKeeper (the sinks' zk_root)")
         p.add_argument("--coordinator", choices=("zookeeper", "keepermap"),
@@ -358,7 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     abandoned_after = (
         "also count as abandoned an undecided xid that no writer watches (a streaming "
         "micro-batch, or one begun before writers recorded their liveness) once it has not "
-        "changed for this many seconds; without it such xids are left")
+        "changed for this many seconds; without it such xids are left. A running "
+        "micro-batch is not watched either: give more than the longest micro-batch")
     status.add_argument("--abandoned-after", type=_seconds, default=None, metavar="SECONDS",
                         help=abandoned_after)
     recover = ops_parser("recover", "finish or roll back unfinished xids", url=True)
