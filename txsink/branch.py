@@ -299,6 +299,12 @@ class _ShardBranch:
         server_ext.rollback(self.client, self.staging)
 
 
+# A sealed staging table of an attempt: (its branch, the part it stages for: the branch
+# itself or one of its shares, its manifest, its rows)
+SealedTable = tuple[_ShardBranch, _ShardBranch | _ViewBranch | QuarantineShare,
+                    server_ext.Manifest, int]
+
+
 class _Attempt:
     """This task attempt's branches, opened lazily per shard that gets rows."""
 
@@ -427,14 +433,11 @@ class _Attempt:
                             "txsink gc: %s", self.plan.sink_id, self.epoch, branch.branch_id,
                             branch.staging, exc)
 
-    def contribute_all(self, staged: list[tuple[_ShardBranch, _ShardBranch | _ViewBranch
-                                                | QuarantineShare, server_ext.Manifest, int]]
-                       ) -> list[str]:
+    def contribute_all(self, staged: list[SealedTable]) -> list[str]:
         """Each sealed staging table's contribution (:meth:`contribute`), in order. The
         tables are different ones, and so are their pre-combined tables: they contribute
         at once."""
-        def contribute(item: tuple[_ShardBranch, _ShardBranch | _ViewBranch
-                                   | QuarantineShare, server_ext.Manifest, int]) -> str:
+        def contribute(item: SealedTable) -> str:
             branch, part, manifest, _ = item
             return self.contribute(branch, manifest, part.table)
 
