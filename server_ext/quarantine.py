@@ -30,7 +30,13 @@ from server_ext.bad_values import BadRows, python_value
 from server_ext.client_protocol import SqlClient
 from server_ext.errors import UNKNOWN_TABLE, ClickHouseError, SchemaMismatch
 from server_ext.schema import TargetTable, describe_table
-from server_ext.sql import qualified_name, quote_identifier, split_table_name, sql_string
+from server_ext.sql import (
+    qualified_name,
+    quote_identifier,
+    shown_name,
+    split_table_name,
+    sql_string,
+)
 
 #: The quarantine table's columns, in order (name, ClickHouse type, what it holds).
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -107,7 +113,7 @@ def check_table(found: TargetTable) -> None:
     """Refuse (``SchemaMismatch`` naming it) a quarantine table of another schema."""
     problem = schema_problem(found)
     if problem:
-        raise SchemaMismatch(f"{found.database}.{found.name}", [problem],
+        raise SchemaMismatch(shown_name(found.database, found.name), [problem],
                              purpose="check quarantine table")
 
 

@@ -70,7 +70,14 @@ from server_ext.conversions import (
 from server_ext.errors import ClickHouseError, SchemaMismatch
 from server_ext.json_values import is_spark_variant, json_source_problem, json_text_problem
 from server_ext.nested import check_sibling_lengths, flatten_schema
-from server_ext.sql import qualified_name, split_table_name, sql_string, table_filter
+from server_ext.sql import (
+    qualified_name,
+    quote_identifier,
+    shown_name,
+    split_table_name,
+    sql_string,
+    table_filter,
+)
 
 UNWRITABLE_DEFAULT_KINDS = ("MATERIALIZED", "ALIAS", "EPHEMERAL")
 RowOf = Rows  # index in the checked array -> row of the batch, and where bad values go
@@ -134,7 +141,7 @@ def describe_table(client: SqlClient, table: str) -> TargetTable:
     Raises ``ClickHouseError`` named UNKNOWN_DATABASE or UNKNOWN_TABLE naming the table.
     """
     database, name = split_table_name(table)
-    purpose = f"describe table {database}.{name}"
+    purpose = f"describe table {shown_name(database, name)}"
     found = client.query_rows(
         "SELECT engine, engine_full, partition_key, sorting_key, primary_key, "
         "create_table_query FROM system.tables "
@@ -218,14 +225,14 @@ def check_arrow_schema(target: TargetTable, schema: pa.Schema) -> list[Column]:
             continue
         send.append(column)
     if problems:
-        raise SchemaMismatch(f"{target.database}.{target.name}", problems)
+        raise SchemaMismatch(shown_name(target.database, target.name), problems)
     return send
 
 
 def _unknown_column(name: str, known: set[str]) -> str:
     near = [k for k in known if k.lower() == name.lower()]
-    hint = f" (did you mean `{near[0]}`?)" if near else ""
-    return f"unknown column `{name}`: the target has no such column{hint}"
+    hint = f" (did you mean {quote_identifier(near[0])}?)" if near else ""
+    return f"unknown column {quote_identifier(name)}: the target has no such column{hint}"
 
 
 def type_problem(arrow_type: pa.DataType, target: ChType) -> str | None:

@@ -50,11 +50,18 @@ def identifier_text(name: str) -> str:
     return name if is_bare_identifier(name) else quote_identifier(name)
 
 
+def shown_name(database: str, table: str) -> str:
+    """``database.table`` as a message shows it: each part bare if it is a plain word, else
+    backquoted, so a name holding dots, spaces or backticks reads unambiguously."""
+    return f"{identifier_text(database)}.{identifier_text(table)}"
+
+
 def split_table_name(name: str, default_database: str = "default") -> tuple[str, str]:
     """Split ``db.table`` (parts optionally backtick-quoted) into ``(db, table)``.
 
     A name without a database gets ``default_database``. Unquoted names split at the first
-    dot; quote a part to keep a dot inside it.
+    dot; quote a part to keep a dot inside it. Inside a quoted part a backtick is written
+    twice or after a backslash, as in SQL.
     """
     parts = _split_identifiers(name.strip())
     if len(parts) == 1:
@@ -96,6 +103,9 @@ def _read_quoted(text: str, i: int) -> tuple[str, int]:
         ch = text[i]
         if ch == "\\" and i + 1 < len(text):
             out.append(text[i + 1])
+            i += 2
+        elif text.startswith("``", i):  # a backtick written twice, as SQL writes it
+            out.append("`")
             i += 2
         elif ch == "`":
             return "".join(out), i + 1

@@ -80,6 +80,7 @@ from server_ext.encoder import (
 from server_ext.errors import ClickHouseError, SchemaMismatch
 from server_ext.prepare import checked_batch, split_batch
 from server_ext.schema import Column, TargetTable, check_arrow_schema
+from server_ext.sql import shown_name
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +218,8 @@ class BranchWriter:
             problems = [f"column `{c.name}`: {problem}" for c in columns
                         if (problem := native_problem(c.chtype))]
             if problems:
-                raise SchemaMismatch(f"{self.target.database}.{self.target.name}", problems)
+                raise SchemaMismatch(shown_name(self.target.database, self.target.name),
+                                     problems)
         if self._columns is None:
             self._columns = columns
         elif {c.name for c in columns} != {c.name for c in self._columns}:

@@ -29,6 +29,17 @@ def test_identifier_text_quotes_only_what_needs_it() -> None:
     assert sql.is_bare_identifier("_x9") and not sql.is_bare_identifier("x-y")
 
 
+@pytest.mark.parametrize("name, parts", [
+    ("db.events", ("db", "events")),
+    ("`my.db`.`ev.ents`", ("my.db", "ev.ents")),
+    ("`my db`.`ev``ents`", ("my db", "ev`ents")),  # a backtick written twice, as in SQL
+    ("`my db`.`ev\\`ents`", ("my db", "ev`ents")),  # or after a backslash
+    ("events", ("default", "events")),
+])
+def test_table_names_split_as_sql_quotes_them(name: str, parts: tuple[str, str]) -> None:
+    assert sql.split_table_name(name) == parts
+
+
 def test_statement_fragments() -> None:
     assert sql.column_list(None) == ""
     assert sql.column_list(["a", "b`c"]) == " (`a`, `b\\`c`)"

@@ -1,4 +1,5 @@
-"""A ``table`` option without a database writes to ``default`` and says so in the log."""
+"""The ``table`` option: a name without a database writes to ``default`` and says so in the
+log; a value that is no table name is refused naming the form."""
 
 from __future__ import annotations
 
@@ -32,3 +33,12 @@ def test_a_malformed_name_is_left_to_the_describe_step(caplog):
     with caplog.at_level(logging.DEBUG, logger="txsink.target_name"):
         assert note_default_database("a.b.c") is None
     assert caplog.records == []
+
+
+@pytest.mark.parametrize("table", ["`db`.`unterminated", "db.", "`a`.`b`.`c`"])
+def test_a_table_option_that_is_not_a_table_name_is_refused_naming_the_form(table):
+    from txsink.options import OptionError, parse_options
+
+    with pytest.raises(OptionError, match=r"must be \[database\.\]table: quote a part"):
+        parse_options({"url": "http://127.0.0.1:8123", "zookeeper": "127.0.0.1:2181",
+                       "table": table}, env={})

@@ -9,6 +9,8 @@ of it becomes visible.
 
 from __future__ import annotations
 
+from txsink.target_name import name_problem
+
 BAD_ROWS_CHOICES = ("fail", "quarantine")
 DEFAULT_MAX_BAD_ROWS = 100_000
 OPTION_NAMES = ("bad_rows", "quarantine_table", "max_bad_rows")
@@ -32,8 +34,9 @@ def check(values: dict[str, object]) -> None:
                          "database.table that keeps the bad rows)")
     if table and mode != "quarantine":
         raise ValueError("option quarantine_table is only used with bad_rows=quarantine")
-    if table and (table.count(".") != 1 or not all(table.split("."))):
-        raise ValueError(f"option quarantine_table={table!r} must be database.table")
+    problem = name_problem("quarantine_table", table) if table else None
+    if problem:
+        raise ValueError(problem)
     if "max_bad_rows" in values and mode != "quarantine":
         raise ValueError("option max_bad_rows is only used with bad_rows=quarantine (with "
                          "bad_rows=fail the first bad row fails the write)")

@@ -33,6 +33,7 @@ from server_ext.sharding import (
     url_problem,
 )
 from txsink import bad_rows_options, distributed_options, insert_settings, table_options
+from txsink.target_name import name_problem
 
 AUTO = "auto"  # the strategy option's default: the server picks (capabilities.choose_strategy)
 STRATEGIES = (AUTO, *server_strategies)
@@ -261,9 +262,10 @@ def _store(values: dict[str, object]) -> str:
             f"({', '.join(STORE_OPTIONS[raw])})")
     values["coordinator"] = raw
     if raw == KEEPERMAP:
-        table = str(values.get("records_table", DEFAULT_RECORDS_TABLE))
-        if table.count(".") != 1 or not all(table.split(".")):
-            raise OptionError(f"option records_table={table!r} must be database.table")
+        problem = name_problem("records_table",
+                               str(values.get("records_table", DEFAULT_RECORDS_TABLE)))
+        if problem:
+            raise OptionError(problem)
         url = values.get("records_url")
         if url is not None and (not str(url).startswith(("http://", "https://"))
                                 or url_problem(str(url))):
@@ -307,6 +309,10 @@ def parse_options(
     missing = [n for n in required if not values.get(n)]
     if missing:
         raise OptionError(f"missing required option(s): {', '.join(missing)}")
+    problem = name_problem("table", str(values["table"]), database=False) \
+        if values.get("table") else None
+    if problem:
+        raise OptionError(problem)
     problem = hosts_problem(str(values["zookeeper"]))
     if problem:
         raise OptionError(f"option zookeeper {problem}")

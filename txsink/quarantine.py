@@ -42,6 +42,7 @@ from server_ext import quarantine as tables
 from server_ext.bad_values import BadRows
 from server_ext.capabilities import Strategy, engine_problem, supported_strategies
 from server_ext.sharding import ShardLayout
+from server_ext.sql import shown_name
 from server_ext.staging import publish_problem
 from txsink import connections
 from txsink.messages import BranchMessage
@@ -110,7 +111,7 @@ def _checked(options: SinkOptions, server: _Server, name: str
     if table is not None:
         problem = tables.schema_problem(table)
         if problem:
-            raise server_ext.SchemaMismatch(f"{table.database}.{table.name}", [
+            raise server_ext.SchemaMismatch(shown_name(table.database, table.name), [
                 f"{problem}{server.where}; nothing was created or staged"],
                 purpose="check quarantine table")
         if server.replicated and not table.replicated:

@@ -21,10 +21,24 @@ log = logging.getLogger(__name__)
 DEFAULT_DATABASE = "default"
 
 
+def name_problem(option: str, value: str, *, database: bool = True) -> str | None:
+    """Why option ``option``'s ``value`` is not a table name (``database.table``, or with
+    ``database=False`` a bare table too), or None."""
+    try:
+        found, table = split_table_name(value, default_database="")
+    except ValueError:
+        found = table = ""
+    if table and (found or not database):
+        return None
+    form = "database.table" if database else "[database.]table"
+    return (f"option {option}={value!r} must be {form}: quote a part that holds dots or "
+            "spaces with backticks (`my.db`.`events`); inside one, write a backtick twice")
+
+
 def note_default_database(table: str) -> str | None:
     """Log that ``table`` names no database, with the table it resolves to, and return
-    that name (``None`` for a name with a database). A malformed name is left to the
-    describe step, which refuses it by name."""
+    that name (``None`` for a name with a database). A malformed name is refused by the
+    options (:func:`name_problem`), not here."""
     try:
         database, name = split_table_name(table, default_database="")
     except ValueError:

@@ -37,6 +37,7 @@ from server_ext.errors import UNKNOWN_TABLE
 from server_ext.nested import flatten_schema
 from server_ext.schema import type_problem
 from server_ext.sharding import parse_shard_urls
+from server_ext.sql import identifier_text
 from txsink import connections, distributed_target
 from txsink.options import OptionError, SinkOptions
 from txsink.plan import SHARDING_KEY_ALONE, arrow_schema
@@ -136,8 +137,8 @@ def _add_columns(options: SinkOptions, schema: pa.Schema,
         add_column(client, _qualified(options), name, ch_type,
                    exists=lambda c=client, n=name: _has_column(options, c, n))
         log.warning("txsink schema_evolution=add_columns: added column %s %s to %s on %s "
-                    "(not transactional: it stays if this write fails)", name, ch_type,
-                    options.table, url)
+                    "(not transactional: it stays if this write fails)",
+                    identifier_text(name), ch_type, options.table, url)
 
 
 def column_changes(table: server_ext.TargetTable,
