@@ -381,6 +381,16 @@ def test_negative_int32_key_wraps_through_uint32_not_uint64() -> None:
     assert list(router.split(batch)) == [1]
 
 
+def test_rows_with_a_null_key_are_the_keyless_ones_named_with_their_column() -> None:
+    batch = pa.record_batch({"i": pa.array([0, 1, 2, 3]),
+                             "k": pa.array([5, None, 7, None], pa.int64())})
+    router = ShardRouter(two_shards("k"), batch.schema)
+    bad = router.keyless(batch)
+    assert bad is not None and bad.rows.tolist() == [1, 3] and bad.columns == ("k", "k")
+    assert bad.reasons[0] == "null in sharding key k: a null key has no shard"
+    assert router.keyless(batch.slice(0, 1)) is None  # every row has a shard
+
+
 def test_column_types_override_the_arrow_type_of_an_integer_key(
         client: ClickHouseClient) -> None:
     values = [-1, -7, 5, -2**31, 2**31 - 1]

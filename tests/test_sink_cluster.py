@@ -383,6 +383,33 @@ def test_append_with_shards_option_and_city_hash_key_to_plain_merge_tree(
     assert staging_left(cluster, sink_id) == {}
 
 
+def test_rows_with_a_null_sharding_key_are_quarantined_on_the_first_shard_with_quarantine(
+    spark, cluster: Cluster, cluster_db: str, zk_sink: str, sink_id: str
+) -> None:
+    """A null key gives a row no shard: with ``bad_rows=quarantine`` it is a bad row (kept
+    once, in the first shard's quarantine table), the others land where the key puts them."""
+    shards = [[replicas[0]] for replicas in cluster.shard_urls()]
+    for (url,) in shards:
+        run_sql(url, f"CREATE TABLE `{cluster_db}`.`{LOCAL}` {EVENTS_COLUMNS} "
+                     "ENGINE = MergeTree() PARTITION BY toYYYYMM(day) ORDER BY id")
+    table = f"{cluster_db}.{LOCAL}"
+    options = {"url": shards[0][0], "table": table, "shards": shards_option(shards),
+               "sharding_key": "cityHash64(name)", "zookeeper": zk_sink, "sink_id": sink_id,
+               "bad_rows": "quarantine", "quarantine_table": f"{cluster_db}.bad"}
+    df = events_df(spark, 0, 300).selectExpr(
+        "id", "day", "IF(id % 50 = 0, NULL, name) AS name", "value")
+    save(df, options)
+    keyless = list(range(0, 300, 50))
+    assert_sharded_exactly_once(shards, table, [i for i in range(300) if i not in keyless],
+                                key="cityHash64(name)", replicated=False)
+    kept = run_sql(shards[0][0], f"SELECT visitParamExtractUInt(row, 'id'), reason FROM "
+                                 f"`{cluster_db}`.bad FORMAT TSV").splitlines()
+    assert sorted(int(line.split("\t")[0]) for line in kept) == keyless
+    assert all("null in sharding key cityHash64(name)" in line for line in kept), kept
+    assert run_sql(shards[1][0], f"SELECT count() FROM `{cluster_db}`.bad").strip() == "0"
+    assert staging_left(cluster, sink_id) == {}
+
+
 def test_an_expression_key_the_server_computes_otherwise_than_chdb_is_refused_leaving_nothing(
     spark, cluster: Cluster, cluster_db: str, zk_sink: str, sink_id: str
 ) -> None:

@@ -43,6 +43,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from functools import cached_property
 
+import numpy as np
 import pyarrow as pa
 
 import server_ext
@@ -226,11 +227,11 @@ class _ShardBranch:
             self.writer.flush()
 
     def staged(self) -> list[_ShardBranch | _ViewBranch | QuarantineShare]:
-        """This branch and its shares whose staging tables hold rows once flushed."""
-        if self.writer is None:
-            return []
+        """This branch and its shares whose staging tables hold rows once flushed (the
+        quarantine share may hold some when the branch got none: rows without a shard)."""
         parts: list[_ShardBranch | _ViewBranch | QuarantineShare] = [
-            part for part in (self, *self.views) if part.table.engine != "Null"]
+            part for part in (self, *self.views)
+            if self.writer is not None and part.table.engine != "Null"]
         if self.quarantine is not None and self.quarantine.writer is not None:
             parts.append(self.quarantine)
         return parts
@@ -317,6 +318,7 @@ class _Attempt:
         self.branches: dict[int, _ShardBranch] = {}
         self.router: ShardRouter | None = None
         self.counter: PartitionCounter | None = None
+        self.rows_in = 0  # rows handed to write: the next batch's first row in the task
 
     def write(self, batch: pa.RecordBatch) -> None:
         if self.router is None:
@@ -327,9 +329,26 @@ class _Attempt:
                 self.counter = self.count_partitions(self.plan.table)
         if self.counter is not None:
             self.counter.admit(batch)  # a batch that crosses the bound is never sent
+        first_row, self.rows_in = self.rows_in, self.rows_in + batch.num_rows
+        if self.plan.quarantine is not None:
+            batch = self.keep_keyless(batch, first_row)
         for shard, rows in self.router.split(batch).items():
             branch = self.branches.get(shard) or self.open(shard)
             branch.write(rows)
+
+    def keep_keyless(self, batch: pa.RecordBatch, first_row: int) -> pa.RecordBatch:
+        """``bad_rows=quarantine``: the rows no shard can take (a null in the sharding
+        key) kept by the first shard's branch, as bad rows; the others returned."""
+        assert self.router is not None
+        bad = self.router.keyless(batch)
+        if bad is None:
+            return batch
+        branch = self.branches.get(0) or self.open(0)
+        assert branch.quarantine is not None
+        branch.quarantine.keep(batch, bad, first_row)
+        keep = np.ones(batch.num_rows, bool)
+        keep[bad.rows] = False
+        return batch.filter(pa.array(keep))
 
     def count_partitions(self, table: server_ext.TargetTable) -> PartitionCounter:
         """The counter of this attempt's partitions against the write's bound."""

@@ -59,6 +59,13 @@ def _chdb_session(key: str) -> Any:
     return ChdbClient.for_process()
 
 
+def null_refusing_columns(key: str, schema: pa.Schema, types: dict[str, str]) -> list[str]:
+    """The columns of expression ``key`` in which a null gives a row no shard: those the
+    key reads that are not Nullable in the table (a Nullable one reaches the key)."""
+    return [name for name in _referenced_columns(key, schema)
+            if not _is_nullable(types.get(name))]
+
+
 def _referenced_columns(key: str, schema: pa.Schema) -> list[str]:
     """Columns of ``schema`` that ``key`` names (names not followed by '(')."""
     names: set[str] = set()

@@ -13,9 +13,11 @@ from collections.abc import Mapping
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from server_ext.bad_values import BadRows, Collect, Rows
 from server_ext.client_protocol import SqlClient
-from server_ext.sharding.chdb_key import expression_key
+from server_ext.sharding.chdb_key import expression_key, null_refusing_columns
 from server_ext.sharding.engine_args import name_value
 from server_ext.sharding.key_values import KeyValues, column_key
 from server_ext.sharding.layout import ShardLayout
@@ -43,7 +45,11 @@ class ShardRouter:
         self._slots = np.array(layout.slots, dtype=np.uint16)
         self._weights = np.array([shard.weight for shard in layout.shards], dtype=np.int64)
         self._position = random.randrange(layout.total_weight)  # see _any_shard_counts
-        self._key_values = _key_evaluator(layout, schema, dict(column_types or {}), server)
+        types = dict(column_types or {})
+        self._key_values = _key_evaluator(layout, schema, types, server)
+        # columns in which a null gives a row no shard (split raises at the first)
+        self._null_columns = (_null_refusing(layout.sharding_key or "", schema, types)
+                              if self._key_values is not None else [])
 
     def split(self, batch: pa.RecordBatch) -> dict[int, pa.RecordBatch]:
         """Shard index -> the rows of ``batch`` that go there (shards without rows omitted).
@@ -59,6 +65,22 @@ class ShardRouter:
             return self._slices(batch, self._any_shard_counts(batch.num_rows))
         shard_of_row = self._slots[self._key_values(batch) % np.uint64(len(self._slots))]
         return self._gather(batch, shard_of_row)
+
+    def keyless(self, batch: pa.RecordBatch) -> BadRows | None:
+        """The rows of ``batch`` that no shard can take, a null in a column of the key
+        (``bad_values.BadRows``, for ``bad_rows=quarantine``), None if every row has one.
+        :meth:`split` raises for such a row."""
+        if not any(batch.column(name).null_count for name in self._null_columns):
+            return None
+        collected = Collect(batch.num_rows)
+        rows = Rows(collected)
+        for name in self._null_columns:
+            array = batch.column(name)
+            if array.null_count:
+                rows.report(name, array, pc.is_null(array),
+                            f"null in sharding key {self.layout.sharding_key}: a null key has "
+                            "no shard")
+        return collected.result()
 
     def _any_shard_counts(self, rows: int) -> np.ndarray:
         """Rows per shard for rows that may go anywhere: weight-proportional, exactly.
@@ -101,6 +123,12 @@ def _key_evaluator(layout: ShardLayout, schema: pa.Schema, types: dict[str, str]
     if column is not None:
         return column_key(key, column, schema, types)
     return expression_key(key, schema, types, server, layout.total_weight)
+
+
+def _null_refusing(key: str, schema: pa.Schema, types: dict[str, str]) -> list[str]:
+    """The columns in which a null gives a row no shard (``ShardRouter.keyless``)."""
+    column = _column_name(key)
+    return [column] if column is not None else null_refusing_columns(key, schema, types)
 
 
 def _column_name(key: str) -> str | None:
