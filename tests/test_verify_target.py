@@ -194,6 +194,31 @@ def test_extra_rows_without_a_writers_statement_are_unexplained_and_fail(
         1, "unexplained_rows", 101, 100)
 
 
+def test_a_partition_no_xid_wrote_holds_another_writers_rows_and_is_not_judged(
+        writer: Writer, table: str, clickhouse_url: str, zk_address: str,
+        capsys: pytest.CaptureFixture) -> None:
+    """Rows the table held before the sink (or that a dynamic overwrite left alone) in a
+    partition no xid wrote: a publish never lands there, so they are another writer's."""
+    run_sql(clickhouse_url, f"INSERT INTO {table} VALUES (1000, '2025-12-20', 'before')")
+    writer.commit({"2026-01": range(0, 100)})
+    code, result = run_cli(zk_address, clickhouse_url, capsys)
+    target = result["sinks"][0]["target"]
+    assert (code, target["anomalies"], target["partitions_ok"]) == (0, [], 1)
+    (other,) = target["not_judged"]
+    assert (other["partition_id"], other["cause"]) == ("202512", "other_writer")
+    assert "its 1 rows are another writer's" in other["reason"]
+
+
+def test_a_partition_no_xid_wrote_is_extra_rows_in_an_exclusive_target(
+        writer: Writer, table: str, clickhouse_url: str, zk_address: str,
+        capsys: pytest.CaptureFixture) -> None:
+    run_sql(clickhouse_url, f"INSERT INTO {table} VALUES (1000, '2025-12-20', 'before')")
+    writer.commit({"2026-01": range(0, 100)})
+    code, result = run_cli(zk_address, clickhouse_url, capsys, "--exclusive-target")
+    (finding,) = result["sinks"][0]["target"]["anomalies"]
+    assert (code, finding["kind"], finding["partition_id"]) == (1, "duplicate_rows", "202512")
+
+
 def test_extra_rows_in_a_shared_target_are_not_judged(
         writer: Writer, table: str, clickhouse_url: str, zk_address: str,
         capsys: pytest.CaptureFixture) -> None:

@@ -37,8 +37,10 @@ It does not judge (and says why) a partition that:
   partition and its pruned epochs all precede the retained ones, fewer rows than the
   retained xids put there is still a certain loss.
 
-A partition of a checked table that no retained xid wrote is judged only when no sink
-under the root has lost history: rows there are then extra rows like any other. The
+A partition of a checked table that no retained xid wrote holds another writer's rows
+(a publish only goes where its xid wrote): it is not judged (``other_writer``), unless
+the operator says the sinks are the table's only writers (``exclusive``: its rows are
+extra rows), and only when no sink under the root has lost history. The
 tables and partitions that only unknown xids wrote cannot be found at all: the report
 lists the sink's unknown epochs (``unknown_history``) so that it never reads as a full
 check.
@@ -432,6 +434,12 @@ def _judge(g: _Group, facts: dict[str, _SinkFacts], writers: Writers,
         return _not_judged(g, where, f"committed history is incomplete: {gone}; what those "
                            f"xids wrote is unknown (holds {held} rows, retained xids "
                            f"account for {expected})", held, expected)
+    if not ordered and writers == "unknown":
+        # no retained xid wrote it and none lost: a duplicate publish cannot land here
+        return _not_judged(g, where, f"no xid of the sinks under this root wrote this "
+                           f"partition: its {held} rows are another writer's "
+                           "(--exclusive-target judges them as extra rows)", held, 0,
+                           cause="other_writer")
     content, by_count = _content(g, readable, relevant) if not missing_table else (None, "")
     if inexact and not (content and content.equal) and held <= expected:
         # merges only ever take rows away: fewer (or changed) rows may be theirs
@@ -560,8 +568,9 @@ FAILING_CAUSES = RETRYABLE_CAUSES | {"merges"}
 def _not_judged(g: _Group, where: str, reason: str, held: int | None = None,
                 expected: int | None = None, cause: str = "by_design") -> dict[str, Any]:
     """A partition verify says it cannot judge; ``cause`` is one of
-    :data:`FAILING_CAUSES`, or ``by_design`` (pruned history, a table shared with other
-    writers: reported, never judgeable)."""
+    :data:`FAILING_CAUSES`, ``by_design`` (pruned history, a table shared with other
+    writers: reported, never judgeable) or ``other_writer`` (a partition no xid of the
+    sinks wrote)."""
     return {"kind": "not_judged", "table": g.name, "partition_id": g.partition_id,
             "partition": g.value, "servers": g.servers, "rows": held, "expected": expected,
             "reason": reason, "cause": cause, "detail": f"{where}: {reason}"}
