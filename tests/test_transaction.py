@@ -11,7 +11,7 @@ import txsink
 from tests.conftest import on_servers, run_sql
 from tests.sinkutil import assert_exactly_once, create_events, events_df, staging_tables
 from txsink.harness.services import READONLY_USER
-from txsink.transactions import TransactionFinished
+from txsink.transactions import TransactionFailed, TransactionFinished
 
 
 @pytest.fixture
@@ -45,6 +45,38 @@ def test_exception_inside_the_block_aborts_every_write(
     assert_exactly_once(server_url, facts, [])
     assert_exactly_once(server_url, daily, [])
     assert staging_tables(server_url, root) == before
+
+
+def test_a_failed_write_caught_inside_the_block_aborts_the_transaction_at_its_end(
+    spark, server_url, zk_hosts, zk_chroot, tables
+):
+    """Interleaving: a write stages; the next write is refused (a column the table lacks)
+    and the caller catches it; the block ends normally. Nothing commits."""
+    facts, daily = tables
+    root = {"zookeeper": zk_hosts + zk_chroot}
+    before = staging_tables(server_url, root)
+    with pytest.raises(TransactionFailed, match=f"its write to {daily} failed"):
+        with txsink.transaction(spark, url=server_url, zookeeper=zk_hosts + zk_chroot,
+                                sink_id="nightly") as tx:
+            tx.write(events_df(spark, 0, 500), facts)
+            with pytest.raises(Exception, match="unknown column"):
+                tx.write(events_df(spark, 1000, 300).withColumnRenamed("name", "nmae"), daily)
+    assert_exactly_once(server_url, facts, [])
+    assert_exactly_once(server_url, daily, [])
+    assert staging_tables(server_url, root) == before
+
+
+def test_a_write_after_a_failed_write_aborts_the_transaction_instead_of_staging(
+    spark, server_url, zk_hosts, zk_chroot, tables
+):
+    facts, daily = tables
+    with pytest.raises(TransactionFailed, match="so tx.write aborted it"):
+        with txsink.transaction(spark, url=server_url, zookeeper=zk_hosts + zk_chroot,
+                                sink_id="nightly") as tx:
+            with pytest.raises(Exception, match="unknown column"):
+                tx.write(events_df(spark, 1000, 300).withColumnRenamed("name", "nmae"), daily)
+            tx.write(events_df(spark, 0, 500), facts)
+    assert_exactly_once(server_url, facts, [])
 
 
 def test_a_write_after_the_transaction_committed_is_refused_not_dropped(

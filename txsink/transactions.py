@@ -3,7 +3,10 @@
 Each ``tx.write`` runs an ordinary Spark job through ``clickhouse_tx`` that stages its
 rows and *selects* its winning branches in the shared xid without deciding it. Leaving
 the ``with`` block normally commits every selected branch of every table as one xid;
-an exception inside the block aborts all of them and re-raises.
+an exception inside the block aborts all of them and re-raises. A write that failed
+fails the transaction even when the caller caught its exception: the transaction can
+then only abort (``TransactionFailed`` at its end, and for any later write or commit),
+never commit without that write's rows.
 
 Options the server must honour are checked before the xid begins: ``strategy`` against
 the ``url`` server here (:func:`txsink.plan.check_server_options`), everything that
@@ -49,6 +52,11 @@ class TransactionFinished(RuntimeError):
     already: its xid is decided, so what it would stage could never become visible."""
 
 
+class TransactionFailed(RuntimeError):
+    """A write of the transaction failed: the transaction is aborted, nothing of it is
+    visible, even if the caller caught the write's exception inside the block."""
+
+
 class Transaction:
     """One xid spanning several writes; created by :func:`transaction`.
 
@@ -73,6 +81,7 @@ class Transaction:
         self.epoch = opened.epoch
         self.covered_by_txn = opened.covered_by_txn
         self.finished: str | None = None  # "committing", "committed" or "aborted"
+        self.failed: str = ""  # the first write that failed: the transaction only aborts
 
     def _require_open(self, action: str) -> None:
         if self.finished is not None:
@@ -86,19 +95,33 @@ class Transaction:
         if mode not in ("append", "overwrite"):
             raise ValueError(f"mode must be append or overwrite, got {mode!r}")
         self._require_open("tx.write")
+        self._require_no_failure("tx.write")
         if self.epoch is None:
             return
-        (df.write.format("clickhouse_tx").options(**self.options)
-            .option("table", table).option(TX_SINK_ID, self.sink_id)
-            .option(TX_EPOCH, str(self.epoch)).option(TX_GENERATION, str(self.generation))
-            .mode(mode).save())
+        try:
+            (df.write.format("clickhouse_tx").options(**self.options)
+                .option("table", table).option(TX_SINK_ID, self.sink_id)
+                .option(TX_EPOCH, str(self.epoch)).option(TX_GENERATION, str(self.generation))
+                .mode(mode).save())
+        except BaseException as exc:
+            self.failed = f"its write to {table} failed ({type(exc).__name__})"
+            raise
         self.tables.append(table)
+
+    def _require_no_failure(self, action: str) -> None:
+        """After a failed write the transaction can only abort: ``action`` aborts it."""
+        if self.failed:
+            self.abort()
+            raise TransactionFailed(
+                f"transaction {self.sink_id}/{self.epoch}: {self.failed}, so {action} "
+                "aborted it and nothing of it is visible; run the transaction again")
 
     def commit(self) -> None:
         if self.finished == "committed":
             return
         if self.finished == "aborted":
             self._require_open("tx.commit")
+        self._require_no_failure("its commit")
         self.finished = "committing"  # from here on a write could not be in the decision
         if self.epoch is None:
             driver.log_covered(self.sink_id, self._parsed.txn_version, self.covered_by_txn)
@@ -135,6 +158,8 @@ class Transaction:
         if self.finished == "committed":  # an exception after tx.commit() in the block
             log.warning("txsink sink=%s epoch=%s committed already: not aborted",
                         self.sink_id, self.epoch)
+            return
+        if self.finished == "aborted":
             return
         self.finished = "aborted"
         if self.epoch is None:
