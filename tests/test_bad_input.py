@@ -281,7 +281,7 @@ MALFORMED_OPTIONS = {
     "url_without_scheme": ({"url": "127.0.0.1:8123"}, r"url must start with http"),
     "url_with_credentials": ({"url": "http://bob:hunter2@127.0.0.1:8123"},
                              r"option url: 'http://\*\*\*@127.0.0.1:8123' carries credentials"),
-    "timeout_not_a_number": ({"timeout": "soon"}, r"timeout='soon' is not a float"),
+    "timeout_not_a_number": ({"timeout": "soon"}, r"timeout='soon' is not a number"),
     "negative_retries": ({"retries": "-1"}, r"retries='-1' must be at least 0"),
     "session_timeout_below_two_seconds": ({"session_timeout": "0.5"},
                                           r"session_timeout='0.5' must be at least 2"),

@@ -234,7 +234,8 @@ def _number(name: str, raw: str, kind: type, minimum: float,
     try:
         value = kind(raw)
     except ValueError:
-        raise OptionError(f"option {name}={raw!r} is not a {kind.__name__}") from None
+        what = "an integer" if kind is int else "a number"
+        raise OptionError(f"option {name}={raw!r} is not {what}") from None
     if not math.isfinite(value):
         raise OptionError(f"option {name}={raw!r} must be a finite number")
     if value < minimum:

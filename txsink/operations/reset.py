@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from coordinator import Coordinator
-from txsink.operations.session import Session
+from txsink.operations.session import Session, shown_epoch
 
 
 class ResetCommand(Session):
@@ -33,7 +33,7 @@ def render(result: dict[str, Any]) -> str:
         done = []
         if sink["forget_epochs"]:
             done.append(f"forgot {sink['forgotten_epochs']} xid(s) (last committed epoch "
-                        f"was {sink['last_committed_before']})")
+                        f"was {shown_epoch(sink['last_committed_before'])})")
         if sink["committed_through"] is not None:
             done.append(f"micro-batches 0..{sink['committed_through']} count as committed")
         lines.append(f"{sink['sink_id']}: " + "; ".join(done) + f"; generation "

@@ -130,6 +130,11 @@ def staging_of(coord: Coordinator, epoch: int) -> list[str]:
     return sorted(names)
 
 
+def shown_epoch(epoch: int | None) -> str:
+    """An epoch as the operators' text shows it: "none" for a sink that committed none."""
+    return "none" if epoch is None else str(epoch)
+
+
 def protected_lines(result: dict[str, Any]) -> list[str]:
     """The line a command's text opens with when it had to leave sinks out."""
     protected = result.get("protected_sinks") or []

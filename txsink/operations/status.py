@@ -14,7 +14,14 @@ from coordinator import (
 )
 from coordinator.liveness import Verdict
 from txsink.metrics import UNKNOWN, WRITER, EpochMetrics
-from txsink.operations.session import NO_SINKS, OPEN_STATES, Session, protected_lines, staging_of
+from txsink.operations.session import (
+    NO_SINKS,
+    OPEN_STATES,
+    Session,
+    protected_lines,
+    shown_epoch,
+    staging_of,
+)
 from txsink.payload import from_record, task_branches
 from txsink.status_report import SinkHealth, sink_health
 
@@ -108,7 +115,7 @@ def render(result: dict[str, Any]) -> str:
         return "\n".join([*lines, NO_SINKS])
     for sink in result["sinks"]:
         lines.append(f"{sink['sink_id']}: generation {sink['generation']}, "
-                     f"last committed epoch {sink['last_committed']}")
+                     f"last committed epoch {shown_epoch(sink['last_committed'])}")
         lines.append(f"  {_render_health(SinkHealth.from_json(sink['health']))}")
         for x in sink["open"]:
             flag = "  IN DOUBT: run txsink recover" if x["epoch"] in sink["in_doubt"] else ""
