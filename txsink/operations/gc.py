@@ -130,13 +130,15 @@ def render(result: dict[str, Any]) -> str:
     abandoned = result.get("abandoned", {})
     for a in abandoned.get("rolled_back", []):
         lines.append(f"rolled back abandoned xid {a['sink_id']}/{a['epoch']} ({a['detail']}, "
-                     f"{a['age_s']:.0f} s old); staging: {', '.join(a['staging']) or 'none'}")
+                     f"{a['age_s']:.0f} s old); its branches' staging, dropped where it "
+                     f"existed: {', '.join(a['staging']) or 'none'}")
     for a in abandoned.get("failed", []):
         lines.append(f"NOT rolled back: {a['detail']}")
     for a in abandoned.get("left", []):
         lines.append(f"left undecided xid {a['sink_id']}/{a['epoch']}: {a['detail']}")
     lines.append(f"root {result['root']} (staging tag r{result['root_tag']}): "
-                 f"dropped {len(result['dropped_staging'])} staging table(s)")
+                 f"swept {len(result['dropped_staging'])} more staging table(s) that no "
+                 "xid accounts for")
     lines += [f"  {name}" for name in result["dropped_staging"]]
     if result["foreign_staging"]:
         lines.append(f"left {len(result['foreign_staging'])} table(s) of the staging "

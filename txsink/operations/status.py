@@ -121,7 +121,8 @@ def render(result: dict[str, Any]) -> str:
             flag = "  IN DOUBT: run txsink recover" if x["epoch"] in sink["in_doubt"] else ""
             if x.get("abandoned"):
                 flag = (f"  ABANDONED ({x['liveness_detail']}): txsink recover or gc rolls "
-                        f"it back; staging: {', '.join(x['staging']) or 'none recorded'}")
+                        f"it back; staging its branches recorded (a branch may not have "
+                        f"made it yet): {', '.join(x['staging']) or 'none'}")
             elif x.get("liveness"):
                 flag = f"  ({x['liveness_detail']})"
             lines.append(f"  epoch {x['epoch']}: {x['state']} for {x['age_s']}s{flag}")
