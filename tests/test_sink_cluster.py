@@ -223,6 +223,21 @@ def distributed_table(cluster: Cluster, db: str, key: str = "id") -> str:
     return f"{db}.{DISTRIBUTED}"
 
 
+def plain_sharded_target(cluster: Cluster, db: str, zk: str, sink: str
+                         ) -> tuple[list[list[str]], str, dict[str, str]]:
+    """`db`.events as plain MergeTree on each shard's first replica (no replication: one
+    server per shard), and options writing there with the key ``cityHash64(name)``:
+    (the shards' URLs, the table, the options)."""
+    shards = [[replicas[0]] for replicas in cluster.shard_urls()]
+    for (url,) in shards:
+        run_sql(url, f"CREATE TABLE `{db}`.`{LOCAL}` {EVENTS_COLUMNS} "
+                     "ENGINE = MergeTree() PARTITION BY toYYYYMM(day) ORDER BY id")
+    table = f"{db}.{LOCAL}"
+    return shards, table, {"url": shards[0][0], "table": table,
+                           "shards": shards_option(shards), "sharding_key": "cityHash64(name)",
+                           "zookeeper": zk, "sink_id": sink}
+
+
 def shards_option(urls: list[list[str]]) -> str:
     return ";".join(",".join(replicas) for replicas in urls)
 
@@ -370,13 +385,7 @@ def test_append_with_shards_option_and_city_hash_key_to_plain_merge_tree(
     """Plain MergeTree has no replication, so each shard is one server (its first
     replica); the expression key is routed by chdb in the Spark workers and checked by
     the servers' own cityHash64."""
-    shards = [[replicas[0]] for replicas in cluster.shard_urls()]
-    for (url,) in shards:
-        run_sql(url, f"CREATE TABLE `{cluster_db}`.`{LOCAL}` {EVENTS_COLUMNS} "
-                     "ENGINE = MergeTree() PARTITION BY toYYYYMM(day) ORDER BY id")
-    table = f"{cluster_db}.{LOCAL}"
-    options = {"url": shards[0][0], "table": table, "shards": shards_option(shards),
-               "sharding_key": "cityHash64(name)", "zookeeper": zk_sink, "sink_id": sink_id}
+    shards, table, options = plain_sharded_target(cluster, cluster_db, zk_sink, sink_id)
     save(events_df(spark, 0, 3000), options)
     assert_sharded_exactly_once(shards, table, range(3000), key="cityHash64(name)",
                                 replicated=False)
@@ -388,14 +397,8 @@ def test_rows_with_a_null_sharding_key_are_quarantined_on_the_first_shard_with_q
 ) -> None:
     """A null key gives a row no shard: with ``bad_rows=quarantine`` it is a bad row (kept
     once, in the first shard's quarantine table), the others land where the key puts them."""
-    shards = [[replicas[0]] for replicas in cluster.shard_urls()]
-    for (url,) in shards:
-        run_sql(url, f"CREATE TABLE `{cluster_db}`.`{LOCAL}` {EVENTS_COLUMNS} "
-                     "ENGINE = MergeTree() PARTITION BY toYYYYMM(day) ORDER BY id")
-    table = f"{cluster_db}.{LOCAL}"
-    options = {"url": shards[0][0], "table": table, "shards": shards_option(shards),
-               "sharding_key": "cityHash64(name)", "zookeeper": zk_sink, "sink_id": sink_id,
-               "bad_rows": "quarantine", "quarantine_table": f"{cluster_db}.bad"}
+    shards, table, options = plain_sharded_target(cluster, cluster_db, zk_sink, sink_id)
+    options.update(bad_rows="quarantine", quarantine_table=f"{cluster_db}.bad")
     df = events_df(spark, 0, 300).selectExpr(
         "id", "day", "IF(id % 50 = 0, NULL, name) AS name", "value")
     save(df, options)
