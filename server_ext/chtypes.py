@@ -69,7 +69,10 @@ class ChType:
     labels: tuple[tuple[str, int], ...] = ()
 
     def __str__(self) -> str:
-        return self.text or self.base
+        """The type as the server printed it, on one line: newer servers print a Tuple's
+        elements one per line, which would break messages (a newline never occurs in the
+        text otherwise: a label's is escaped)."""
+        return _ONE_LINE_RE.sub(_one_line, self.text) if self.text else self.base
 
     @property
     def is_nullable(self) -> bool:
@@ -203,6 +206,14 @@ def _first_true(predicate: Callable[[int], bool], low: int, high: int) -> int:
         else:
             low = middle + 1
     return low
+
+
+_ONE_LINE_RE = re.compile(r"(\(?)\s*\n\s*(\)?)")
+
+
+def _one_line(match: re.Match[str]) -> str:
+    opened, closed = match.group(1), match.group(2)
+    return opened + closed if opened or closed else " "
 
 
 def parse_type(text: str) -> ChType:

@@ -193,3 +193,14 @@ def test_a_sliced_batch_reports_rows_of_the_slice() -> None:
     with pytest.raises(InvalidValue) as caught:
         check_batch(columns(("n", "UInt8")), data)
     assert caught.value.row == 3
+
+
+@pytest.mark.parametrize("printed, shown", [
+    ("Tuple(\n    a Int32,\n    b String)", "Tuple(a Int32, b String)"),  # as 26.x prints it
+    ("Array(Tuple(\n    a Int32,\n    b String\n))", "Array(Tuple(a Int32, b String))"),
+    ("Enum8('a  b' = 1)", "Enum8('a  b' = 1)"),  # spaces inside a label kept
+])
+def test_a_type_is_named_on_one_line_in_messages(printed: str, shown: str) -> None:
+    from server_ext.chtypes import parse_type
+
+    assert str(parse_type(printed)) == shown
