@@ -443,13 +443,17 @@ def test_every_column_that_cannot_be_written_is_named_in_one_error(
     assert run_sql(url, f"SELECT count() FROM `{db}`.t").strip() == "0"
 
 
+def _table_writer(url: str, db: str, columns: str, order_by: str) -> BranchWriter:
+    """A writer straight into a new MergeTree `db`.t of ``columns``: no staging, no sink."""
+    run_sql(url, f"CREATE TABLE `{db}`.t ({columns}) ENGINE = MergeTree ORDER BY {order_by}")
+    client = ClickHouseClient(url)
+    target = describe_table(client, f"{db}.t")
+    return BranchWriter(client, target, target.qualified, detect_capabilities(client))
+
+
 def test_a_refused_value_sends_nothing(modern_clickhouse_url: str, database) -> None:
     db = database(modern_clickhouse_url)
-    run_sql(modern_clickhouse_url, f"CREATE TABLE `{db}`.t (c UUID) ENGINE = MergeTree "
-                                   "ORDER BY tuple()")
-    client = ClickHouseClient(modern_clickhouse_url)
-    target = describe_table(client, f"{db}.t")
-    writer = BranchWriter(client, target, target.qualified, detect_capabilities(client))
+    writer = _table_writer(modern_clickhouse_url, db, "c UUID", "tuple()")
     with pytest.raises(InvalidValue, match="row 2"):
         writer.write(pa.record_batch([pa.array([str(_ZERO), str(_ZERO), "bad"])], names=["c"]))
     writer.flush()
@@ -461,11 +465,7 @@ def test_integers_into_a_narrow_decimal_are_written_exactly(request, database,
                                                             server: str) -> None:
     url = _server_url(request, server)
     db = database(url)
-    run_sql(url, f"CREATE TABLE `{db}`.t (k UInt8, a Decimal(9, 2), b Decimal(18, 0)) "
-                 "ENGINE = MergeTree ORDER BY k")
-    client = ClickHouseClient(url)
-    target = describe_table(client, f"{db}.t")
-    writer = BranchWriter(client, target, target.qualified, detect_capabilities(client))
+    writer = _table_writer(url, db, "k UInt8, a Decimal(9, 2), b Decimal(18, 0)", "k")
     writer.write(pa.record_batch({"k": pa.array([0, 1, 2], pa.uint8()),
                                   "a": pa.array([0, -5, 9_999_999], pa.int64()),
                                   "b": pa.array([0, -10**17, 10**18 - 1], pa.int64())}))
@@ -479,11 +479,8 @@ def test_a_struct_with_null_arrays_into_json_is_stored_as_its_text_without_them(
         modern_clickhouse_url: str, database) -> None:
     url = modern_clickhouse_url
     db = database(url)
-    run_sql(url, f"CREATE TABLE `{db}`.t (k UInt8, j JSON) ENGINE = MergeTree ORDER BY k")
-    client = ClickHouseClient(url)
-    target = describe_table(client, f"{db}.t")
+    writer = _table_writer(url, db, "k UInt8, j JSON", "k")
     kind = pa.struct([("x", pa.int64()), ("y", pa.list_(pa.int64()))])
-    writer = BranchWriter(client, target, target.qualified, detect_capabilities(client))
     writer.write(pa.record_batch({"k": pa.array([0, 1], pa.uint8()),
                                   "j": pa.array([{"x": 1, "y": None}, {"x": None, "y": [2]}],
                                                 kind)}))
