@@ -175,7 +175,7 @@ class Completion:
                        if b.state is not BranchState.COMMITTED and b.branch_id in record.winners]
             updates += [b.moved_to(BranchState.ABORTED) for b in losers.values()
                         if b.state is not BranchState.ABORTED]
-            last_epoch, last_version = self.last.read()
+            last_epoch, last_version = self.last.require()
             txn = self.txn_versions.read() if record.txn_version is not None else None
 
             def close(multi: Multi, last_epoch: int | None = last_epoch,

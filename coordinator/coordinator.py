@@ -55,6 +55,7 @@ from coordinator.errors import (
     PublishLeaseLost,
     RecoveryIncomplete,
     SinkTakenOver,
+    SinkTreeDamaged,
 )
 from coordinator.fencing import Generation
 from coordinator.layout import SinkLayout
@@ -368,11 +369,29 @@ class Coordinator:
         decide, so the answer cannot go stale before this writer's own decision.
         """
         committed, _ = self._txn_versions.read()
+        if committed is None:
+            self._require_no_versioned_commit()
         open_epochs = self.store.run(self.store.epochs, True)
         deciding = [r.txn_version for r in self.store.run(self.store.read_xids, open_epochs)
                     if r.state in (XidState.COMMITTING, XidState.COMMITTED)
                     and r.txn_version is not None]
         return max([v for v in (committed, *deciding) if v is not None], default=None)
+
+    def _require_no_versioned_commit(self) -> None:
+        """Refuse a sink without a ``txn_version`` node whose retained xids committed one:
+        the node was lost, and a job would rewrite what an earlier run of it committed.
+        Read only while the node is absent (a sink's first versioned job)."""
+        records = self.store.run(self.store.read_xids, self.store.run(self.store.epochs, False))
+        versioned = [r for r in records
+                     if r.state is XidState.COMMITTED and r.txn_version is not None]
+        if versioned:
+            newest = max(versioned, key=lambda r: r.txn_version or 0)
+            raise SinkTreeDamaged(
+                f"{self.layout.txn_version} is missing although xid {newest.xid} committed "
+                f"txn_version {newest.txn_version}: the sink's record of its committed "
+                "versions was lost, and a versioned job cannot tell whether it ran. Nothing "
+                "was written. Restore the node from a backup, or recreate it holding the "
+                f'highest committed version: {{"version": {newest.txn_version}}}')
 
     def is_committed(self, epoch: int) -> bool:
         """True if the xid is ``Committed`` (also after its record was pruned)."""

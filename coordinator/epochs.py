@@ -89,6 +89,18 @@ class LastCommitted:
         epoch = data.get("epoch")
         return (int(epoch) if epoch is not None else None), version
 
+    def require(self) -> tuple[int | None, int]:
+        """:meth:`read` of a sink that exists: a missing node is :class:`SinkTreeDamaged`
+        (every sink is created with it; guessing it would forget commits)."""
+        epoch, version = self.read()
+        if version < 0:
+            raise SinkTreeDamaged(
+                f"{self.path} is missing: the sink's record of its last committed epoch was "
+                "lost, and this writer cannot tell which epochs committed. Nothing more was "
+                "written. Restore the node from a backup, or recreate it holding the highest "
+                'committed epoch (`txsink status` lists them): {"epoch": N}')
+        return epoch, version
+
     def advance(self, multi: Multi, epoch: int, current: int | None, version: int) -> None:
         """Add ``last_committed := max(current, epoch)`` (nothing if it would not move)."""
         if current is not None and current >= epoch:

@@ -130,7 +130,8 @@ class StreamOwnership:
         try:
             raw, _ = last.get()
             epoch = decode(raw, layout.last_committed).get("epoch")
-        except NoNodeError:
+        except NoNodeError:  # a sink not created yet, or a damaged one: refused here
+            layout.check(client)
             epoch = None
         return record, int(epoch) if epoch is not None else None
 

@@ -26,9 +26,11 @@ from typing import Any, TypeVar
 from kazoo.exceptions import NodeExistsError
 from kazoo.retry import ForceRetryError
 
+from coordinator.epochs import LastCommitted
 from coordinator.errors import (
     Fenced,
     InvalidTransition,
+    SinkTreeDamaged,
     UnknownBranch,
     UnknownXid,
     WinnerNotPrepared,
@@ -121,6 +123,7 @@ class Transitions:
             if Retention(self.store).was_pruned_committed(epoch):
                 # committed long ago, record pruned: a replay must not write it again
                 return XidState.COMMITTED
+            self._require_not_lost(epoch)
             return self._create(epoch, generation, holder)
         if record.state is XidState.INITIALIZED:
             if record.generation > generation:
@@ -278,6 +281,23 @@ class Transitions:
 
     def _fenced(self, generation: int) -> Multi:
         return self.sink_generation.guard(Multi(self.store.client), generation)
+
+    def _require_not_lost(self, epoch: int) -> None:
+        """Refuse to begin the epoch ``last_committed`` names when it has no record.
+
+        That epoch committed, and only a streaming replay begins it again; its record
+        exists (or was pruned, recorded as such). Missing, it was lost, and a new xid
+        would write the micro-batch a second time. (An allocated epoch lies above it; a
+        streaming query cannot go below it: ``coordinator/stream.py``.)"""
+        last = LastCommitted(self.store).read()[0]
+        if epoch != last:
+            return
+        raise SinkTreeDamaged(
+            f"{self.layout.xid(epoch)} is missing although the sink's last committed epoch "
+            f"is {last}: the record of epoch {epoch} was lost, and whether it committed "
+            "cannot be told. Nothing was written. If its rows are in the target (`txsink "
+            f"verify`), record it with `txsink reset --sink {self.store.sink_id} "
+            f"--committed-through {last}`; otherwise restore the record from a backup")
 
     def _create(self, epoch: int, generation: int,
                 holder: tuple[str, bytes] | None) -> XidState:

@@ -117,6 +117,40 @@ def known_settings(client: SqlClient, wanted: tuple[str, ...]) -> frozenset[str]
 
 
 _SETTINGS_CACHE: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {}
+_CHAINS_CACHE: dict[str, bool] = {}
+
+
+def fires_view_chains(client: SqlClient) -> bool:
+    """Whether the server fires a materialized view on the rows another view writes (a
+    chain of views). Measured: 18.16 does not (neither through a ``TO`` table nor an inner
+    table), 26.x does. Asked of the server itself, once per process and url, with scratch
+    tables and two views, and only for a target whose views feed views."""
+    with _CACHE_LOCK:
+        cached = _CHAINS_CACHE.get(client.url)
+    if cached is not None:
+        return cached
+    suffix = uuid.uuid4().hex[:12]
+    source, middle, end, first, second = (
+        qualified_name(SCRATCH_DATABASE, f"chain_{suffix}_{name}")
+        for name in ("source", "middle", "end", "first_mv", "second_mv"))
+    client.execute(f"CREATE DATABASE IF NOT EXISTS {quote_identifier(SCRATCH_DATABASE)}",
+                   purpose="create scratch database")
+    try:
+        for ddl in (f"CREATE TABLE {source} (k UInt8) ENGINE = Null",
+                    f"CREATE TABLE {middle} (k UInt8) ENGINE = Memory",
+                    f"CREATE TABLE {end} (k UInt8) ENGINE = Memory",
+                    f"CREATE MATERIALIZED VIEW {first} TO {middle} AS SELECT k FROM {source}",
+                    f"CREATE MATERIALIZED VIEW {second} TO {end} AS SELECT k FROM {middle}",
+                    f"INSERT INTO {source} VALUES (1)"):
+            client.execute(ddl, purpose="check whether views fire on a view's output")
+        fires = int(client.query_value(f"SELECT count() FROM {end}",
+                                       purpose="check whether views fire on a view's output")) > 0
+    finally:
+        for name in (second, first, end, middle, source):
+            client.execute(f"DROP TABLE IF EXISTS {name}", purpose="drop scratch table")
+    with _CACHE_LOCK:
+        _CHAINS_CACHE[client.url] = fires
+    return fires
 
 
 def choose_strategy(caps: Capabilities, target: ReplicatedTarget) -> Strategy:

@@ -64,6 +64,7 @@ from server_ext.sql import (
     quote_identifier,
     setting_assignments,
     split_table_name,
+    sql_string,
     tokenize,
 )
 
@@ -381,10 +382,14 @@ def publish_problem(client: SqlClient, target: TargetTable, strategy: str) -> st
     partition of two empty scratch tables made as a task's staging and as a combined
     table are; nothing moves. A refusal found only after the decision would leave the xid
     ``Committing`` for good. Not run for a Replicated target: an empty ``ATTACH`` still
-    writes a ``REPLACE_RANGE`` entry to its replication log (measured on 18.16). A
-    ``Null`` target takes no partitions. Cached per server, table and DDL in the process.
+    writes a ``REPLACE_RANGE`` entry to its replication log (measured on 18.16); its
+    replica is only checked to be writable (a replica without a ZooKeeper/Keeper session
+    is read-only: 26.x here, measured). A ``Null`` target takes no partitions. Cached per
+    server, table and DDL in the process.
     """
-    if target.replicated or target.engine == "Null":
+    if target.replicated:
+        return _read_only_replica(client, target)
+    if target.engine == "Null":
         return None
     key = (getattr(client, "url", ""), target.qualified, target.create_table_query)
     if key in _ACCEPTED:
@@ -410,4 +415,16 @@ def publish_problem(client: SqlClient, target: TargetTable, strategy: str) -> st
         finally:
             client.execute(f"DROP TABLE IF EXISTS {scratch}", purpose="drop preflight table")
     _ACCEPTED.add(key)
+    return None
+
+
+def _read_only_replica(client: SqlClient, target: TargetTable) -> str | None:
+    """Why a Replicated ``target`` cannot take partitions now: its replica is read-only."""
+    rows = client.query_rows(
+        "SELECT is_readonly FROM system.replicas WHERE database = "
+        f"{sql_string(target.database)} AND table = {sql_string(target.name)}",
+        purpose="check the target's replica is writable")
+    if rows and int(rows[0]["is_readonly"]):
+        return ("its replica is read-only on this server (system.replicas.is_readonly = 1: no "
+                "ZooKeeper/Keeper session for it), so a plain INSERT is refused too")
     return None

@@ -9,7 +9,9 @@ whole tree (``docs/design.md``, "The staged view tree"):
   reads it (``system.tables.dependencies_*``, the same column on 18.16 and 26.x) to the
   table the MV writes into (its ``TO`` table, or its inner table: ``.inner.<view>`` on
   18.16, ``.inner_id.<uuid>`` in an Atomic database on 26.x) and on to the MVs of that
-  table (chains). The result is a tuple of :class:`ViewNode`, parents before children.
+  table (chains), where the server fires a view on a view's output (26.x; 18.16 does not:
+  ``capabilities.fires_view_chains``). The result is a tuple of :class:`ViewNode`,
+  parents before children.
 - Every node gets, per branch, a staging copy of its table and a *staging view*: the MV's
   own ``SELECT`` with its source table replaced by the source's staging table
   (:func:`staging_view_ddl`). Rows inserted into the branch's staging table therefore fire
@@ -23,14 +25,16 @@ published into (not MergeTree-family, e.g. ``Distributed``), a view whose ``SELE
 not name its source or reads it more than once (the sink cannot tell which reference is
 the inserted block), and a tree deeper than :data:`MAX_DEPTH`.
 
-Pure discovery and text: nothing here creates or drops anything.
+Discovery and text: nothing here creates or drops anything (the chain probe is
+``capabilities``').
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
-from server_ext.capabilities import engine_problem
+from server_ext.capabilities import engine_problem, fires_view_chains
 from server_ext.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError
 from server_ext.schema import TargetTable, describe_table
@@ -42,6 +46,8 @@ from server_ext.sql import (
     table_filter,
     tokenize,
 )
+
+log = logging.getLogger(__name__)
 
 MAX_DEPTH = 16  # levels of MVs below the target; deeper trees are refused
 
@@ -85,7 +91,13 @@ def discover(client: SqlClient, target: TargetTable) -> tuple[ViewNode, ...]:
     pending: list[tuple[tuple[str, str], int, int]] = [((target.database, target.name), -1, 0)]
     while pending:
         source, parent, depth = pending.pop(0)
-        for view in _dependents(client, source):
+        views = _dependents(client, source)
+        if views and depth > 0 and not fires_view_chains(client):
+            log.info("the server does not fire views on what a view writes: %s, reading "
+                     "%s.%s, get nothing from a write into %s, as from a plain INSERT",
+                     ", ".join(f"{v[0]}.{v[1]}" for v in views), *source, target.qualified)
+            continue
+        for view in views:
             if depth >= MAX_DEPTH:
                 raise ViewProblem(f"materialized view {view[0]}.{view[1]} is more than "
                                   f"{MAX_DEPTH} views below {target.database}.{target.name}")

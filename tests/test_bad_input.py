@@ -354,3 +354,20 @@ def test_modern_types_the_writer_lacks_are_refused_by_name_before_staging(spark,
     staged = sql(target.url, "SELECT count() FROM system.query_log WHERE "
                              f"position(query, '_r{tag}') > 0 AND position(query, 'system.') = 0")
     assert staged.strip() == "0"
+
+
+@pytest.mark.parametrize("server", ["ch26"], indirect=True)
+def test_a_read_only_replicated_target_is_refused_before_anything_is_decided(spark, target):
+    """The modern server here has no Keeper for its Replicated tables: they are read-only,
+    and a plain INSERT fails. Found only at publish, the xid would stay Committing."""
+    db = target.table.split(".")[0]
+    sql(target.url, f"CREATE TABLE `{db}`.`replicated` (id UInt64, day Date) ENGINE = "
+                    f"ReplicatedMergeTree('/clickhouse/{db}/replicated', 'r1') "
+                    "PARTITION BY toYYYYMM(day) ORDER BY id")
+    df = frame(spark, (1, date(2026, 3, 1)), schema="id LONG, day DATE")
+    message = rejected(target, df, table=f"{db}.replicated")
+    assert names(r"replicated.*replica is read-only on this server.*Nothing was staged",
+                 message), message
+    done = cli.main(["status", "--zookeeper", target.zookeeper, "--zk-root",
+                     target.options["zk_root"]])
+    assert done == 0  # no xid left in doubt

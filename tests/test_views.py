@@ -277,6 +277,39 @@ def test_a_view_into_a_table_no_partition_can_be_published_into_is_refused_namin
                              zk_hosts, zk_chroot)
 
 
+def chained_log_view(url: str, db: str) -> None:
+    """A view below the first level whose table no partition can be published into."""
+    run_sql(url, f"CREATE TABLE `{db}`.`log` (id UInt64) ENGINE = Log")
+    run_sql(url, f"CREATE MATERIALIZED VIEW `{db}`.`log_mv` TO `{db}`.`log` AS "
+                 f"SELECT id FROM `{db}`.`copy`")
+
+
+@pytest.mark.parametrize("server", ["ch18"], indirect=True)
+def test_a_view_the_server_never_fires_below_another_view_does_not_refuse_the_write(
+        spark, server_url, server_db, twin, options):
+    """18.16 fires no view on what a view writes: the second view gets nothing from a
+    plain INSERT either, whatever its table is."""
+    for db in (server_db, twin):
+        create_events(server_url, db)
+        even_copy_view(server_url, db)
+        chained_log_view(server_url, db)
+    df = events_df(spark, 0, ROWS)
+    plain_save(df, server_url, f"{twin}.events")
+    save(df, options, f"{server_db}.events")
+    assert contents(server_url, server_db) == contents(server_url, twin)
+    assert rows(server_url, f"SELECT count() FROM `{server_db}`.`log`") == [("0",)]
+
+
+@pytest.mark.parametrize("server", ["ch26"], indirect=True)
+def test_a_view_below_another_view_into_a_table_no_partition_can_be_published_into_is_refused(
+        spark, server_url, server_db, options, zk_hosts, zk_chroot):
+    table = create_events(server_url, server_db)
+    even_copy_view(server_url, server_db)
+    chained_log_view(server_url, server_db)
+    assert_refused_untouched(spark, server_url, options, table, "log_mv.*engine is Log",
+                             zk_hosts, zk_chroot)
+
+
 def test_a_view_into_a_table_its_staging_cannot_match_is_refused_naming_the_view(
         spark, server_url, server_db, options, zk_hosts, zk_chroot):
     table = create_events(server_url, server_db)

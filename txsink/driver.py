@@ -58,8 +58,12 @@ def publisher_for(options: SinkOptions, coord: Coordinator,
 
 
 def open_sink(options: SinkOptions, sink_id: str) -> tuple[Coordinator, int]:
-    """Fence older writers of ``sink_id`` and recover their unfinished xids (batch)."""
+    """Fence older writers of ``sink_id`` and recover their unfinished xids (batch).
+
+    The sink's tree is checked at every job's start, not only once per process: a
+    record lost since the last job is refused before anything is staged."""
     coord = connections.coordinator(options, sink_id)
+    coord.check_tree()
     generation = coord.fence()
     if options.recover_on_start:
         _recover(options, coord, older_than_generation=None)

@@ -114,6 +114,10 @@ class GcCommand(Session):
                                  "abandoned (adopted or decided meanwhile)"})
                 else:
                     left.append(entry)
+            # a decided xid that recovery could not finish: gc did not do all it should
+            failed += [{"sink_id": sink_id, "epoch": a.epoch, "reason": "unfinished",
+                        "detail": str(a), "age_s": None}
+                       for a in report.failed if a.epoch not in verdicts]
         return {"rolled_back": rolled, "failed": failed, "left": left}
 
 
@@ -133,7 +137,8 @@ def render(result: dict[str, Any]) -> str:
                      f"{a['age_s']:.0f} s old); its branches' staging, dropped where it "
                      f"existed: {', '.join(a['staging']) or 'none'}")
     for a in abandoned.get("failed", []):
-        lines.append(f"NOT rolled back: {a['detail']}")
+        verb = "finished" if a["reason"] == "unfinished" else "rolled back"
+        lines.append(f"NOT {verb}: {a['detail']}")
     for a in abandoned.get("left", []):
         lines.append(f"left undecided xid {a['sink_id']}/{a['epoch']}: {a['detail']}")
     lines.append(f"root {result['root']} (staging tag r{result['root_tag']}): "
