@@ -61,6 +61,7 @@ from coordinator.fencing import Generation
 from coordinator.layout import SinkLayout
 from coordinator.ledger import Ledger
 from coordinator.liveness import Liveness, Verdict, holder_identity, judge
+from coordinator.multi import Multi, MultiFailed
 from coordinator.nodes import NodeStore
 from coordinator.publish_lease import PublishLease, actor_identity
 from coordinator.records import BranchRecord, StreamRecord, XidRecord
@@ -416,6 +417,33 @@ class Coordinator:
         epochs = self.store.run(self.store.epochs, open_only)
         records = self.store.run(self.store.read_xids, epochs)
         return [r for r in records if wanted is None or r.state in wanted]
+
+    def restore_open_index(self) -> list[int]:
+        """Put every open xid missing from the open index back into it; the epochs put back.
+
+        The index is derived from the xid records, and everything that finishes xids
+        (recovery, status, gc) reads it: an entry lost hides a ``Committing`` xid, whose
+        unpublished rows then never arrive. Reads every xid record, so operators' commands
+        call it, not writers. An entry is created only while the record is still the one
+        read (a version check in the same multi-op): an xid finished meanwhile is left.
+        """
+        indexed = set(self.store.run(self.store.epochs, True))
+        restored = []
+        for record in self.xids():
+            if not record.state.is_open or record.epoch in indexed:
+                continue
+            multi = Multi(self.client).check(self.layout.xid(record.epoch), record.version,
+                                             label="xid")
+            multi.create(self.layout.open_marker(record.epoch), label="open")
+            try:
+                multi.commit()
+            except MultiFailed:
+                continue  # changed or indexed meanwhile: its actor keeps the index
+            restored.append(record.epoch)
+        if restored:
+            log.warning("sink %s: the open index had lost xid(s) %s (%s); put back",
+                        self.sink_id, restored, self.layout.open)
+        return restored
 
     def branches(self, epoch: int, branch_ids: Iterable[str] | None = None
                  ) -> list[BranchRecord]:

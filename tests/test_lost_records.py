@@ -128,10 +128,8 @@ def test_reset_committed_through_lets_a_replay_of_the_lost_epoch_write_nothing(
     assert coord.begin(0, generation) is XidState.COMMITTED
 
 
-def test_gc_exits_3_naming_a_decided_xid_it_could_not_finish(zk, zk_hosts, zk_chroot,
-                                                            clickhouse_url):
-    """The driver died after the decision; then ``last_committed`` was lost. gc's
-    recovery cannot mark the xid ``Committed``: gc says so and fails."""
+def decided_xid_whose_driver_died(zk: KazooClient) -> None:
+    """Xid 0 decided with one (empty) winner; the driver died before publishing it."""
     coord, generation = new_coordinator(zk, SINK)
     coord.begin(0, generation)
 
@@ -144,9 +142,34 @@ def test_gc_exits_3_naming_a_decided_xid_it_could_not_finish(zk, zk_hosts, zk_ch
         staging="s_p0", server=None, rows=0)))
     with pytest.raises(KeyboardInterrupt):
         coord.commit(0, generation, ["p0-a0-1"], publish=dies, rollback=lambda b: None)
-    zk.delete(layout().last_committed)
-    done = subprocess.run([sys.executable, "-m", "txsink", "gc", "--zookeeper",
-                           zk_hosts + zk_chroot, "--url", clickhouse_url],
+
+
+def operator(zk_hosts: str, zk_chroot: str, url: str, command: str
+             ) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "txsink", command, "--zookeeper",
+                           zk_hosts + zk_chroot, "--url", url],
                           capture_output=True, text=True, timeout=120)
+
+
+def test_a_committing_xid_whose_open_index_entry_was_lost_is_shown_and_finished_by_recover(
+        zk, zk_hosts, zk_chroot, clickhouse_url):
+    decided_xid_whose_driver_died(zk)
+    zk.delete(layout().open_marker(0))
+    status = operator(zk_hosts, zk_chroot, clickhouse_url, "status")
+    assert status.returncode == 3 and "epoch 0: Committing" in status.stdout, status.stdout
+    done = operator(zk_hosts, zk_chroot, clickhouse_url, "recover")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "open index had lost xid(s) [0]" in done.stderr
+    assert Coordinator(zk, SINK).xid(0).state is XidState.COMMITTED
+    assert zk.get_children(layout().open) == []
+
+
+def test_gc_exits_3_naming_a_decided_xid_it_could_not_finish(zk, zk_hosts, zk_chroot,
+                                                            clickhouse_url):
+    """The driver died after the decision; then ``last_committed`` was lost. gc's
+    recovery cannot mark the xid ``Committed``: gc says so and fails."""
+    decided_xid_whose_driver_died(zk)
+    zk.delete(layout().last_committed)
+    done = operator(zk_hosts, zk_chroot, clickhouse_url, "gc")
     assert done.returncode == 3, done.stdout + done.stderr
     assert "NOT finished" in done.stdout and "last_committed is missing" in done.stdout

@@ -93,6 +93,7 @@ class GcCommand(Session):
         left: list[dict[str, Any]] = []
         for sink_id in self._sinks(None):
             coord = self._coordinator(sink_id)
+            coord.restore_open_index()
             verdicts = {v.record.epoch: v for v in coord.verdicts(unwatched_after)}
             staging = {e: staging_of(coord, e) for e, v in verdicts.items() if v.abandoned}
             with BranchPublisher(self.client_for, coord) as publisher:

@@ -106,6 +106,7 @@ class RecoverCommands(Session):
         reports = []
         for sink_id in sinks:
             coord = self._coordinator(sink_id)
+            coord.restore_open_index()
             if epoch is None and strategy is None:
                 with BranchPublisher(self.client_for, coord) as publisher:
                     actions = list(coord.recover(publish=publisher.publish,

@@ -85,9 +85,10 @@ class StatusCommand(Session):
         sinks = []
         for sink_id in self._sinks(sink, must_exist=True):
             coord = self._coordinator(sink_id)
-            open_xids = coord.xids(states=OPEN_STATES)
+            records = coord.xids()  # every record: an open xid the open index lost shows
+            open_xids = [x for x in records if x.state in OPEN_STATES]
             verdicts = {v.record.epoch: v for v in coord.verdicts(unwatched_after)}
-            every_committed = coord.xids(states=(XidState.COMMITTED,))
+            every_committed = [x for x in records if x.state is XidState.COMMITTED]
             committed = every_committed[-recent:]
             last = coord.last_committed()
             health = sink_health(
