@@ -109,14 +109,22 @@ class PartitionCounter:
         found = dict(partitions)
         self._check(len(found), iter(found.values()), scope="the rows of one task")
 
-    def refused(self, exc: ClickHouseError) -> PartitionLimitExceeded | None:
+    def refused(self, exc: ClickHouseError, view_tables: tuple[str, ...] = ()
+                ) -> PartitionLimitExceeded | None:
         """The bound's error for the server's refusal of a block that crossed it (the
-        staging INSERTs carry the bound as ``SERVER_SETTING``), else None."""
+        staging INSERTs carry the bound as ``SERVER_SETTING``), else None.
+
+        ``view_tables``: the tables the target's views write into (the staging views
+        insert under the same setting). Where the target's own partitions stayed within
+        the bound, it was one of them that crossed it."""
         cause = exc.__cause__  # a writer that failed earlier chains the server's error
         if not self.limit or not any(isinstance(e, ClickHouseError) and
                                      partitions_per_block_refused(e) for e in (exc, cause)):
             return None
-        return PartitionLimitExceeded(self.table, self.limit, None, [], self.option,
+        table = self.table
+        if view_tables and self.columns is not None and len(self._seen) <= self.limit:
+            table = f"a table the views of {self.table} write into ({', '.join(view_tables)})"
+        return PartitionLimitExceeded(table, self.limit, None, [], self.option,
                                       scope="the rows of one INSERT block")
 
     def _check(self, count: int, values: Iterable[str], scope: str) -> None:

@@ -147,3 +147,18 @@ def test_a_refused_write_leaves_the_sink_writable(
     save(spark, options, target, range(5), max_partitions_per_job="5")
     assert_exactly_once(server_url, target, range(5))
     assert coordinator.xid(1).state == XidState.COMMITTED
+
+
+@pytest.mark.parametrize("server", ["ch26"], indirect=True)
+def test_a_block_crossing_the_bound_in_a_views_table_is_refused_naming_that_table(
+        spark, server_url, server_db, options, coordinator):
+    """26.x refuses the staging view's block; the target itself has one partition."""
+    target = table(server_url, server_db, "tuple()")
+    run_sql(server_url, f"CREATE TABLE `{server_db}`.`by_id` (id UInt64) ENGINE = MergeTree() "
+                        "PARTITION BY id ORDER BY id")
+    run_sql(server_url, f"CREATE MATERIALIZED VIEW `{server_db}`.`by_id_mv` TO "
+                        f"`{server_db}`.`by_id` AS SELECT id FROM `{server_db}`.`t`")
+    message = refused(spark, options, target, range(6), max_partitions_per_job="5")
+    assert (f"more than 5 partitions of a table the views of `{server_db}`.`t` write into "
+            f"(`{server_db}`.`by_id`)") in message, message[-600:]
+    assert_nothing_left(server_url, options, target, coordinator)

@@ -358,7 +358,9 @@ class _Attempt:
 
     def refused(self, exc: ClickHouseError) -> PartitionLimitExceeded | None:
         """The bound's error for a server's refusal of a block that crossed it."""
-        return self.counter.refused(exc) if self.counter is not None else None
+        if self.counter is None:
+            return None
+        return self.counter.refused(exc, tuple(n.table.qualified for n in self.plan.views))
 
     def open(self, index: int) -> _ShardBranch:
         """Register the branch in ZooKeeper before its staging table exists."""
