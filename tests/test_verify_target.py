@@ -274,6 +274,22 @@ def test_a_partition_with_pruned_history_is_not_judged(
     assert text.splitlines()[0] == f"{SINK}: no anomaly found, but 2 target partition(s) not judged"
 
 
+def test_a_lost_winner_record_fails_the_command_naming_the_xid(
+        writer: Writer, zk: KazooClient, clickhouse_url: str, zk_address: str,
+        capsys: pytest.CaptureFixture) -> None:
+    """Pruned history is normal (exit 0); a winner's record lost is damage, and the
+    partitions it could reach go unjudged: exit 4, not a quiet "no anomaly"."""
+    epoch = writer.commit({"2026-01": range(0, 100)})
+    writer.commit({"2026-01": range(100, 150)})
+    (winner,) = writer.coord.xid(epoch).winners
+    zk.delete(f"{writer.coord.layout.branch(epoch, winner)}", recursive=True)
+    code, result = run_cli(zk_address, clickhouse_url, capsys, "--exclusive-target")
+    (unjudged,) = result["sinks"][0]["target"]["not_judged"]
+    assert (code, unjudged["cause"]) == (4, "lost_record")
+    assert f"winner {winner} has no record" in unjudged["detail"]
+    assert len(result["sinks"][0]["target"]["unknown_history"]) == 1
+
+
 def test_a_sink_whose_whole_history_is_pruned_is_not_reported_ok(
         ops: Operations, writer: Writer) -> None:
     writer.commit({"2026-01": range(0, 100)})

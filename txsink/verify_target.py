@@ -108,8 +108,10 @@ class _SinkFacts:
 
     committed: list[Contribution] = field(default_factory=list)
     in_flight: list[Contribution] = field(default_factory=list)
-    # committed epochs whose writes are unknown, as [first, last] ranges, and why
+    # decided epochs whose writes are unknown, as [first, last] ranges, and why
     unknown: list[tuple[int, int, str]] = field(default_factory=list)
+    # some of them because a record is missing or unreadable (not pruned by retention)
+    damaged: bool = False
 
     @property
     def last_unknown(self) -> int | None:
@@ -178,7 +180,8 @@ def check_targets(zk: NodeStore, root: str, sinks: Iterable[str],
         epochs = changed_since(zk, root, history)
         late = _facts(read_history(zk, root, sink_id, epochs), default_url, pruned=False)
         facts[sink_id].in_flight += late.committed + late.in_flight
-        facts[sink_id].unknown += late.unknown
+        facts[sink_id].unknown += [u for u in late.unknown if u not in facts[sink_id].unknown]
+        facts[sink_id].damaged |= late.damaged
     groups = _groups(tables, facts)
     unpublished = _Unpublished(zk, root, list(histories), default_url)
     reports = {}
@@ -210,6 +213,7 @@ def _facts(history: SinkHistory, default_url: str | None, pruned: bool = True) -
         except _Unreadable as exc:
             epoch = decided.record.epoch
             facts.unknown.append((epoch, epoch, str(exc)))
+            facts.damaged = True
             continue
         if decided.record.state is XidState.COMMITTED:
             facts.committed += found
@@ -431,9 +435,11 @@ def _judge(g: _Group, facts: dict[str, _SinkFacts], writers: Writers,
                             f"holds {held} rows, fewer than the {expected} the retained "
                             "committed xids alone put there"
                             + (" (the table does not exist)" if missing_table else ""))
+        damaged = any(facts[s].damaged for s in lost)
         return _not_judged(g, where, f"committed history is incomplete: {gone}; what those "
                            f"xids wrote is unknown (holds {held} rows, retained xids "
-                           f"account for {expected})", held, expected)
+                           f"account for {expected})", held, expected,
+                           cause="lost_record" if damaged else "by_design")
     if not ordered and writers == "unknown":
         # no retained xid wrote it and none lost: a duplicate publish cannot land here
         return _not_judged(g, where, f"no xid of the sinks under this root wrote this "
@@ -561,8 +567,9 @@ def _finding(kind: str, g: _Group, where: str, held: int, expected: int,
 #: ``txsink verify`` fails (exit 4) on these: it did not check what it was asked to.
 RETRYABLE_CAUSES = frozenset({"unreadable", "in_flight", "replicas"})
 #: ... and those that fail it for good: rows an engine's merges or a TTL may have taken
-#: away (the partition was not judged before they did), which the operator must look at.
-FAILING_CAUSES = RETRYABLE_CAUSES | {"merges"}
+#: away (the partition was not judged before they did), and a decided xid whose winner's
+#: record is missing (not pruned: lost), which the operator must look at.
+FAILING_CAUSES = RETRYABLE_CAUSES | {"merges", "lost_record"}
 
 
 def _not_judged(g: _Group, where: str, reason: str, held: int | None = None,

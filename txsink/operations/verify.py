@@ -68,6 +68,6 @@ def _render_verify(sink: dict[str, Any]) -> list[str]:
                      f"partition(s) match, {len(target['anomalies'])} anomalous, "
                      f"{len(unjudged)} not judged")
         lines += [f"    not judged: {n['detail']}" for n in unjudged]
-        lines += [f"    not checked: committed epoch(s) {span}: {u['reason']}; what they "
+        lines += [f"    not checked: decided epoch(s) {span}: {u['reason']}; what they "
                   "wrote is unknown" for span, u in zip(spans, unknown, strict=True)]
     return lines
