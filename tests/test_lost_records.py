@@ -173,3 +173,13 @@ def test_gc_exits_3_naming_a_decided_xid_it_could_not_finish(zk, zk_hosts, zk_ch
     done = operator(zk_hosts, zk_chroot, clickhouse_url, "gc")
     assert done.returncode == 3, done.stdout + done.stderr
     assert "NOT finished" in done.stdout and "last_committed is missing" in done.stdout
+
+
+def test_recover_of_a_decided_xid_whose_winner_record_was_lost_says_what_is_lost(
+        zk, zk_hosts, zk_chroot, clickhouse_url):
+    decided_xid_whose_driver_died(zk)
+    zk.delete(layout().branch(0, "p0-a0-1"), recursive=True)
+    done = operator(zk_hosts, zk_chroot, clickhouse_url, "recover")
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "winner(s) p0-a0-1 of xid lost-records/0 have no record" in done.stdout
+    assert "--branch B" not in done.stdout  # resolve cannot act on a branch it cannot read

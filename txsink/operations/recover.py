@@ -264,7 +264,15 @@ class RecoverCommands(Session):
         xid = f"--sink {coord.sink_id} --epoch {epoch}"
         found: dict[str, list[str]] = {}
         staged: list[str] = []
-        for branch in coord.branches(epoch, record.winners):
+        winners = coord.branches(epoch, record.winners)
+        lost = sorted(set(record.winners) - {b.branch_id for b in winners})
+        if lost:
+            return [f"winner(s) {', '.join(lost)} of xid {record.xid} have no record: it was "
+                    f"lost (not pruned: {coord.layout.xid(epoch)} is there), so what they "
+                    "staged and where is unknown, and neither resolve nor recover can act "
+                    "on them. Restore the record from a backup; txsink verify shows the "
+                    "partitions this leaves unjudged"]
+        for branch in winners:
             manifest = publish_manifest(coord, branch)
             if manifest is None:
                 continue
