@@ -413,6 +413,28 @@ def test_rows_with_a_null_sharding_key_are_quarantined_on_the_first_shard_with_q
     assert staging_left(cluster, sink_id) == {}
 
 
+def test_a_nullable_key_column_is_refused_before_any_xid_even_with_quarantine(
+    spark, cluster: Cluster, cluster_db: str, zk_sink: str, sink_id: str
+) -> None:
+    """The server refuses a Distributed key on a Nullable column: every task would fail
+    after the xid opened."""
+    shards = [[replicas[0]] for replicas in cluster.shard_urls()]
+    for (url,) in shards:
+        run_sql(url, f"CREATE TABLE `{cluster_db}`.`{LOCAL}` (id Nullable(Int64), day Date) "
+                     "ENGINE = MergeTree() PARTITION BY toYYYYMM(day) ORDER BY day")
+    options = {"url": shards[0][0], "table": f"{cluster_db}.{LOCAL}",
+               "shards": shards_option(shards), "sharding_key": "id", "zookeeper": zk_sink,
+               "sink_id": sink_id, "bad_rows": "quarantine",
+               "quarantine_table": f"{cluster_db}.bad"}
+    df = spark.range(0, 10, numPartitions=2).selectExpr("id", "DATE'2026-01-15' AS day")
+    with pytest.raises(Exception, match=r"sharding key column `id` is Nullable\(Int64\), not "
+                                        r"an integer type"):
+        save(df, options)
+    with coordinator_of(zk_sink, sink_id) as coord:
+        assert coord.xids() == []
+    assert staging_left(cluster, sink_id) == {}
+
+
 def test_an_expression_key_the_server_computes_otherwise_than_chdb_is_refused_leaving_nothing(
     spark, cluster: Cluster, cluster_db: str, zk_sink: str, sink_id: str
 ) -> None:
@@ -787,3 +809,23 @@ def test_a_view_reading_the_distributed_table_is_refused_before_anything_is_stag
     with pytest.raises(Exception, match="all_mv reads the Distributed table"):
         save(events_df(spark, 0, 100), options)
     assert staging_left(cluster, sink_id) == {}
+
+
+def test_a_view_on_one_replica_only_is_refused_before_any_xid_naming_the_replica(
+    spark, cluster: Cluster, cluster_db: str, zk_sink: str, sink_id: str
+) -> None:
+    """A branch staged on the replica with the view would leave the view without its
+    rows; one staged on a replica without it would fail after the xid opened."""
+    replicated_local_tables(cluster, cluster_db)
+    second = cluster.shard_urls()[0][1]
+    run_sql(second, f"CREATE TABLE `{cluster_db}`.`copy` (id UInt64, day Date) "
+                    "ENGINE = MergeTree() PARTITION BY toYYYYMM(day) ORDER BY id")
+    run_sql(second, f"CREATE MATERIALIZED VIEW `{cluster_db}`.`copy_mv` TO "
+                    f"`{cluster_db}`.`copy` AS SELECT id, day FROM `{cluster_db}`.`{LOCAL}`")
+    options = distributed_options(cluster, cluster_db, zk_sink, sink_id)
+    with pytest.raises(Exception, match=r"replica .* of shard 1 .* feeds other materialized "
+                                        r"views than"):
+        save(events_df(spark, 0, 100), options)
+    assert staging_left(cluster, sink_id) == {}
+    with coordinator_of(zk_sink, sink_id) as coord:
+        assert coord.xids() == []

@@ -33,9 +33,11 @@ from server_ext.insert_memory import memory_problem
 from server_ext.sharding import (
     Shard,
     ShardLayout,
+    ShardRouter,
     layout_from_distributed,
     layout_from_urls,
     parse_shard_urls,
+    shown_url,
 )
 from server_ext.staging import publish_problem
 from server_ext.views import ViewNode, ViewProblem, discover, tree_problem
@@ -209,6 +211,9 @@ def check_target(options: SinkOptions, spark_schema, *, views: bool = True) -> C
         shard_tables = describe_every_shard(options, layout)
     table, server = shard_tables[0]
     columns = server_ext.check_arrow_schema(table, arrow_schema(spark_schema))
+    if len(layout.shards) > 1:  # the sharding key's errors before any xid, as the tasks see it
+        ShardRouter(layout, arrow_schema(spark_schema),
+                    {c.name: c.type for c in table.columns}, client)
     for url in dict.fromkeys(url for _, url in shard_tables):
         try:
             insert_settings.check_on_server(connections.clickhouse(options, url),
@@ -262,7 +267,38 @@ def view_tree(options: SinkOptions, client, layout: ShardLayout,
                     "of this write", layout.local_table,
                     ", ".join(node.view_name for node in tree))
         return ()
+    _require_same_views_on_replicas(options, layout, shard_tables, shapes)
     return tree
+
+
+def _require_same_views_on_replicas(options: SinkOptions, layout: ShardLayout,
+                                    shard_tables: list[tuple[server_ext.TargetTable, str]],
+                                    shapes: list[list[tuple]]) -> None:
+    """Refuse replicas of a shard whose local table feeds other views than the replica
+    described: a branch staged on one would miss its views' rows, or fail. A replica that
+    does not answer now is left to the task that picks it."""
+    if len(shard_tables) != len(layout.shards):
+        return
+    for shard, (table, described) in zip(layout.shards, shard_tables, strict=True):
+        for url in shard.replicas:
+            if url == described:
+                continue
+            try:
+                shape = [(n.view, n.table.qualified, n.select)
+                         for n in discover(connections.clickhouse(options, url), table)]
+            except server_ext.ServerUnreachable:
+                log.warning("replica %s of shard %d does not answer: its views are not "
+                            "compared with %s's", shown_url(url), shard.index + 1,
+                            shown_url(described))
+                continue
+            except ViewProblem as exc:
+                shape = [("unstageable", str(exc))]
+            if shape != shapes[0]:
+                raise server_ext.UnsupportedTarget(
+                    f"replica {shown_url(url)} of shard {shard.index + 1} of "
+                    f"{layout.local_table} feeds other materialized views than "
+                    f"{shown_url(described)}; every replica's table must feed the same "
+                    "views. Nothing was staged")
 
 
 def check_publish(options: SinkOptions, checked: CheckedTarget, overwrite: bool = False) -> str:
