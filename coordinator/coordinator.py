@@ -378,6 +378,18 @@ class Coordinator:
                     and r.txn_version is not None]
         return max([v for v in (committed, *deciding) if v is not None], default=None)
 
+    def damage(self) -> list[str]:
+        """Why writers of this sink are refused for lost records (``SinkTreeDamaged``'s
+        messages: a record of the tree, the ``txn_version`` node), only reading; empty
+        when nothing is lost. For operators' checks (``txsink status``)."""
+        found = [self.store.run(self.layout.damage, self.client)]
+        try:
+            if self._txn_versions.read()[0] is None:
+                self._require_no_versioned_commit()
+        except SinkTreeDamaged as exc:
+            found.append(str(exc))
+        return [problem for problem in found if problem]
+
     def _require_no_versioned_commit(self) -> None:
         """Refuse a sink without a ``txn_version`` node whose retained xids committed one:
         the node was lost, and a job would rewrite what an earlier run of it committed.

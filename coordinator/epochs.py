@@ -90,15 +90,18 @@ class LastCommitted:
         return (int(epoch) if epoch is not None else None), version
 
     def require(self) -> tuple[int | None, int]:
-        """:meth:`read` of a sink that exists: a missing node is :class:`SinkTreeDamaged`
-        (every sink is created with it; guessing it would forget commits)."""
+        """:meth:`read` for the ``Committed`` write, after the publish: a missing node is
+        :class:`SinkTreeDamaged` (every sink is created with it; guessing it would forget
+        commits)."""
         epoch, version = self.read()
         if version < 0:
             raise SinkTreeDamaged(
                 f"{self.path} is missing: the sink's record of its last committed epoch was "
-                "lost, and this writer cannot tell which epochs committed. Nothing more was "
-                "written. Restore the node from a backup, or recreate it holding the highest "
-                'committed epoch (`txsink status` lists them): {"epoch": N}')
+                "lost. This xid's rows are published (its decision stands); it cannot be "
+                "marked Committed until the node is back: nothing is to be copied or given "
+                "up. Restore the node from a backup, or recreate it holding the highest "
+                'committed epoch (`txsink status` lists them): {"epoch": N}; then run '
+                "txsink recover again")
         return epoch, version
 
     def advance(self, multi: Multi, epoch: int, current: int | None, version: int) -> None:

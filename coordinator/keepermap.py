@@ -98,6 +98,7 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 
+from coordinator.errors import SinkTreeDamaged
 from coordinator.nodes import SESSION_TIMEOUT
 
 logger = logging.getLogger(__name__)
@@ -612,23 +613,35 @@ class KeeperMapNodes:
         # a copy new to this process, or not known current for half the retention, may
         # lack entries deleted since: read the snapshot pointer too (module docstring)
         rebase = log.seq == 0 or self._stale(log, started)
+        rebased = False
         while True:
-            keys = [self._key(log.root, log.seq + i) for i in range(1, READ_AHEAD + 1)]
+            # one key past the window, so that a gap at its end shows too
+            keys = [self._key(log.root, log.seq + i) for i in range(1, READ_AHEAD + 2)]
             base = self._base(log.root)
             found = self._call(self.table.get_many, [*keys, base] if rebase else keys)
             if rebase:
-                rebase = False
+                rebase, rebased = False, True
                 if int(found.get(base) or 0) > log.seq:
                     self._load_snapshot(log, int(found[base]))
                     continue
             applied = 0
-            for key in keys:
+            for key in keys[:READ_AHEAD]:
                 raw = found.get(key)
                 if raw is None:
                     break
                 self._fold(log, json.loads(raw))
                 applied += 1
             if applied < READ_AHEAD:
+                later = [key for key in keys[applied + 1:] if key in found]
+                if later and not rebased:  # entries trimmed below a newer snapshot?
+                    rebase = True
+                    continue
+                if later:
+                    raise SinkTreeDamaged(
+                        f"the records table {self.table!r} lacks entry {keys[applied]} "
+                        f"although {later[0]} exists: a row was deleted, and the records of "
+                        f"{log.root} after it cannot be read. Nothing was written; restore "
+                        "the row from a backup")
                 log.synced = started
                 return
 

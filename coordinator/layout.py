@@ -165,6 +165,27 @@ class SinkLayout:
                 raise
         self.check(client)
 
+    def damage(self, client: NodeStore) -> str | None:
+        """What :meth:`check` would refuse the tree for (None: nothing), only reading."""
+        try:
+            children = set(client.get_children(self.sink))
+        except NoNodeError:
+            return None
+        missing = [p for p in self.initial()
+                   if p != self.sink and p.rsplit("/", 1)[1] not in children]
+        return self._lost(client, missing) if missing else None
+
+    def _lost(self, client: NodeStore, missing: list[str]) -> str | None:
+        """The refusal of a tree lacking ``missing`` once xids were begun under it."""
+        begun = [p for p in (self.open, self.xids) if p not in missing and _has_children(
+            client, p)]
+        if not begun:
+            return None
+        return (f"sink {self.sink_id!r}'s tree lacks {', '.join(missing)} although xids were "
+                f"begun under {', '.join(begun)}: its state cannot be rebuilt safely. "
+                "Restore the tree from a backup, or remove it (txsink status shows what it "
+                "held) and let the next writer start the sink afresh")
+
     def check(self, client: NodeStore, _again: bool = True) -> None:
         """Check the shape (and, for a client with credentials, the ACL of every node) of
         an existing sink tree.
@@ -193,14 +214,9 @@ class SinkLayout:
         missing = [p for p in initial if p != self.sink and p.rsplit("/", 1)[1] not in children]
         if not missing:
             return
-        begun = [p for p in (self.open, self.xids) if p not in missing and _has_children(
-            client, p)]
-        if begun:
-            raise SinkTreeDamaged(
-                f"sink {self.sink_id!r}'s tree lacks {', '.join(missing)} although xids were "
-                f"begun under {', '.join(begun)}: its state cannot be rebuilt safely. "
-                "Restore the tree from a backup, or remove it (txsink status shows what it "
-                "held) and let the next writer start the sink afresh")
+        problem = self._lost(client, missing)
+        if problem:
+            raise SinkTreeDamaged(problem)
         multi = Multi(client).check(self.sink, stat.version, label="sink")
         for path in missing:
             multi.create(path, initial[path])

@@ -19,7 +19,7 @@ import requests
 from kazoo.exceptions import BadVersionError
 
 import txsink
-from coordinator import Coordinator, PublishLeaseLost, XidState
+from coordinator import Coordinator, PublishLeaseLost, SinkTreeDamaged, XidState
 from coordinator.keepermap import KeeperMapNodes
 from coordinator.multi import Multi, MultiFailed
 from coordinator.nodes import NodeStore
@@ -492,3 +492,23 @@ def test_the_reset_a_stream_refusal_prints_reaches_the_keepermap_store_it_came_f
     assert words[:2] == ["txsink", "reset"]
     code, out = operator(capsys, *words[1:])
     assert code == 0 and "created now" not in out, out
+
+
+def test_a_deleted_log_row_between_others_is_refused_naming_it_not_read_as_the_end(
+        records_table) -> None:
+    """Rows after the gap exist: reading the log as ending there would forget them (and a
+    writer would append into the gap)."""
+    root = f"/tests/{uuid.uuid4().hex[:10]}"
+    store = KeeperMapNodes(records_table)
+    coord = Coordinator(store, "km-gap", root=root)
+    generation = coord.fence()
+    for epoch in (0, 1):
+        coord.begin(epoch, generation)
+        coord.commit(epoch, generation, [], publish=lambda b: None, rollback=lambda b: None)
+    store.stop()
+    keys = sorted(k for k in records_table.keys_with_prefix(f"log:{root}/sinks/"))
+    records_table.delete([keys[len(keys) // 2]])
+    fresh = KeeperMapNodes(records_table)
+    with pytest.raises(SinkTreeDamaged, match=f"lacks entry {re.escape(keys[len(keys) // 2])}"):
+        Coordinator(fresh, "km-gap", root=root).xids()
+    fresh.stop()

@@ -183,3 +183,28 @@ def test_recover_of_a_decided_xid_whose_winner_record_was_lost_says_what_is_lost
     assert done.returncode == 3, done.stdout + done.stderr
     assert "winner(s) p0-a0-1 of xid lost-records/0 have no record" in done.stdout
     assert "--branch B" not in done.stdout  # resolve cannot act on a branch it cannot read
+
+
+def test_recover_of_a_published_xid_whose_last_committed_was_lost_offers_no_copy_or_give_up(
+        zk, zk_hosts, zk_chroot, clickhouse_url):
+    """Its rows are published: only the record is missing. Copying staged rows out or
+    giving partitions up would be wrong."""
+    decided_xid_whose_driver_died(zk)
+    zk.delete(layout().last_committed)
+    done = operator(zk_hosts, zk_chroot, clickhouse_url, "recover")
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "rows are published" in done.stdout and "--give-up" not in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("record", ["last_committed", "txn_version"])
+def test_status_names_a_lost_record_that_refuses_every_writer_and_exits_3(
+        zk, zk_hosts, zk_chroot, clickhouse_url, record):
+    coord, generation = new_coordinator(zk, SINK)
+    coord.begin(0, generation)
+    coord.commit(0, generation, [], publish=lambda b: None, rollback=lambda b: None,
+                 txn_version=4)
+    zk.delete(getattr(layout(), record))
+    done = operator(zk_hosts, zk_chroot, clickhouse_url, "status")
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "DAMAGED (every writer is refused): " in done.stdout
+    assert record in done.stdout.split("DAMAGED", 1)[1]

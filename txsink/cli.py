@@ -206,7 +206,7 @@ def _operations(args: argparse.Namespace) -> int:
         return 1
     if args.command == "verify" and unjudged(result):
         return 4
-    if args.command == "status" and any(s["in_doubt"] for s in result["sinks"]):
+    if args.command == "status" and any(s["in_doubt"] or s["damaged"] for s in result["sinks"]):
         return 3
     if args.command in ("recover", "resolve") and any(s["failed"] for s in result["sinks"]):
         return 3

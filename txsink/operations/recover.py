@@ -23,6 +23,7 @@ from coordinator import (
     BranchRecord,
     Coordinator,
     PublishInProgress,
+    SinkTreeDamaged,
     XidState,
 )
 from coordinator.recovery import FAILED, IN_PROGRESS, ROLLED_BACK, ROLLED_FORWARD, RecoveryAction
@@ -120,6 +121,7 @@ class RecoverCommands(Session):
                 "sink_id": sink_id, "actions": [str(a) for a in actions],
                 "failed": [str(a) for a in failed],
                 "way_out": [hint for a in failed if a.from_state is XidState.COMMITTING
+                            and not a.detail.startswith(SinkTreeDamaged.__name__)
                             for hint in self.way_out(coord, a.epoch)],
             })
         return {"sinks": reports, **({"unknown": sink} if sink and not sinks else {})}

@@ -103,6 +103,7 @@ class StatusCommand(Session):
                 "open": [OpenXid.of(coord, x, verdicts.get(x.epoch), now).to_json()
                          for x in open_xids],
                 "in_doubt": [x.epoch for x in open_xids if x.state == XidState.COMMITTING],
+                "damaged": coord.damage(),
                 "recent": [{"epoch": x.epoch, **_commit_metrics(coord, x)} for x in committed],
                 "operator_decisions": _decisions(open_xids, every_committed),
             })
@@ -118,6 +119,8 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"{sink['sink_id']}: generation {sink['generation']}, "
                      f"last committed epoch {shown_epoch(sink['last_committed'])}")
         lines.append(f"  {_render_health(SinkHealth.from_json(sink['health']))}")
+        lines += [f"  DAMAGED (every writer is refused): {problem}"
+                  for problem in sink.get("damaged", [])]
         for x in sink["open"]:
             flag = "  IN DOUBT: run txsink recover" if x["epoch"] in sink["in_doubt"] else ""
             if x.get("abandoned"):
