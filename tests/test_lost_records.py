@@ -108,20 +108,25 @@ def test_beginning_a_committed_epoch_whose_xid_record_was_lost_is_refused(
     assert coord.xid(1) is None
 
 
-def test_beginning_the_next_epoch_after_a_lost_xid_record_is_not_refused(
-        zk: KazooClient) -> None:
+def committed_epoch_0(zk: KazooClient, **commit: object) -> tuple[Coordinator, int]:
+    """A sink whose epoch 0 committed (no branch): (coordinator, generation)."""
     coord, generation = new_coordinator(zk, SINK)
     coord.begin(0, generation)
-    coord.commit(0, generation, [], publish=lambda b: None, rollback=lambda b: None)
+    coord.commit(0, generation, [], publish=lambda b: None, rollback=lambda b: None,
+                 **commit)  # type: ignore[arg-type]
+    return coord, generation
+
+
+def test_beginning_the_next_epoch_after_a_lost_xid_record_is_not_refused(
+        zk: KazooClient) -> None:
+    coord, generation = committed_epoch_0(zk)
     zk.delete(layout().xid(0), recursive=True)
     assert coord.begin(1, generation) is XidState.INITIALIZED
 
 
 def test_reset_committed_through_lets_a_replay_of_the_lost_epoch_write_nothing(
         zk: KazooClient) -> None:
-    coord, generation = new_coordinator(zk, SINK)
-    coord.begin(0, generation)
-    coord.commit(0, generation, [], publish=lambda b: None, rollback=lambda b: None)
+    committed_epoch_0(zk)
     zk.delete(layout().xid(0), recursive=True)
     Coordinator(zk, SINK).reset_stream(committed_through=0)
     coord, generation = new_coordinator(zk, SINK)
@@ -199,10 +204,7 @@ def test_recover_of_a_published_xid_whose_last_committed_was_lost_offers_no_copy
 @pytest.mark.parametrize("record", ["last_committed", "txn_version"])
 def test_status_names_a_lost_record_that_refuses_every_writer_and_exits_3(
         zk, zk_hosts, zk_chroot, clickhouse_url, record):
-    coord, generation = new_coordinator(zk, SINK)
-    coord.begin(0, generation)
-    coord.commit(0, generation, [], publish=lambda b: None, rollback=lambda b: None,
-                 txn_version=4)
+    committed_epoch_0(zk, txn_version=4)
     zk.delete(getattr(layout(), record))
     done = operator(zk_hosts, zk_chroot, clickhouse_url, "status")
     assert done.returncode == 3, done.stdout + done.stderr
