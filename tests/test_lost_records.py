@@ -17,7 +17,8 @@ from kazoo.client import KazooClient
 import txsink
 from coordinator import Coordinator, SinkTreeDamaged, XidState
 from coordinator.layout import SinkLayout
-from server_ext.manifest import Manifest
+from server_ext.manifest import Manifest, PartitionManifest, StagedPart
+from tests.conftest import run_sql
 from tests.sinkutil import (
     SHORT_SESSION,
     assert_exactly_once,
@@ -210,3 +211,30 @@ def test_status_names_a_lost_record_that_refuses_every_writer_and_exits_3(
     assert done.returncode == 3, done.stdout + done.stderr
     assert "DAMAGED (every writer is refused): " in done.stdout
     assert record in done.stdout.split("DAMAGED", 1)[1]
+
+
+@pytest.mark.parametrize("server", ["ch26"], indirect=True)
+def test_recover_of_moved_partitions_whose_intent_was_lost_first_offers_attached_yes(
+        zk, zk_hosts, zk_chroot, server_url, server_db):
+    """``move``: the partition left staging and no intent names it: a refusal, with the
+    rows possibly in the target. Giving them up would record published rows as lost."""
+    run_sql(server_url, f"CREATE TABLE `{server_db}`.`t` (id UInt64) "
+                                   "ENGINE = MergeTree() ORDER BY id")
+    coord, generation = new_coordinator(zk, SINK)
+    coord.begin(0, generation)
+    moved = PartitionManifest("all", "tuple()", (StagedPart("all_1_1_0", 10, 100),))
+    coord.register_branch(0, "p0-a0-1", generation, owner={})
+    coord.prepare_branch(0, "p0-a0-1", payload.to_record(payload.StagedBranch(
+        manifest=Manifest(server_db, "t", "txsink_staging", "s_moved", (moved,)),
+        strategy="move", staging="s_moved", server=server_url, rows=10)))
+
+    def dies(_branch: object) -> None:
+        raise KeyboardInterrupt("the driver dies after the MOVE")
+
+    with pytest.raises(KeyboardInterrupt):
+        coord.commit(0, generation, ["p0-a0-1"], publish=dies, rollback=lambda b: None)
+    done = operator(zk_hosts, zk_chroot, server_url, "recover")
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "StagingChanged" in done.stdout
+    first = done.stdout.split("WHAT TO DO", 1)[-1]
+    assert first.index("--attached yes") < first.index("--give-up"), done.stdout

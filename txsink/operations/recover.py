@@ -121,8 +121,7 @@ class RecoverCommands(Session):
                 "sink_id": sink_id, "actions": [str(a) for a in actions],
                 "failed": [str(a) for a in failed],
                 "way_out": [hint for a in failed if a.from_state is XidState.COMMITTING
-                            and not a.detail.startswith(SinkTreeDamaged.__name__)
-                            for hint in self.way_out(coord, a.epoch)],
+                            for hint in self.hints(coord, a)],
             })
         return {"sinks": reports, **({"unknown": sink} if sink and not sinks else {})}
 
@@ -251,6 +250,21 @@ class RecoverCommands(Session):
         target = server_ext.describe_table(
             client, qualified_name(manifest.target_database, manifest.target_table))
         return server_ext.detect_capabilities(client), target
+
+    def hints(self, coord: Coordinator, failed: RecoveryAction) -> list[str]:
+        """:meth:`way_out` for a failed recovery of a ``Committing`` xid, by its cause:
+        none for lost records of the sink (the error says what to restore), and first,
+        for staged partitions gone without an intent, that their rows may be published."""
+        if failed.detail.startswith(SinkTreeDamaged.__name__):
+            return []
+        hints = self.way_out(coord, failed.epoch)
+        if failed.detail.startswith(server_ext.StagingChanged.__name__):
+            hints.insert(0, (
+                "staged partitions are gone and no publish intent names them: if their rows "
+                "are in the target (a MOVE whose intent was lost), record it with txsink "
+                f"resolve --sink {coord.sink_id} --epoch {failed.epoch} --branch B "
+                "--partition P --attached yes; give them up only if the rows are nowhere"))
+        return hints
 
     def way_out(self, coord: Coordinator, epoch: int) -> list[str]:
         """What an operator can do about a ``Committing`` xid that recovery cannot finish.
