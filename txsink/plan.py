@@ -210,10 +210,10 @@ def check_target(options: SinkOptions, spark_schema, *, views: bool = True) -> C
     if layout.local_table != options.table or layout.shards[0].replicas != (options.url,):
         shard_tables = describe_every_shard(options, layout)
     table, server = shard_tables[0]
-    columns = server_ext.check_arrow_schema(table, arrow_schema(spark_schema))
+    incoming = arrow_schema(spark_schema)
+    columns = server_ext.check_arrow_schema(table, incoming)
     if len(layout.shards) > 1:  # the sharding key's errors before any xid, as the tasks see it
-        ShardRouter(layout, arrow_schema(spark_schema),
-                    {c.name: c.type for c in table.columns}, client)
+        ShardRouter(layout, incoming, {c.name: c.type for c in table.columns}, client)
     for url in dict.fromkeys(url for _, url in shard_tables):
         try:
             insert_settings.check_on_server(connections.clickhouse(options, url),
@@ -255,7 +255,7 @@ def view_tree(options: SinkOptions, client, layout: ShardLayout,
             where = f" (shard {index + 1}, {url})" if len(shard_tables) > 1 else ""
             raise server_ext.UnsupportedTarget(f"cannot stage the views of {table.qualified}"
                                                f"{where}: {exc}. Nothing was staged") from None
-    shapes = [[(n.view, n.table.qualified, n.select) for n in tree] for tree in trees]
+    shapes = [_tree_shape(tree) for tree in trees]
     for index, shape in enumerate(shapes[1:], start=2):
         if shape != shapes[0]:
             raise server_ext.UnsupportedTarget(
@@ -271,6 +271,11 @@ def view_tree(options: SinkOptions, client, layout: ShardLayout,
     return tree
 
 
+def _tree_shape(tree: tuple[ViewNode, ...]) -> list[tuple]:
+    """What two servers' view trees must share: each view, its table and its SELECT."""
+    return [(n.view, n.table.qualified, n.select) for n in tree]
+
+
 def _require_same_views_on_replicas(options: SinkOptions, layout: ShardLayout,
                                     shard_tables: list[tuple[server_ext.TargetTable, str]],
                                     shapes: list[list[tuple]]) -> None:
@@ -284,8 +289,7 @@ def _require_same_views_on_replicas(options: SinkOptions, layout: ShardLayout,
             if url == described:
                 continue
             try:
-                shape = [(n.view, n.table.qualified, n.select)
-                         for n in discover(connections.clickhouse(options, url), table)]
+                shape = _tree_shape(discover(connections.clickhouse(options, url), table))
             except server_ext.ServerUnreachable:
                 log.warning("replica %s of shard %d does not answer: its views are not "
                             "compared with %s's", shown_url(url), shard.index + 1,
