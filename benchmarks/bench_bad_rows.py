@@ -3,7 +3,7 @@
 With ``bad_rows=quarantine`` every batch is checked for *all* its bad rows (a mask per
 check, ``server_ext/bad_values.py``), the good rows are sent and the bad ones staged into
 the quarantine share of their branch, published under the same decision
-(``txsink/quarantine.py``). This run measures, on one server, a 1M-row batch job in 2
+(``txsink/write/quarantine_share.py``). This run measures, on one server, a 1M-row batch job in 2
 Spark partitions with the rows of ``bench_sink.py`` (``sinkbench/workload.py``) plus a
 ``code UInt8`` column:
 
@@ -29,7 +29,7 @@ Usage::
     python benchmarks/bench_bad_rows.py            # 18.16 (HTTP 8123): bad_rows.json
     python benchmarks/bench_bad_rows.py --rounds 3 --rows 200000
 
-Needs ClickHouse and ZooKeeper (``txsink services up``, ``--modern`` for 26.x); uses its
+Needs ClickHouse and ZooKeeper (``./run services up``, ``--modern`` for 26.x); uses its
 own database and ZooKeeper root and removes both. Writes ``benchmarks/results/
 bad_rows[-modern].json`` and the PNG beside it.
 """

@@ -10,7 +10,7 @@ outweigh its CPU (time on a link of B bytes/s = measured time + bytes / B).
 
 Usage: python benchmarks/bench_compression.py [--rows 1000000] [--repeat 3]
 Prints a table (ratios to ``none`` measured in the same run) and writes
-``benchmarks/results/compression.json``. Needs ``txsink services up --modern`` for the
+``benchmarks/results/compression.json``. Needs ``./run services up --modern`` for the
 26.x rows (skipped, and said so, when that server does not answer).
 """
 

@@ -8,7 +8,7 @@ Nullable, Decimal, UUID, LowCardinality), in 4 partitions, and times ``seal`` wi
 without the digest (median of ``--repeat`` runs, interleaved).
 
 Usage: python benchmarks/bench_digest.py [--rows 1000000] [--repeat 5]
-Prints a table and writes ``benchmarks/results/digest.json``. Needs ``txsink services up
+Prints a table and writes ``benchmarks/results/digest.json``. Needs ``./run services up
 --modern`` for the 26.x rows (skipped, and said so, when that server does not answer).
 """
 

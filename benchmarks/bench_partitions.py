@@ -42,7 +42,7 @@ outdated (``old_parts_lifetime`` 480 s), must agree; the benchmark records both 
 so when they differ. Parts per target partition = parts created ÷ the 4 day partitions.
 
 Servers: the 18.16 server (``--url``, strategy ``attach_marked``: plain MergeTree) and, if
-one answers on ``--modern-url`` (26.x from the chdb wheel, ``txsink services up
+one answers on ``--modern-url`` (26.x from the chdb wheel, ``./run services up
 --modern``), the same jobs against it with strategy ``move``; otherwise the run says it
 was skipped. Every (partitions, server, variant) runs once per round, variants' order
 alternating between rounds; figures are medians. A failed job is recorded with its error
@@ -70,7 +70,7 @@ Usage::
 
 Prints a line per job, the table and the goals; writes ``partitions.json`` into ``--out``
 (``benchmarks/results``, ``benchmarks/results/quick`` with ``--quick``) and draws
-``partitions.png`` there. Needs ZooKeeper and the 18.16 server of ``txsink services up``;
+``partitions.png`` there. Needs ZooKeeper and the 18.16 server of ``./run services up``;
 creates its own database on every server it uses and its own ZooKeeper chroot
 (``/bench_partitions_<id>``), and removes them.
 """

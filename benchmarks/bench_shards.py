@@ -25,7 +25,7 @@ branch per shard per task, routing each batch, describing and publishing on ever
 shard), not how a cluster scales.
 
 The shards: by default the benchmark starts its own 2 x 1 layout of ClickHouse servers
-(``txsink.harness.services.Cluster``, HTTP ports ``--port-base`` + 11 and + 21, files under
+(``tests.harness.services.Cluster``, HTTP ports ``--port-base`` + 11 and + 21, files under
 ``--home``, the shared ZooKeeper; the main server's config is not touched) and stops
 the servers it started at the end. ``--shard-urls "http://a:p;http://b:p"`` uses two
 running servers instead (e.g. the r1 replicas of the test cluster, 28511 and 28521); it
@@ -66,7 +66,7 @@ from sinkbench.rounds import Case, Sample, summarize
 from coordinator import Coordinator
 from server_ext.sql import qualified_name, quote_identifier
 from server_ext.staging import STAGING_DATABASE
-from txsink.harness.services import Cluster, ClusterServer, ZooKeeper
+from tests.harness.services import Cluster, ClusterServer, ZooKeeper
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BASELINE = "one_server"

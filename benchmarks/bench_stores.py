@@ -5,7 +5,7 @@ plain MergeTree of the modern server (strategy ``move``), with the coordinator's
 in ZooKeeper (``coordinator=zookeeper``) and in a KeeperMap table of that server
 (``coordinator=keepermap``), rounds interleaved so that the load of a shared machine hits
 both alike; medians, and the ratio ``tx(keepermap) ÷ tx(zookeeper)`` as a throughput
-ratio (≥ 0.9 is the goal). The server needs a ``<zookeeper>`` section (``txsink services
+ratio (≥ 0.9 is the goal). The server needs a ``<zookeeper>`` section (``./run services
 up --modern`` writes one).
 
     python benchmarks/bench_stores.py [--url http://127.0.0.1:8124] [--rows 1000000]

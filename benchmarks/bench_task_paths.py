@@ -2,14 +2,14 @@
 
 ``bench_sink.py --modern`` once showed clickhouse-connect inside the tasks (``mapInArrow``)
 ~0.17 s faster than ``clickhouse_plain`` at 1M rows. This run separates the two things
-that differ: the task body (the sink's writer, ``txsink.plain.insert_directly``, or
+that differ: the task body (the sink's writer, ``txsink.spark.plain.insert_directly``, or
 clickhouse-connect's ``insert_arrow``) and the path Spark feeds it through (``mapInArrow``
 or a Python data source writer), with all four combinations on the same rows, their order
 turning each round (``sinkbench/task_paths.py``). Each task records when its first and last
 batch arrived and how long its INSERT took after the last one.
 
 Usage: python benchmarks/bench_task_paths.py [--rows 1000000] [--rounds 9]
-Needs the modern server (``txsink services up --modern``: clickhouse-connect cannot talk to
+Needs the modern server (``./run services up --modern``: clickhouse-connect cannot talk to
 18.16). Prints median job seconds and each variant ÷ ``map-connect`` (paired per round),
 the median task phases, and writes ``benchmarks/results/task_paths.{json,png}``.
 """

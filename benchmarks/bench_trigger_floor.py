@@ -19,7 +19,7 @@ Usage::
     python benchmarks/bench_trigger_floor.py --modern    # 26.x (HTTP 8124)
     python benchmarks/bench_trigger_floor.py --rates 20000,100000 --triggers 0.5,1,2,5
 
-Needs ``txsink services up`` (``--modern`` for 26.x); uses its own database and
+Needs ``./run services up`` (``--modern`` for 26.x); uses its own database and
 ZooKeeper root and removes both.
 """
 

@@ -20,7 +20,7 @@ server, with the rows of ``bench_sink.py`` (``sinkbench/workload.py``):
    what the view costs can be told from what ``tx`` costs anyway.
 2. **epoch**: a small epoch (10,000 rows, 2 partitions) with ``clickhouse_tx`` into targets
    feeding 0, 1, 2 and 4 such views; the sink's own per-epoch metrics (``commit_ms``,
-   ``stage_ms``, ``seal_ms``: ``txsink.driver.epoch_metrics``, read back from the xid's
+   ``stage_ms``, ``seal_ms``: ``txsink.write.driver.epoch_metrics``, read back from the xid's
    record in ZooKeeper) as medians, and the least-squares slope of each against the
    number of view tables (the extra milliseconds per view table), from the medians and
    paired per round (the median of each round's slope).
@@ -34,7 +34,7 @@ Usage::
     python benchmarks/bench_views.py --modern   # 26.x (HTTP 8124): views-modern.json
     python benchmarks/bench_views.py --rounds 3 --epoch-rounds 5
 
-Needs ClickHouse and ZooKeeper (``txsink services up``, ``--modern`` for 26.x); uses its
+Needs ClickHouse and ZooKeeper (``./run services up``, ``--modern`` for 26.x); uses its
 own database and ZooKeeper root and removes both. Writes ``benchmarks/results/views.json``
 (``views-modern.json``) and the PNG beside it.
 """

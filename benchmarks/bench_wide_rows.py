@@ -22,7 +22,7 @@ Usage::
     python benchmarks/bench_wide_rows.py                 # 1M rows, 2 partitions, 5 rounds
     python benchmarks/bench_wide_rows.py --rows 200000 --rounds 3
 
-Needs the modern server (HTTP 8124; ``txsink services up --modern``) and ZooKeeper; uses
+Needs the modern server (HTTP 8124; ``./run services up --modern``) and ZooKeeper; uses
 its own database and ZooKeeper root and removes both. Writes
 ``benchmarks/results/modern/wide_rows.json``.
 """

@@ -1,7 +1,7 @@
 """Where the time of a staged materialized view goes: every statement of one epoch, timed.
 
 A driver-side profile, without Spark: the sink's own functions run in this process —
-``ClickHouseTxDataSource._plan`` (check the target, discover its views, open the sink),
+``txsink.write.plan.plan_write`` (check the target, discover its views, open the sink),
 ``branch.write_branch`` once per branch (one after another, not in parallel as Spark's
 tasks run) and ``driver.commit_epoch`` — and for ``clickhouse_plain`` its task body,
 ``plain.insert_directly``, once per branch. The same four variants as
@@ -42,11 +42,11 @@ from sinkbench.rounds import turned
 
 from coordinator import Coordinator
 from server_ext.client import ClickHouseClient
-from txsink import driver
-from txsink.branch import write_branch
-from txsink.datasource import ClickHouseTxDataSource
 from txsink.options import parse_options
-from txsink.plain import insert_directly
+from txsink.spark.plain import insert_directly
+from txsink.write import driver
+from txsink.write.attempt import write_branch
+from txsink.write.plan import plan_write
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("name", StringType()),
                      StructField("score", DoubleType()), StructField("ts", TimestampType())])
@@ -117,7 +117,7 @@ def one_epoch(recorder: Recorder, scratch: Scratch, variant: str, number: int,
             recorder.where = None
 
     if sink == "tx":
-        plan = phase("plan", lambda: ClickHouseTxDataSource(raw)._plan(SCHEMA, False, False))
+        plan = phase("plan", lambda: plan_write(raw, SCHEMA, False, streaming=False))
         messages = phase("task", lambda: [write_branch(plan, plan.epoch, iter(b))
                                           for b in batches])
         phase("commit", lambda: driver.commit_epoch(plan, plan.epoch, messages))

@@ -1,6 +1,6 @@
 """Shared fixtures: real ClickHouse, real ZooKeeper, real Spark (local mode).
 
-Services are started once per run when absent (``txsink.harness.services``). Every test gets its
+Services are started once per run when absent (``tests.harness.services``). Every test gets its
 own ClickHouse database and its own ZooKeeper chroot, so tests cannot see each other.
 """
 
@@ -31,8 +31,8 @@ from server_ext.staging import (
     staging_table_name,
 )
 from server_ext.sweeper import staging_tables
-from txsink import cli
-from txsink.harness.services import Cluster, Services
+from tests.harness import cli as harness_cli
+from tests.harness.services import Cluster, Services
 
 # The same examples on every run: an input that crashes the shared server (as some
 # LowCardinality blocks crash 18.16) must fail every run, not one run in a few.
@@ -62,8 +62,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def status_line(capsys: pytest.CaptureFixture[str], name: str) -> str:
-    """The line of ``txsink services status`` for the service ``name``."""
-    assert cli.main(["services", "status"]) == 0
+    """The line of ``./run services status`` for the service ``name``."""
+    assert harness_cli.main(["services", "status"]) == 0
     return next(line for line in capsys.readouterr().out.splitlines()
                 if line.startswith(name))
 
@@ -172,7 +172,7 @@ def ch_db(clickhouse_url: str) -> Iterator[str]:
 def cluster(services: Services) -> Cluster:
     """The 2×2 ClickHouse cluster ``txsink_cluster``, started on first use.
 
-    Like ``services`` it is left running after the run (``txsink services down`` stops
+    Like ``services`` it is left running after the run (``./run services down`` stops
     it); four servers of ~40 MB each, ~3 s to start.  Fault tests may ``kill()``/``start()`` its
     servers but must leave them running.
     """
@@ -276,7 +276,7 @@ RETAIN = 2.0  # and their retention (s): entries are deleted while the protocol 
 @pytest.fixture(scope="session")
 def keepermap_url(services: Services) -> str:
     """A modern ClickHouse whose config names a ZooKeeper, so KeeperMap tables work:
-    ``TXSINK_KEEPERMAP_URL``, else the modern server of ``txsink services up --modern``."""
+    ``TXSINK_KEEPERMAP_URL``, else the modern server of ``./run services up --modern``."""
     url = os.environ.get("TXSINK_KEEPERMAP_URL")
     if url:
         return url
@@ -296,7 +296,7 @@ def records_table(keepermap_url: str):
     except Exception as exc:  # noqa: BLE001 - say how to get a server that has it
         pytest.fail(f"no KeeperMap table on {keepermap_url} ({exc}); a modern server "
                     "started before its config named a ZooKeeper lacks it: restart it "
-                    "(txsink services down --modern-only; txsink services up --modern) or "
+                    "(./run services down --modern-only; ./run services up --modern) or "
                     "set TXSINK_KEEPERMAP_URL to one that has it")
     return table
 
@@ -345,10 +345,10 @@ def spark():
     ``local[2,2]``: two cores, and a failed task is tried once more (the tests of retried
     tasks fail each first attempt); a write refused in its tasks (a bad value) fails
     twice, not three times over. Its Python workers start as the fault runs' drivers'
-    do (``txsink.harness.chaos.worker_site``): a failed task's worker is replaced."""
+    do (``tests.harness.chaos.worker_site``): a failed task's worker is replaced."""
     from pyspark.sql import SparkSession
 
-    from txsink.harness.chaos.jvm import worker_pythonpath
+    from tests.harness.chaos.jvm import worker_pythonpath
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -378,9 +378,9 @@ SERVERS = ("ch18", "ch26")
 
 @pytest.fixture(scope="session")
 def modern_clickhouse(services: Services):
-    """The modern ClickHouse (26.x from chdb; ``txsink services up --modern``).
+    """The modern ClickHouse (26.x from chdb; ``./run services up --modern``).
 
-    Started on first use and left running, like ``cluster``; ``txsink services down``
+    Started on first use and left running, like ``cluster``; ``./run services down``
     stops it. Its config names the local ZooKeeper for KeeperMap tables, but Replicated
     tables stay read-only there: they are 18.16-only.
     """

@@ -62,9 +62,9 @@ from kazoo.client import KazooClient
 
 from coordinator.steps import ABORT_AFTER_DECISION, COMMIT_AFTER_COMMITTED, COMMIT_AFTER_DECISION
 from tests.conftest import RECORDS_DATABASE, run_sql
+from tests.harness.chaos.crashrun import CrashPointRun
 from tests.sinkutil import SHORT_SESSION
-from txsink.crashpoints import BRANCH_AFTER_PREPARE, CRASH_POINTS
-from txsink.harness.chaos.crashrun import CrashPointRun
+from txsink.write.crashpoints import BRANCH_AFTER_PREPARE, CRASH_POINTS
 
 #: The points tried on 18.16, per mode (see the module docstring).
 STREAM_POINTS = (BRANCH_AFTER_PREPARE, COMMIT_AFTER_DECISION, "publish.after_attach",

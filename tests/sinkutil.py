@@ -15,10 +15,10 @@ from tests.conftest import run_sql
 
 def driver_env(**extra: str) -> dict[str, str]:
     """The environment of a Spark driver a test starts as its own process: this Python for
-    its workers, and the fast start-up of the fault runs (``txsink.harness.chaos.jvm``: a
+    its workers, and the fast start-up of the fault runs (``tests.harness.chaos.jvm``: a
     class-data-sharing archive, ~13 s -> ~5 s per driver start on 2 cores, and the worker
     site for its Python workers)."""
-    from txsink.harness.chaos import jvm
+    from tests.harness.chaos import jvm
 
     return {**os.environ, "PYSPARK_PYTHON": sys.executable, **jvm.submit_env(), **extra}
 
@@ -175,7 +175,7 @@ def moves_into(url: str, table: str) -> int:
 def task_winners(coord, epoch: int) -> set[str]:
     """The task branches whose rows an xid's decision made visible: its winners, with each
     combined winner replaced by its sources."""
-    from txsink.payload import CombinedBranch, from_record
+    from txsink.write.payload import CombinedBranch, from_record
 
     record = coord.xid(epoch)
     found: set[str] = set()

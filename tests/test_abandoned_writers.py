@@ -21,6 +21,7 @@ import pytest
 import txsink
 from coordinator import Coordinator, XidState
 from tests.conftest import RECORDS_DATABASE, run_sql
+from tests.harness.crash_arming import arm_env
 from tests.sinkutil import (
     SHORT_SESSION,
     assert_exactly_once,
@@ -30,8 +31,8 @@ from tests.sinkutil import (
     id_counts,
     staging_tables,
 )
-from txsink import cli, crashpoints
-from txsink.harness.crash_arming import arm_env
+from txsink.ops import cli
+from txsink.write import crashpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -252,7 +253,7 @@ def test_a_task_broken_by_a_rollback_of_its_xid_says_the_xid_was_rolled_back(zk)
 
     from coordinator import XidAborted
     from server_ext.seal import StagedRowsMismatch
-    from txsink.branch import _rolled_back
+    from txsink.write.attempt import _rolled_back
 
     coord = Coordinator(zk, "rolled-back")
     generation = coord.fence()

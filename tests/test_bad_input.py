@@ -34,9 +34,9 @@ import requests
 
 import txsink
 from server_ext.staging import STAGING_DATABASE, root_tag
-from txsink import cli
-from txsink.harness.chaos.faults import private_services
-from txsink.harness.services import READONLY_USER, SECRET_PASSWORD, SECRET_USER, Services
+from tests.harness.chaos.faults import private_services
+from tests.harness.services import READONLY_USER, SECRET_PASSWORD, SECRET_USER, Services
+from txsink.ops import cli
 from txsink.options import root_identity
 
 PORT_BASE = 28400

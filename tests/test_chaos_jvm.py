@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from txsink.harness.chaos import jvm
+from tests.harness.chaos import jvm
 
 
 def test_archive_is_built_once_then_reused():

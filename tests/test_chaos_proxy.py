@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 import pytest
 import requests
 
-from txsink.harness.chaos.proxy import TcpProxy
+from tests.harness.chaos.proxy import TcpProxy
 
 
 @pytest.fixture

@@ -5,10 +5,10 @@ The run uses a private ClickHouse + ZooKeeper pair (ports 28201..28204, or
 a ReplicatedMergeTree target: on a plain MergeTree target a ClickHouse restart inside a
 publish may leave it in doubt for an operator (docs/reliability.md, "Limits"), which a
 random schedule would hit now and then. Besides the process and network faults, the short
-run has the overlapping actors of ``txsink.harness.chaos.actors``: an operator's
+run has the overlapping actors of ``tests.harness.chaos.actors``: an operator's
 ``txsink recover`` loop, a second driver of the same query, and a zombie task of a stale
 generation, each while the pipeline commits. The soak
-(``python -m txsink.harness.chaos.schedule --minutes 30``) is the same code with more faults.
+(``python -m tests.harness.chaos.schedule --minutes 30``) is the same code with more faults.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import os
 
 import pytest
 
-from txsink.harness.chaos.actors import KILLED, classify_failure, recover_reason
-from txsink.harness.chaos.faults import private_services
-from txsink.harness.chaos.schedule import (
+from tests.harness.chaos.actors import KILLED, classify_failure, recover_reason
+from tests.harness.chaos.faults import private_services
+from tests.harness.chaos.schedule import (
     FAULT_KINDS,
     REPLICATED,
     ChaosRun,

@@ -12,7 +12,7 @@ import pytest
 from coordinator import Coordinator
 from server_ext.manifest import Manifest
 from tests.conftest import free_port
-from txsink import payload
+from txsink.write import payload
 
 
 def txsink(*args: str) -> subprocess.CompletedProcess:
@@ -107,7 +107,7 @@ def test_status_claims_no_recovery_for_a_commit_without_recorded_metrics(zk, zk_
 
 
 def test_every_option_of_every_command_has_help_text():
-    from txsink.cli import build_parser
+    from txsink.ops.cli import build_parser
 
     parser = build_parser()
     commands = next(a for a in parser._actions if a.dest == "command").choices

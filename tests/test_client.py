@@ -17,7 +17,7 @@ from server_ext.client import ClickHouseClient
 from server_ext.errors import ClickHouseError, ServerUnreachable
 from server_ext.sql import qualified_name, quote_identifier, split_table_name
 from tests.conftest import free_port, run_sql
-from txsink.harness.services import SECRET_PASSWORD, SECRET_USER
+from tests.harness.services import SECRET_PASSWORD, SECRET_USER
 
 # -- answers --------------------------------------------------------------------------------
 

@@ -16,8 +16,8 @@ from server_ext.client import ClickHouseClient
 from server_ext.digest import ContentDigest
 from server_ext.publish_steps import STEP_AFTER_ATTACH
 from tests.test_verify_target import ROOT, SINK, Writer, create_table
-from txsink.operations import Operations
-from txsink.payload import (
+from txsink.ops.commands import Operations
+from txsink.write.payload import (
     CombinedBranch,
     StagedBranch,
     UnknownPayload,

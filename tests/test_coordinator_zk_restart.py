@@ -14,8 +14,8 @@ from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
 from coordinator import BranchRecord, Coordinator, XidState
+from tests.harness.services import ServiceError, Services
 from tests.test_coordinator_support import Target, prepared_branches
-from txsink.harness.services import ServiceError, Services
 
 OUTAGE_SECONDS = 2.0
 

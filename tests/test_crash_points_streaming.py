@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.crashcases import cases, crash_point_run
-from txsink.harness.chaos.crashrun import CrashPointRun
+from tests.harness.chaos.crashrun import CrashPointRun
 
 
 @pytest.fixture(scope="module")

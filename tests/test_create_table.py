@@ -1,6 +1,6 @@
 """The DDL of a created target and of an added column, and the Spark → ClickHouse type
 mapping they use (``server_ext/create_table.py``), with the option checks of
-``create_table`` / ``schema_evolution`` (``txsink/table_options.py``). Pure text: no
+``create_table`` / ``schema_evolution`` (``txsink/options/table_options.py``). Pure text: no
 server. What the servers do with it is ``tests/test_table_creation.py``'s."""
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from server_ext.create_table import (
 )
 from server_ext.schema import Column, TargetTable, type_problem
 from txsink.options import OptionError, parse_options
-from txsink.plan import arrow_schema
-from txsink.target_setup import column_changes
+from txsink.write.plan import arrow_schema
+from txsink.write.target_setup import column_changes
 
 MODERN = frozenset({"Bool", "Date32", "DateTime64", "Map"})  # what 26.x lists
 CH18 = frozenset()  # 18.16 has none of them

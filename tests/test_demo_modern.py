@@ -1,4 +1,4 @@
-"""``txsink demo --server modern``: the demo's private modern server, killed and restarted.
+"""``./run demo --server modern``: the demo's private modern server, killed and restarted.
 
 This checks what the demo relies on: the private services it builds for ``--server
 modern`` (its own ZooKeeper and modern server, never the shared ones), a kill -9 and
@@ -21,11 +21,12 @@ import pytest
 from server_ext.capabilities import choose_strategy, detect_capabilities
 from server_ext.client import ClickHouseClient
 from tests.conftest import run_sql
-from txsink import cli
-from txsink.harness.chaos.faults import kill_server, private_services, restart_server
-from txsink.harness.demo import PORT_BASE, RECORDS_TABLE
-from txsink.harness.modern_server import ModernClickHouse, chdb_version
-from txsink.harness.services import ClickHouse, Services, port_open
+from tests.harness import cli as harness_cli
+from tests.harness.chaos.faults import kill_server, private_services, restart_server
+from tests.harness.demo import PORT_BASE, RECORDS_TABLE
+from tests.harness.modern_server import ModernClickHouse, chdb_version
+from tests.harness.services import ClickHouse, Services, port_open
+from txsink.ops import cli
 
 pytestmark = [pytest.mark.servers,  # starts servers of its own
               pytest.mark.skipif(chdb_version() is None, reason="needs the chdb package")]
@@ -61,7 +62,7 @@ def keeper_private(tmp_path: Path) -> Iterator[Services]:
 
 
 def test_cli_demo_server_option() -> None:
-    parser = cli.build_parser()
+    parser = harness_cli.build_parser()
     assert parser.parse_args(["demo"]).server == "18.16"
     assert parser.parse_args(["demo", "--server", "modern"]).server == "modern"
     with pytest.raises(SystemExit):
@@ -146,7 +147,7 @@ def test_the_demo_with_keepermap_records_on_the_modern_server_is_exactly_once() 
     if any(port_open(port) for port in DEMO_PORTS):
         pytest.skip(f"the demo's ports {DEMO_PORTS.start}..{DEMO_PORTS.stop - 1} are in use "
                     "(a demo is running)")
-    demo = subprocess.run([sys.executable, "-m", "txsink", "demo", *DEMO_ARGS],
+    demo = subprocess.run([sys.executable, "-m", "tests.harness", "demo", *DEMO_ARGS],
                           capture_output=True, text=True, timeout=1100)
     out = demo.stdout
     assert demo.returncode == 0, out + demo.stderr[-3000:]

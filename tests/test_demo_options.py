@@ -1,4 +1,4 @@
-"""``txsink demo``'s options (``--coordinator``, ``--without-plain``): the choices, how they
+"""``./run demo``'s options (``--coordinator``, ``--without-plain``): the choices, how they
 reach the sink, what the demo prints (fast tier).
 
 Nothing here starts a server or Spark; the demo's runs themselves are in
@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from txsink import cli
-from txsink.harness import demo
-from txsink.harness.chaos.checker import CheckResult
-from txsink.harness.chaos.faults import private_services
-from txsink.harness.chaos.schedule import ChaosRun, RunReport
+from tests.harness import cli as harness_cli
+from tests.harness import demo
+from tests.harness.chaos.checker import CheckResult
+from tests.harness.chaos.faults import private_services
+from tests.harness.chaos.schedule import ChaosRun, RunReport
 
 
 def test_demo_coordinator_defaults_to_zookeeper() -> None:
-    parser = cli.build_parser()
+    parser = harness_cli.build_parser()
     assert parser.parse_args(["demo"]).coordinator == "zookeeper"
     assert parser.parse_args(["demo", "--coordinator", "keepermap"]).coordinator == "keepermap"
     with pytest.raises(SystemExit):
@@ -33,7 +33,7 @@ def test_demo_refuses_keepermap_on_clickhouse_18_16_before_starting_anything(
         capsys: pytest.CaptureFixture[str]) -> None:
     started: list[object] = []
     monkeypatch.setattr(demo, "main", started.append)
-    assert cli.main(["demo", "--coordinator", "keepermap", *server_args]) == 2
+    assert harness_cli.main(["demo", "--coordinator", "keepermap", *server_args]) == 2
     assert not started
     error = capsys.readouterr().err
     assert "--coordinator keepermap needs --server modern" in error, error
@@ -78,8 +78,8 @@ def report(sink: str, duplicates: int = 0) -> RunReport:
 
 
 def test_demo_without_plain_runs_and_shows_clickhouse_tx_alone() -> None:
-    assert cli.build_parser().parse_args(["demo", "--without-plain"]).without_plain
-    assert not cli.build_parser().parse_args(["demo"]).without_plain
+    assert harness_cli.build_parser().parse_args(["demo", "--without-plain"]).without_plain
+    assert not harness_cli.build_parser().parse_args(["demo"]).without_plain
     text = demo.render({"clickhouse_tx": report("clickhouse_tx")})
     assert "clickhouse_tx: EXACTLY ONCE" in text
     assert "clickhouse_plain" not in text

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_sql
+from tests.harness.chaos import jvm
 from tests.sinkutil import assert_exactly_once, coordinator_root, id_counts
-from txsink.harness.chaos import jvm
 
 REPO = Path(__file__).resolve().parent.parent
 ROWS = 1000
@@ -153,8 +153,8 @@ def test_the_discovered_source_is_clickhouse_tx_with_every_method_of_it():
     """``DefaultSource`` hands each call on to the sink, so it has to offer all of them."""
     from pyspark.sql.datasource import DataSource
 
-    from txsink.datasource import ClickHouseTxDataSource
-    from txsink.pyspark_txsink import DefaultSource
+    from txsink.spark.datasource import ClickHouseTxDataSource
+    from txsink.spark.pyspark_txsink import DefaultSource
 
     def spark_methods(cls: type) -> set[str]:
         return {name for name in vars(cls)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from txsink.harness.chaos.launcher import DriverProcess, PipelineSpec
+from tests.harness.chaos.launcher import DriverProcess, PipelineSpec
 
 
 class _Running:

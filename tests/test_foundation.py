@@ -5,7 +5,7 @@ from __future__ import annotations
 from kazoo.client import KazooClient
 
 from tests.conftest import run_sql
-from txsink.harness.services import Services
+from tests.harness.services import Services
 
 
 def test_clickhouse_answers_over_http_and_sees_zookeeper(clickhouse_url: str) -> None:

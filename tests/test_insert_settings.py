@@ -1,5 +1,5 @@
 """``settings.<name>`` options: ClickHouse settings for the sink's own INSERTs, checked
-against the server in hand before anything is staged (``txsink/insert_settings.py``)."""
+against the server in hand before anything is staged (``txsink/options/insert_settings.py``)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from tests.sinkutil import (
     staging_insert_settings,
     staging_tables,
 )
-from txsink.insert_settings import REFUSED
 from txsink.options import OptionError, parse_options
+from txsink.options.insert_settings import REFUSED
 
 BASE = {"url": "http://h:8123", "zookeeper": "z:2181", "table": "t"}
 

@@ -29,9 +29,9 @@ from server_ext.keepermap import FORMAT_KEY, KeeperMapTable
 from server_ext.staging import root_tag
 from tests.conftest import RECORDS_DATABASE, run_sql
 from tests.sinkutil import assert_exactly_once, create_events, events_df
-from txsink import connections
-from txsink.connections import RecordsUnusable
 from txsink.options import parse_options
+from txsink.write import connections
+from txsink.write.connections import RecordsUnusable
 
 STRICT = {"keeper_map_strict_mode": "1"}
 
@@ -144,17 +144,17 @@ def test_a_writer_whose_session_ended_is_judged_gone(records_table, keepermap_ur
 
 def test_a_keeper_holds_a_batch_xid_over_the_keepermap_store_until_its_decision(
         keepermap_url: str, keepermap_options: dict[str, str]) -> None:
-    """The keeper process (``txsink/keeper.py``) reaches the same store: it joins the
+    """The keeper process (``txsink/write/xid_keeper.py``) reaches the same store: it joins the
     holders of the planner's xid, holds it after the planner lets go, and leaves once the
     xid is decided."""
-    from txsink import keeper
+    from txsink.write import xid_keeper
 
     options = parse_options({**keepermap_options, "table": "db.t"}, env={})
     writer = connections.records(options, shared=False)
     coord = Coordinator(writer, "km-keeper", root=options.zk_root)
     generation = coord.fence()
     coord.begin(0, generation, hold="batch driver")
-    assert keeper.start(options, "km-keeper", 0)
+    assert xid_keeper.start(options, "km-keeper", 0)
     coord.release(0)
     (verdict,) = coord.verdicts()
     assert verdict.reason == "alive" and any("keeper" in h for h in verdict.holders)
@@ -395,7 +395,7 @@ def test_a_server_without_keepermap_is_refused_naming_the_other_store(
 
 
 def operator(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
-    from txsink import cli
+    from txsink.ops import cli
 
     code = cli.main(list(args))
     captured = capsys.readouterr()

@@ -34,19 +34,19 @@ import pytest
 from kazoo.client import KazooClient
 from pyspark.sql.types import DateType, DoubleType, LongType, StringType, StructField, StructType
 
-import txsink.crashpoints
+import txsink.write.crashpoints
 from coordinator import Coordinator, Fenced, SinkTakenOver, XidDecided, XidState
 from coordinator.keepermap import CLOCK_MARGIN
 from coordinator.nodes import NodeStore
 from tests.conftest import RECORDS_DATABASE, kazoo_client, run_sql
+from tests.harness.chaos.pipeline import create_fed_view, fed_table
 from tests.sinkutil import SHORT_SESSION, assert_exactly_once, id_counts, staging_tables
 from tests.test_coordinator_session import expire_session
-from txsink import connections, driver
-from txsink.datasource import ClickHouseTxDataSource
-from txsink.harness.chaos.pipeline import create_fed_view, fed_table
-from txsink.operations import Operations
+from txsink.ops.commands import Operations
 from txsink.options import parse_options
-from txsink.plan import check_target
+from txsink.spark.datasource import ClickHouseTxDataSource
+from txsink.write import connections, driver
+from txsink.write.plan import check_target
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("day", DateType()),
                      StructField("name", StringType()), StructField("value", DoubleType())])
@@ -183,14 +183,14 @@ def hold_at(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, Callable[[], obje
 
     def arm(step: str, action: Callable[[], object]) -> list:
         first = threading.Lock()
-        original = txsink.crashpoints.hit
+        original = txsink.write.crashpoints.hit
 
         def hit(name: str) -> None:
             if name == step and first.acquire(blocking=False):  # never released: once
                 results.append(run_in_other_thread(action))
             original(name)
 
-        monkeypatch.setattr(txsink.crashpoints, "hit", hit)
+        monkeypatch.setattr(txsink.write.crashpoints, "hit", hit)
         return results
 
     return arm

@@ -22,6 +22,7 @@ import pytest
 
 import txsink
 from tests.conftest import run_sql
+from tests.harness.crash_arming import arm_env
 from tests.jobs.quarantine_batch import CODED_DDL, coded_df, is_bad
 from tests.sinkutil import (
     assert_counts_exactly_once,
@@ -30,8 +31,7 @@ from tests.sinkutil import (
     save,
     staging_tables,
 )
-from txsink import cli
-from txsink.harness.crash_arming import arm_env
+from txsink.ops import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = 1000

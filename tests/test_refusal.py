@@ -2,7 +2,7 @@
 
 Spark puts ``[PYTHON_DATA_SOURCE_ERROR] Failed to initialize Python data source writer:``
 in front of what the planner worker reports; the sink makes that the refusal itself
-(``txsink/refusal.py``), not a traceback whose last line holds the reason. The server
+(``txsink/spark/refusal.py``), not a traceback whose last line holds the reason. The server
 tests run on 18.16 and the modern server (``[ch18]`` / ``[ch26]``).
 """
 
@@ -14,7 +14,7 @@ import pytest
 
 import txsink
 from txsink.options import OptionError
-from txsink.refusal import HIDE_TRACEBACK, reason_first
+from txsink.spark.refusal import HIDE_TRACEBACK, reason_first
 
 SPARK_PREFIX = "[PYTHON_DATA_SOURCE_ERROR] Failed to initialize Python data source writer: "
 

@@ -22,6 +22,10 @@ import pytest
 from coordinator import PublishFailed, XidState
 from server_ext.ledger import ledger_key
 from tests.conftest import run_sql
+from tests.harness.chaos.faults import kill_server, private_services, restart_server
+from tests.harness.chaos.pipeline import create_fed_view
+from tests.harness.modern_server import chdb_version
+from tests.harness.services import Services, port_open
 from tests.test_overlapping_actors import (  # noqa: F401 - hold_at is a fixture
     ROWS_PER_TASK,
     TASKS,
@@ -29,12 +33,8 @@ from tests.test_overlapping_actors import (  # noqa: F401 - hold_at is a fixture
     hold_at,
     started_client,
 )
-from txsink.harness.chaos.faults import kill_server, private_services, restart_server
-from txsink.harness.chaos.pipeline import create_fed_view
-from txsink.harness.modern_server import chdb_version
-from txsink.harness.services import Services, port_open
-from txsink.operations import Operations
-from txsink.publisher import publish_manifest
+from txsink.ops.commands import Operations
+from txsink.write.publisher import publish_manifest
 
 PORT_BASE = 28600
 # (server, strategy, engine of the target)

@@ -1,4 +1,4 @@
-"""The sharded + replicated test topology (``txsink services up --shards 2 --replicas 2``).
+"""The sharded + replicated test topology (``./run services up --shards 2 --replicas 2``).
 
 These pin what later sharding work relies on: every server is up with its own macros,
 ReplicatedMergeTree copies between the replicas of a shard, a Distributed table on the
@@ -14,8 +14,8 @@ import pytest
 import requests
 
 from tests.conftest import run_sql
-from txsink import cli
-from txsink.harness.services import Cluster, Services, cluster_ports, port_open
+from tests.harness import cli
+from tests.harness.services import Cluster, Services, cluster_ports, port_open
 
 
 def replicated_table(cluster: Cluster, db: str, table: str = "t",
@@ -158,7 +158,7 @@ def test_cli_passes_shards_and_replicas_to_services(monkeypatch: pytest.MonkeyPa
 def test_stopping_a_server_that_is_not_running_does_not_wait_for_its_port(tmp_path) -> None:
     """A private pair's ``down()`` also stops a 1×1 cluster that was never started, whose
     ports are the shared cluster's: another's server listening there is not waited for."""
-    from txsink.harness.services import ClickHouse, ZooKeeper
+    from tests.harness.services import ClickHouse, ZooKeeper
 
     with socket.socket() as other:  # a server of someone else's on the port
         other.bind(("127.0.0.1", 0))

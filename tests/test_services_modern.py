@@ -1,4 +1,4 @@
-"""The modern ClickHouse server (26.x from the chdb wheel): ``txsink services up --modern``."""
+"""The modern ClickHouse server (26.x from the chdb wheel): ``./run services up --modern``."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ import requests
 from server_ext.capabilities import choose_strategy, detect_capabilities
 from server_ext.client import ClickHouseClient
 from tests.conftest import run_sql, status_line
-from txsink import cli
-from txsink.harness.modern_server import (
+from tests.harness import cli
+from tests.harness.modern_server import (
     TESTED_CHDB_VERSIONS,
     ModernClickHouse,
     ModernServerError,
     chdb_version,
 )
-from txsink.harness.services import (
+from tests.harness.services import (
     READONLY_USER,
     SECRET_PASSWORD,
     SECRET_USER,

@@ -14,9 +14,9 @@ import pytest
 
 import txsink
 from tests.conftest import run_sql
+from tests.harness.services import Cluster
 from tests.sinkutil import assert_counts_exactly_once, events_df, save
 from tests.test_sink_cluster import assert_sharded_exactly_once, shards_option, staging_left
-from txsink.harness.services import Cluster
 
 ROWS = 200
 CODED_COLUMNS = "(id UInt64, day Date, code UInt8, name String)"

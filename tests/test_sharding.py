@@ -36,7 +36,7 @@ from server_ext.sharding import (
 from server_ext.sharding.key_probe import probe_sql, probe_values
 from server_ext.sql import qualified_name, sql_string
 from tests.conftest import run_sql
-from txsink.harness.services import Cluster
+from tests.harness.services import Cluster
 
 CLUSTER = "txsink_cluster"
 SMALL_SIGNED = ("Int8", "Int16", "Int32")

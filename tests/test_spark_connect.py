@@ -127,7 +127,7 @@ def test_register_on_connect_warns_that_credential_variables_stay_in_the_client(
     monkeypatch.setenv("TXSINK_CLICKHOUSE_USER", "writer")
     monkeypatch.setenv("TXSINK_CLICKHOUSE_PASSWORD", "s3cret-value")
     session = FakeConnectSession()
-    with caplog.at_level(logging.WARNING, logger="txsink.registration"):
+    with caplog.at_level(logging.WARNING, logger="txsink.spark.registration"):
         txsink.register(session)
     assert session.registered == ["clickhouse_tx", "clickhouse_plain"]
     assert ("TXSINK_CLICKHOUSE_USER, TXSINK_CLICKHOUSE_PASSWORD set in this client do not "
@@ -138,6 +138,6 @@ def test_register_on_connect_warns_that_credential_variables_stay_in_the_client(
 def test_register_on_connect_without_credential_variables_says_nothing(monkeypatch, caplog):
     for variable in CREDENTIAL_VARIABLES.values():
         monkeypatch.delenv(variable, raising=False)
-    with caplog.at_level(logging.DEBUG, logger="txsink.registration"):
+    with caplog.at_level(logging.DEBUG, logger="txsink.spark.registration"):
         txsink.register(FakeConnectSession())
     assert caplog.records == []

@@ -21,8 +21,8 @@ import pytest
 
 from coordinator import Coordinator
 from tests.conftest import free_port, run_sql
+from tests.harness.chaos import jvm
 from tests.sinkutil import assert_exactly_once, create_events, driver_env
-from txsink.harness.chaos import jvm
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 ROOT = Path(__file__).resolve().parent.parent

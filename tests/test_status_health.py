@@ -1,6 +1,6 @@
 """``txsink status --json`` carries, per sink, the counts an alert needs (``health``):
 open xids by state and age, abandoned xids, the sink's staging tables and bytes, and the
-last committed epoch and its age (``txsink/status_report.py``)."""
+last committed epoch and its age (``txsink/ops/status_report.py``)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import server_ext
 from coordinator import Coordinator
 from server_ext.client import ClickHouseClient
 from tests.conftest import run_sql
-from txsink import cli
+from txsink.ops import cli
+from txsink.ops.status_report import OpenCount, SinkHealth, StagingUse
 from txsink.options import root_identity
-from txsink.status_report import OpenCount, SinkHealth, StagingUse
 
 ROOT = "/txsink-health"
 SINK = "health-sink"

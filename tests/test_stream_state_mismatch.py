@@ -22,7 +22,7 @@ from coordinator import Coordinator, ResetRefused, XidState
 from coordinator.layout import SinkLayout
 from tests.sinkutil import assert_exactly_once, create_events
 from tests.test_sink_streaming import run_stream, write_input_file
-from txsink.cli import main as txsink_cli
+from txsink.ops.cli import main as txsink_cli
 
 
 @pytest.fixture(autouse=True)

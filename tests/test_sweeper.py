@@ -30,8 +30,8 @@ from server_ext.staging import (
 )
 from server_ext.sweeper import OTHER_ROOT, UNPARSEABLE, UNTAGGED, sweep
 from tests.conftest import run_sql
-from txsink import cli
-from txsink.operations import Operations
+from txsink.ops import cli
+from txsink.ops.commands import Operations
 from txsink.options import parse_options, root_identity
 
 HOUR = 3600.0

@@ -31,14 +31,14 @@ from coordinator import Coordinator
 from server_ext.client import ClickHouseClient
 from server_ext.errors import ClickHouseError
 from tests.conftest import free_port, kazoo_client, status_line
-from tests.sinkutil import assert_exactly_once, create_events, events_df, id_counts, staging_tables
-from txsink.harness.services import (
+from tests.harness.services import (
     SECRET_PASSWORD,
     SECRET_USER,
     ClickHouse,
     Services,
     ensure_certificate,
 )
+from tests.sinkutil import assert_exactly_once, create_events, events_df, id_counts, staging_tables
 from txsink.options import OptionError, parse_options
 
 ZK_ROOT = "/txsink-test-tls"
@@ -146,7 +146,7 @@ def test_a_server_running_without_https_is_reported_with_how_to_restart(
     problem = older.https_problem()
     assert problem is not None
     assert f"nothing listens on https://127.0.0.1:{port}" in problem
-    assert "txsink services down, then txsink services up" in problem
+    assert "./run services down, then ./run services up" in problem
 
 
 # -- a certificate for another host (a local HTTPS server) ---------------------------------

@@ -9,9 +9,9 @@ import pytest
 
 import txsink
 from tests.conftest import on_servers, run_sql
+from tests.harness.services import READONLY_USER
 from tests.sinkutil import assert_exactly_once, create_events, events_df, staging_tables
-from txsink.harness.services import READONLY_USER
-from txsink.transactions import TransactionFailed, TransactionFinished
+from txsink.spark.transaction import TransactionFailed, TransactionFinished
 
 
 @pytest.fixture
@@ -167,7 +167,7 @@ def test_status_shows_a_transaction_commit_finished_by_its_writer_with_timings(
         spark, server_url, zk_hosts, zk_chroot, tables):
     """Recovery is claimed only where recovery finished an xid: the transaction's own
     commit records its timings like a batch job's."""
-    from txsink.operations import Operations, render
+    from txsink.ops.commands import Operations, render
 
     facts, daily = tables
     with txsink.transaction(spark, url=server_url, zookeeper=zk_hosts + zk_chroot,

@@ -17,6 +17,7 @@ import pytest
 
 import txsink
 from coordinator import Coordinator
+from tests.harness.crash_arming import arm_env
 from tests.sinkutil import (
     SHORT_SESSION,
     assert_exactly_once,
@@ -25,7 +26,6 @@ from tests.sinkutil import (
     events_df,
     staging_tables,
 )
-from txsink.harness.crash_arming import arm_env
 from txsink.options import OptionError, parse_options
 
 ROOT = Path(__file__).resolve().parent.parent

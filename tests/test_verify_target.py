@@ -2,7 +2,7 @@
 
 Every xid here goes through the real protocol on ClickHouse 18.16 and ZooKeeper: a
 branch is registered, staged, sealed into a manifest, recorded ``Prepared`` in the
-branch record format of ``txsink/branch.py`` and published by ``BranchPublisher``. The
+branch record format of ``txsink/write/attempt.py`` and published by ``BranchPublisher``. The
 anomalies are then made behind the sink's back with plain SQL, as a race or an operator
 would.
 """
@@ -22,10 +22,10 @@ from coordinator import Coordinator
 from server_ext.client import ClickHouseClient
 from server_ext.target_rows import table_rows
 from tests.conftest import run_sql
-from txsink import cli
-from txsink.harness.services import SECRET_USER
-from txsink.operations import Operations, render
-from txsink.publisher import BranchPublisher
+from tests.harness.services import SECRET_USER
+from txsink.ops import cli
+from txsink.ops.commands import Operations, render
+from txsink.write.publisher import BranchPublisher
 
 ROOT = "/txsink-verify"
 SINK = "verify-sink"
@@ -52,7 +52,7 @@ class Writer:
         self.coord.begin(epoch, self.generation)
         branch_id, payload = self._stage(epoch, rows)
         winner = branch_id
-        if overwrite:  # as txsink/driver.py: a synthetic branch replaces the partitions
+        if overwrite:  # as txsink/write/driver.py: a synthetic branch replaces the partitions
             winner = f"overwrite-{uuid.uuid4().hex[:8]}"
             staging = server_ext.staging_table_name(self.sink, epoch, winner)
             self.coord.register_branch(epoch, winner, self.generation,

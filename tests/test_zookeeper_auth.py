@@ -12,7 +12,7 @@ from kazoo.security import OPEN_ACL_UNSAFE
 import txsink
 from coordinator import AccessDenied, Coordinator, DigestAuth
 from tests.sinkutil import assert_exactly_once, create_events, events_df, staging_tables
-from txsink import cli
+from txsink.ops import cli
 from txsink.options import OptionError, parse_options
 
 CREDENTIALS = "etl:s3cret:with-colon"

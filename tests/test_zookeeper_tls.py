@@ -1,7 +1,7 @@
 """ZooKeeper over TLS (option ``zookeeper_ca_file``, CLI ``TXSINK_ZOOKEEPER_CA_FILE``),
 against the real ZooKeeper 3.8's TLS port.
 
-``txsink services up`` gives ZooKeeper a ``secureClientPort`` (2281,
+``./run services up`` gives ZooKeeper a ``secureClientPort`` (2281,
 ``TXSINK_ZK_SECURE_PORT``) with the self-signed certificate of the services home, which
 is also its CA (``services.zookeeper.ca_file``). A ZooKeeper still running from a config
 without it fails these tests with a message saying to restart the services.
@@ -25,10 +25,11 @@ import pytest
 import txsink
 from coordinator import Coordinator, XidState, ZooKeeperTLS, ZooKeeperTLSError
 from tests.conftest import free_port, kazoo_client, status_line
+from tests.harness.services import Services, ZooKeeper
 from tests.sinkutil import assert_exactly_once, create_events, events_df, id_counts, staging_tables
-from txsink import cli, connections
-from txsink.harness.services import Services, ZooKeeper
+from txsink.ops import cli
 from txsink.options import OptionError, parse_options
+from txsink.write import connections
 
 ZK_ROOT = "/txsink-test-zktls"
 FAILS_WITHIN = 5.0  # seconds; kazoo alone would retry a failed handshake until its timeout
@@ -183,7 +184,7 @@ def test_a_zookeeper_running_without_tls_is_reported_with_how_to_restart(
     problem = older.tls_problem()
     assert problem is not None
     assert f"nothing listens on 127.0.0.1:{port}" in problem
-    assert "txsink services down, then txsink services up" in problem
+    assert "./run services down, then ./run services up" in problem
 
 
 def test_a_zookeeper_ca_file_that_does_not_exist_is_refused_naming_it(tmp_path):

@@ -14,15 +14,15 @@ __version__ = "0.1.0"
 
 
 def register(spark) -> None:
-    """See :func:`txsink.registration.register`."""
-    from txsink.registration import register as _register
+    """See :func:`txsink.spark.registration.register`."""
+    from txsink.spark.registration import register as _register
 
     _register(spark)
 
 
 def transaction(spark, **kwargs):
-    """See :func:`txsink.transactions.transaction`."""
-    from txsink.transactions import transaction as _transaction
+    """See :func:`txsink.spark.transaction.transaction`."""
+    from txsink.spark.transaction import transaction as _transaction
 
     return _transaction(spark, **kwargs)
 

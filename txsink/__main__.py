@@ -1,3 +1,3 @@
-from txsink.cli import main
+from txsink.ops.cli import main
 
 raise SystemExit(main())

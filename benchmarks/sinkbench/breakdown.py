@@ -39,10 +39,10 @@ from coordinator import Coordinator
 from coordinator.transitions import Transitions
 from sinkbench import workload
 from sinkbench.environment import ARROW_BATCH_ROWS, Scratch, load
-from txsink import driver
-from txsink.branch import write_branch
 from txsink.options import parse_options
-from txsink.plan import WritePlan
+from txsink.write import driver
+from txsink.write.attempt import write_branch
+from txsink.write.plan import WritePlan
 
 STEPS = ("begin", "stage", "insert", "seal", "decision", "publish", "drop", "finish",
          "other")

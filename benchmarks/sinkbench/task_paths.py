@@ -3,7 +3,7 @@
 A Python data source's ``write`` is run by Spark as a ``mapInArrow`` function
 (``pyspark/sql/worker/write_into_data_source.py``), so the two paths should cost the
 same; this module lets a benchmark check it with real inserts. The body is either the
-sink's task-side insert (``txsink.plain.insert_directly``: ``clickhouse_plain``'s, the same
+sink's task-side insert (``txsink.spark.plain.insert_directly``: ``clickhouse_plain``'s, the same
 writer ``clickhouse_tx`` stages with) or the ``connect_executor`` baseline's
 (``client_baseline.connect_insert_partition``: clickhouse-connect's ``insert_arrow``).
 Each task appends its phases to a JSON-lines file: Spark runs the tasks in this machine's
@@ -50,7 +50,7 @@ def run_body(body: str, path: str, url: str, table: str, log: str,
     timed = _Timed(batches)
     if body == "sink":
         from txsink.options import parse_options
-        from txsink.plain import insert_directly
+        from txsink.spark.plain import insert_directly
 
         options = parse_options({"url": url, "table": table, "zookeeper": "unused"})
         insert_directly(options, ("id", "name", "score", "ts"), iter(timed))

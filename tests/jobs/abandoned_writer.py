@@ -20,8 +20,8 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 import txsink
+from tests.harness.chaos.pipeline import die_with_crash_points
 from tests.sinkutil import events_df
-from txsink.harness.chaos.pipeline import die_with_crash_points
 
 
 def main(kind: str, url: str, zookeeper: str, table: str, count: str,

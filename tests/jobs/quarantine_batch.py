@@ -17,7 +17,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 import txsink
-from txsink.harness.chaos.pipeline import die_with_crash_points
+from tests.harness.chaos.pipeline import die_with_crash_points
 
 CODED_DDL = ("CREATE TABLE {table} (id UInt64, day Date, code UInt8, name String) "
              "ENGINE = MergeTree PARTITION BY toYYYYMM(day) ORDER BY id")

@@ -19,8 +19,8 @@ import sys
 from pyspark.sql import SparkSession
 
 import txsink
+from tests.harness.services import SECRET_PASSWORD, SECRET_USER
 from tests.sinkutil import events_df
-from txsink.harness.services import SECRET_PASSWORD, SECRET_USER
 
 
 def main(url: str, zookeeper: str, db: str, event_log: str) -> None:

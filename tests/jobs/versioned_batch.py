@@ -15,8 +15,8 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 import txsink
+from tests.harness.chaos.pipeline import die_with_crash_points
 from tests.sinkutil import SHORT_SESSION, events_df
-from txsink.harness.chaos.pipeline import die_with_crash_points
 
 
 def main(url: str, zookeeper: str, table: str, sink_id: str, txn_version: str,

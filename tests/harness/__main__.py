@@ -1,0 +1,3 @@
+from tests.harness.cli import main
+
+raise SystemExit(main())

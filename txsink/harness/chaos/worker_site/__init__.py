@@ -1,3 +1,0 @@
-"""A folder for the ``PYTHONPATH`` of the harness's Spark drivers: its ``sitecustomize``
-makes their Python workers start faster (see that module; :mod:`txsink.harness.chaos.jvm`
-puts the folder there)."""

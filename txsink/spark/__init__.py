@@ -1,0 +1,12 @@
+"""The ways Spark reaches the sink: thin adapters over :mod:`txsink.write`.
+
+- ``datasource`` — the ``clickhouse_tx`` Python data source (batch and streaming);
+- ``plain`` — ``clickhouse_plain``, the at-least-once baseline;
+- ``registration`` and ``pyspark_txsink`` — how Spark finds the two sources;
+- ``transaction`` — ``txsink.transaction()``: several writes, one xid;
+- ``refusal`` — a refusal in planning shown as one line.
+
+An adapter plans on the driver (``write.plan``), runs the attempts in the tasks
+(``write.attempt``) and hands their messages to the commit (``write.driver``); it holds no
+protocol logic of its own.
+"""

@@ -1,0 +1,108 @@
+"""The ``clickhouse_tx`` PySpark data source: Arrow writers for batch and streaming.
+
+Thin adapters from Spark's writer contract to :mod:`txsink.write.plan` (driver, before any
+task), :mod:`txsink.write.attempt` (each task attempt) and :mod:`txsink.write.driver` (commit and
+abort). Spark pickles the writer object into every task and into ``commit``; only the
+immutable :class:`~txsink.write.plan.WritePlan` travels with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from txsink.options import OptionError
+from txsink.spark.refusal import reason_first
+from txsink.write import driver
+from txsink.write.attempt import streaming_epoch, write_branch
+from txsink.write.messages import SkippedMessage, TaskMessage
+from txsink.write.plan import WritePlan, plan_write
+
+#: Spark hands a sink in complete mode the whole result each micro-batch, to replace the
+#: last one; update mode Spark itself refuses for every Python data source (PySpark 4.3).
+COMPLETE_MODE_REFUSED = (
+    "clickhouse_tx cannot run outputMode('complete'): complete mode hands the sink the "
+    "whole result table on every micro-batch, to replace the previous one, but "
+    "clickhouse_tx appends each micro-batch's rows, so every batch would add the whole "
+    "result again. Use outputMode('append') (for an aggregation, with a watermark), or "
+    "write the result from foreachBatch as a batch write with mode('overwrite'), which "
+    "replaces the partitions the result holds. Nothing was written")
+
+
+class ClickHouseTxDataSource(DataSource):
+    """Exactly-once writes into a ClickHouse table: ``format("clickhouse_tx")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "clickhouse_tx"
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        with reason_first():
+            return BatchWriter(plan_write(self.options, schema, overwrite, streaming=False))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        with reason_first():
+            if overwrite:  # what Spark passes for outputMode('complete') (measured, 4.3)
+                raise OptionError(COMPLETE_MODE_REFUSED)
+            return StreamWriter(plan_write(self.options, schema, overwrite, streaming=True))
+
+
+@dataclass(frozen=True)
+class AttemptMessage(WriterCommitMessage):
+    """Spark's carrier of one attempt's :data:`~txsink.write.messages.TaskMessage`."""
+
+    message: TaskMessage
+
+
+def _unwrapped(messages: list[WriterCommitMessage | None]) -> list[TaskMessage | None]:
+    return [m.message if isinstance(m, AttemptMessage) else None for m in messages]
+
+
+class BatchWriter(DataSourceArrowWriter):
+    """One batch job = one xid; Spark's authorised attempt per partition wins."""
+
+    def __init__(self, plan: WritePlan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        if self.plan.epoch is None:  # covered by the sink's txn_version: write nothing
+            return AttemptMessage(SkippedMessage(-1, self.plan.generation or 0))
+        return AttemptMessage(write_branch(self.plan, self.plan.epoch, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.plan.epoch is None:
+            driver.log_covered(self.plan.sink_id, self.plan.options.txn_version,
+                               self.plan.covered_by_txn)
+            return
+        driver.commit_epoch(self.plan, self.plan.epoch, _unwrapped(messages))
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.plan.epoch is not None:
+            driver.abort_epoch(self.plan, self.plan.epoch, _unwrapped(messages))
+
+
+class StreamWriter(DataSourceStreamArrowWriter):
+    """One micro-batch = one xid whose epoch is the batch id (stable across restarts)."""
+
+    def __init__(self, plan: WritePlan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return AttemptMessage(write_branch(self.plan, streaming_epoch(), iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        driver.commit_epoch(self.plan, batchId, _unwrapped(messages))
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        driver.abort_epoch(self.plan, batchId, _unwrapped(messages))

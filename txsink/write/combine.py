@@ -1,0 +1,129 @@
+"""When and how an xid's branches are combined: the sink's side of the combine policy.
+
+Many small branches on one server make many small parts and one publish statement each;
+the sink combines them, in two places, under one policy:
+
+- **in the tasks** (:func:`contribute`): a sealed staging table of small parts attaches
+  its parts into the xid's *pre-combined* table of its target on its server, one per
+  (generation, server, table), registered as a branch so a rollback drops it. A share
+  that is not small, belongs to an overwrite or fails to contribute is read by the commit
+  from its own staging table;
+- **at the commit** (:func:`combined_branches`): the winners of each server and table
+  become one *combined* branch, registered and prepared before the decision like any
+  branch, published in one pass from one combined table (``server_ext.consolidate``,
+  which builds it from the pre-combined table where every source contributed).
+
+What is small, and how a combined table is built and published, is
+``server_ext.consolidate``'s (``DEFAULT_LIMITS``); which payload names what is
+:mod:`txsink.write.payload`'s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Sequence
+
+import server_ext
+from coordinator import BranchRecord, Coordinator, CoordinatorError
+from server_ext import consolidate
+from server_ext.client import ClickHouseClient
+from server_ext.errors import ClickHouseError
+from txsink.write import payload
+from txsink.write.payload import BranchOwner, CombinedBranch, staged_manifest
+from txsink.write.plan import WritePlan
+from txsink.write.publisher import BranchPublisher, recorded_strategy, server_of
+
+log = logging.getLogger(__name__)
+
+PRECOMBINED_PREFIX = "precombined-"
+
+
+def precombined_branch_id(generation: int, server: str, target: str, write: str) -> str:
+    """The branch id of an xid's pre-combined table for one server, target and write
+    (``WritePlan.write_id``): the same in every task of the write's generation, so they
+    all find one table, and another one for a second write of the table in the xid."""
+    digest = hashlib.sha1(f"{server}|{target}|{write}".encode()).hexdigest()[:8]
+    return f"{PRECOMBINED_PREFIX}g{generation}-{digest}"
+
+
+# (root, sink, epoch, branch id) of pre-combined tables this process registered and made
+_PRECOMBINED: set[tuple[str, str, int, str]] = set()
+
+
+def contribute(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
+               server: str, client: ClickHouseClient, manifest: server_ext.Manifest,
+               table: server_ext.TargetTable) -> str:
+    """Attach a task's sealed staging table of small parts (a branch's own, or a view's
+    share, for ``table``) into the pre-combined table of ``table`` on ``server``; its name
+    if that worked, "" if it is not contributed (large parts, no parts, an overwrite, or
+    any failure: the commit reads the staging table itself then)."""
+    if (plan.overwrite or not manifest.partitions
+            or not consolidate.DEFAULT_LIMITS.small(manifest)):
+        return ""
+    options = plan.options
+    branch_id = precombined_branch_id(generation, server, f"{table.database}.{table.name}",
+                                      plan.write_id)
+    name = server_ext.staging_table_name(plan.sink_id, epoch, branch_id,
+                                         root=options.root_identity)
+    key = (options.root_identity, plan.sink_id, epoch, branch_id)
+    if key not in _PRECOMBINED:
+        try:
+            coord.register_branch(epoch, branch_id, generation,
+                                  owner=BranchOwner(name, server).to_record())
+            consolidate.create_precombined(client, table, name)
+        except (CoordinatorError, ClickHouseError) as exc:
+            log.warning("xid %s/%d: no pre-combined table (the commit reads the "
+                        "branches instead): %s", plan.sink_id, epoch, exc)
+            return ""
+        _PRECOMBINED.add(key)
+    return name if consolidate.contribute(client, manifest, name) else ""
+
+
+def combined_branches(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
+                      records: Sequence[BranchRecord], publisher: BranchPublisher
+                      ) -> list[str]:
+    """The decision's winners: one combined branch per server and table that got several
+    winners (every server, for an overwrite), the task branches elsewhere. The tables are
+    the target and those of the materialized views it feeds (``server_ext.views``).
+
+    A combined branch publishes its sources in one pass (``server_ext.consolidate``; an
+    overwrite: one ``REPLACE PARTITION`` per partition of all of them). It is registered
+    and prepared before the decision like any branch, so the decision stays one
+    compare-and-set over its winners, and its sources become non-winners, rolled back
+    (their staging dropped) after the publish. Its id is derived from its sources, so a
+    repeated commit of the same messages finds it already prepared.
+    """
+    publisher.remember(records)
+    by_table: dict[tuple[str | None, str, str], list[BranchRecord]] = {}
+    for record in records:
+        manifest = staged_manifest(record)
+        key = (server_of(record), manifest.target_database, manifest.target_table)
+        by_table.setdefault(key, []).append(record)
+    chosen = []
+    for (server, _, _), group in sorted(by_table.items(), key=lambda item: str(item[0])):
+        if len(group) == 1 and not plan.overwrite:
+            chosen.append(group[0].branch_id)
+            continue
+        sources = ",".join(sorted(r.branch_id for r in group))
+        branch_id = f"combined-{hashlib.sha1(sources.encode()).hexdigest()[:8]}"
+        staging = server_ext.staging_table_name(plan.sink_id, epoch, branch_id,
+                                                root=plan.options.root_identity)
+        combined = CombinedBranch.of(
+            {r.branch_id: staged_manifest(r) for r in group}, staging=staging,
+            strategy=recorded_strategy(group[0]), server=server, overwrite=plan.overwrite,
+            precombined="" if plan.overwrite else precombined_of(group))
+        coord.register_branch(epoch, branch_id, generation,  # both idempotent
+                              owner=payload.BranchOwner(staging, server).to_record())
+        coord.prepare_branch(epoch, branch_id, payload.to_record(combined))
+        chosen.append(branch_id)
+    return chosen
+
+
+def precombined_of(sources: Sequence[BranchRecord]) -> str:
+    """The pre-combined table every source with rows contributed to; "" if some did
+    not, or not to the same table (``server_ext.consolidate`` then reads the sources)."""
+    staged = [p for p in (payload.from_record(r.manifest) for r in sources)
+              if isinstance(p, payload.StagedBranch) and p.manifest.partitions]
+    tables = {p.contributed for p in staged}
+    return tables.pop() if len(tables) == 1 else ""

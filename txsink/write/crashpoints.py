@@ -1,0 +1,60 @@
+"""The protocol's named steps, and the hook each passes: where fault tests crash it.
+
+Every step an epoch passes where a crash leaves a distinct state has a name here (the
+tasks' own) or in the module that owns it (the coordinator's ``coordinator.steps``,
+publish's ``server_ext.publish_steps``, ``server_ext.consolidate``). The product calls
+:func:`hit` at each; what happens there is up to the hook that the environment variable
+``TXSINK_STEP_HOOK`` (``module:function``) names, loaded once per process. Fault tests
+name ``tests.harness.crash_arming``, which kills the process at armed points; nothing of
+it is imported otherwise. Without the variable, :func:`hit` is one comparison.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+
+from coordinator import steps
+from server_ext import consolidate, publish_steps
+
+BRANCH_AFTER_REGISTER = "branch.after_register"  # task: branch recorded, nothing staged
+BRANCH_AFTER_VIEWS = "branch.after_views"  # task: staging and its staging views made, no row
+BRANCH_AFTER_STAGING_WRITE = "branch.after_staging_write"  # task: rows staged, not sealed
+BRANCH_AFTER_SEAL = "branch.after_seal"  # task: manifest built, not recorded
+BRANCH_AFTER_CONTRIBUTE = "branch.after_contribute"  # task: parts in pre-combined, not recorded
+BRANCH_AFTER_PREPARE = "branch.after_prepare"  # task: branch Prepared, no message yet
+
+#: Every crash point of the protocol, in the order an epoch passes them: the tasks' own,
+#: then those the coordinator and ``server_ext`` declare (their modules say what each
+#: means); ``publish.*`` are passed once per winner, the combined branch first.
+CRASH_POINTS: tuple[str, ...] = (
+    BRANCH_AFTER_REGISTER, BRANCH_AFTER_VIEWS, BRANCH_AFTER_STAGING_WRITE, BRANCH_AFTER_SEAL,
+    BRANCH_AFTER_CONTRIBUTE, BRANCH_AFTER_PREPARE,
+    steps.COMMIT_AFTER_DECISION,
+    *consolidate.COMBINE_STEPS,
+    *publish_steps.PUBLISH_STEPS["attach_marked"],
+    *steps.COMMIT_STEPS[1:],
+    *steps.ABORT_STEPS,
+)
+
+
+HOOK_VARIABLE = "TXSINK_STEP_HOOK"
+
+
+def _load_hook() -> Callable[[str], None] | None:
+    """The step hook ``TXSINK_STEP_HOOK`` names (``module:function``), or None."""
+    spec = os.environ.get(HOOK_VARIABLE, "")
+    if not spec:
+        return None
+    module, _, attribute = spec.partition(":")
+    return getattr(importlib.import_module(module), attribute or "hit")
+
+
+_HOOK = _load_hook()
+
+
+def hit(name: str) -> None:
+    """The protocol passed step ``name``: call the hook, if the environment named one."""
+    if _HOOK is not None:
+        _HOOK(name)

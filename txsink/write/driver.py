@@ -1,0 +1,349 @@
+"""The driver side of an epoch: open the sink, commit, abort.
+
+Contract (Spark's ``BatchWrite``/``StreamingWrite``, made exactly-once):
+
+- :func:`open_sink` runs before any task of a batch job: it bumps the sink's generation
+  (fencing every older driver of the same sink) and recovers what an earlier driver
+  left: ``Committing`` xids are published, undecided ones rolled back. :func:`open_xid`
+  then begins the xid; it and :func:`decide` are the one start and the one commit of
+  every batch writer, a job's and ``transaction()``'s alike.
+  :func:`open_stream` is its streaming counterpart (see there why it cannot fence).
+- :func:`commit_epoch` may be called more than once for the same epoch (Spark replays a
+  micro-batch whose ``commits/N`` file was not written): a committed xid is a no-op.
+  The decision is one compare-and-set in ZooKeeper; after it the publish is retried
+  until it succeeds, by this call or by a later recovery, and is never rolled back.
+- :func:`abort_epoch` rolls back an undecided xid; a decided one is left to recovery.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+import server_ext
+from coordinator import (
+    BranchRecord,
+    Coordinator,
+    Fenced,
+    RecoveryIncomplete,
+    UnknownXid,
+    XidDecided,
+    XidRecord,
+)
+from server_ext import partition_bound
+from server_ext.sharding import ShardingError
+from server_ext.sql import qualified_name
+from txsink.options import SinkOptions
+from txsink.write import combine, connections, payload, quarantine_share
+from txsink.write.messages import BranchMessage, SkippedMessage
+from txsink.write.metrics import EpochMetrics
+from txsink.write.plan import WritePlan
+from txsink.write.publisher import BranchPublisher, server_of
+
+log = logging.getLogger(__name__)
+
+# A writer starting after a crash waits the session timeout and this long for the dead
+# driver's publish lease to expire with its session (a KeeperMap session ends 2 s after
+# its expiry), then finishes its xid; a live holder keeps it.
+HOLDER_WAIT_MARGIN = 5.0
+
+
+def publisher_for(options: SinkOptions, coord: Coordinator,
+                  tables: tuple[server_ext.TargetTable, ...] = ()) -> BranchPublisher:
+    return BranchPublisher(lambda url: connections.clickhouse(options, url), coord,
+                           tables=tables)
+
+
+def open_sink(options: SinkOptions, sink_id: str) -> tuple[Coordinator, int]:
+    """Fence older writers of ``sink_id`` and recover their unfinished xids (batch).
+
+    The sink's tree is checked at every job's start, not only once per process: a
+    record lost since the last job is refused before anything is staged."""
+    coord = connections.coordinator(options, sink_id)
+    coord.check_tree()
+    generation = coord.fence()
+    if options.recover_on_start:
+        _recover(options, coord, older_than_generation=None)
+    return coord, generation
+
+
+def open_stream(options: SinkOptions, sink_id: str) -> Coordinator:
+    """Finish every xid of the sink that an earlier driver decided but did not publish.
+
+    Spark calls ``streamWriter()`` twice per micro-batch (task side and commit side),
+    so nothing here may fence or roll back: the query's tasks fence once per run
+    (:meth:`Coordinator.claim` with the run id), and an undecided xid is adopted by the
+    replay of its micro-batch, whose commit rolls back the dead run's branches.
+
+    Nor can it check that the sink's epochs belong to this query's checkpoint: this
+    process sees only the options (no query id, no batch id). The tasks do, before
+    anything is claimed or staged (:meth:`Coordinator.own_stream` in ``txsink/write/attempt.py``).
+    """
+    coord = connections.coordinator(options, sink_id)
+    if options.recover_on_start:
+        _recover(options, coord, older_than_generation=0)
+    return coord
+
+
+def _recover(options: SinkOptions, coord: Coordinator, older_than_generation: int | None) -> None:
+    try:
+        with publisher_for(options, coord) as publisher:
+            report = coord.recover(publish=publisher.publish, rollback=publisher.rollback,
+                                   older_than_generation=older_than_generation,
+                                   wait_for_holders=options.session_timeout
+                                   + HOLDER_WAIT_MARGIN)
+    except RecoveryIncomplete as exc:
+        raise SinkBlocked.of(exc) from exc
+    if report.actions:
+        log.warning("txsink sink=%s recovered: %s", coord.sink_id, report)
+
+
+class SinkBlocked(RecoveryIncomplete):
+    """A writer cannot start: an xid of its sink is decided and its recovery cannot finish
+    it. The message says what to run instead of a bare ``RecoveryIncomplete``.
+
+    A decided xid is never rolled back, so a writer cannot skip it; only an operator can
+    finish it (see ``docs/operations.md``, "Stuck Committing xids").
+    """
+
+    def __init__(self, message: str, report: object = None) -> None:
+        Exception.__init__(self, message)  # the message is built, not the report's text
+        self.report = report
+
+    @classmethod
+    def of(cls, exc: RecoveryIncomplete) -> SinkBlocked:
+        report = exc.report
+        sink_id = getattr(report, "sink_id", "?")
+        epochs = sorted({a.epoch for a in getattr(report, "failed", [])})
+        where = f" --epoch {epochs[0]}" if epochs else ""
+        return cls(f"{exc}. The sink cannot start while a decided xid of it is unfinished; a "
+                   f"decided xid is never aborted. Run `txsink recover --sink {sink_id}{where}` "
+                   "(with this sink's --zk-root and its store: --zookeeper, or --coordinator "
+                   "keepermap with --records-url and --records-table): it retries the publish and "
+                   "prints what can be done (docs/operations.md, \"Stuck Committing xids\")",
+                   report)
+
+
+@dataclass(frozen=True)
+class OpenedXid:
+    """A batch writer's start: the sink fenced and recovered, its xid begun (``epoch``),
+    or ``covered_by_txn``: the sink's ``txn_version`` covers this writer's, and it writes
+    nothing (``epoch`` None)."""
+
+    coord: Coordinator
+    generation: int
+    epoch: int | None
+    covered_by_txn: int | None = None
+
+
+def open_xid(options: SinkOptions, sink_id: str, hold: str) -> OpenedXid:
+    """The one start of every batch writer (a batch job's planner, ``transaction()``):
+    fence and recover the sink, check its ``txn_version``, allocate the epoch and begin
+    the xid, watched by this process's session under ``hold`` (a writer killed before
+    its decision leaves an xid that ``txsink recover``/``gc`` roll back,
+    ``coordinator/liveness.py``)."""
+    coord, generation = open_sink(options, sink_id)
+    covered = covered_txn_version(options, coord)
+    if covered is not None:
+        return OpenedXid(coord, generation, None, covered)
+    epoch = coord.allocate_epoch()
+    with taken_over_said(coord, generation):  # another writer started right after us
+        coord.begin(epoch, generation, hold=hold)
+    return OpenedXid(coord, generation, epoch)
+
+
+@contextmanager
+def taken_over_said(coord: Coordinator, generation: int) -> Iterator[None]:
+    """Say "taken over by a newer writer" (``Coordinator.taken_over``) for a step a newer
+    writer of the sink refused, instead of the bare ``Fenced``/``XidDecided``."""
+    try:
+        yield
+    except (Fenced, XidDecided) as exc:
+        taken = coord.taken_over(generation, exc)
+        if taken is None:
+            raise
+        raise taken from exc
+
+
+def decide(coord: Coordinator, epoch: int, generation: int, winners: list[str] | None,
+           publisher: BranchPublisher, txn_version: int | None) -> XidRecord:
+    """Decide the xid with ``winners`` (None: those selected by ``transaction()``'s
+    writes) and publish; the record of the ``Committed`` xid. The one commit of every
+    writer; ``publisher`` drains when the caller's ``with`` block ends."""
+    with taken_over_said(coord, generation):
+        return coord.commit(epoch, generation, winners, publish=publisher.publish,
+                            rollback=publisher.rollback, txn_version=txn_version,
+                            publish_group=publisher.group)
+
+
+def covered_txn_version(options: SinkOptions, coord: Coordinator) -> int | None:
+    """The sink's ``txn_version`` if it covers this job's (the job must write nothing),
+    else None. Call after ``open_sink``: fenced and recovered, so a job that died after
+    its decision is committed by now, and no older writer can decide meanwhile."""
+    if options.txn_version is None:
+        return None
+    recorded = coord.txn_version()
+    return recorded if recorded is not None and recorded >= options.txn_version else None
+
+
+def log_covered(sink_id: str, txn_version: int | None, covered_by: int | None) -> None:
+    """The one line a job covered by the sink's ``txn_version`` leaves."""
+    log.warning("txsink sink=%s txn_version=%s already committed (the sink's txn_version is "
+                "%s): nothing written", sink_id, txn_version, covered_by)
+
+
+def generation_of(plan: WritePlan, coord: Coordinator, messages: Sequence[object]) -> int:
+    """The generation an epoch's decision is made under.
+
+    Batch: the one the driver fenced with. Streaming: the one the run's tasks claimed
+    (a newer run has fenced it if it differs from the sink's current generation).
+    """
+    if plan.generation is not None:
+        return plan.generation
+    claimed = [m.generation for m in messages if isinstance(m, BranchMessage | SkippedMessage)]
+    return max(claimed) if claimed else coord.generation()
+
+
+
+
+
+def epoch_metrics(messages: Sequence[BranchMessage], commit_started: float,
+                  committed_at: float | None = None) -> EpochMetrics:
+    """The epoch's figures, from its tasks' messages (``EpochMetrics`` says what each
+    timing spans); ``committed_at``: the xid's ``Committed`` write."""
+    return EpochMetrics.timed(
+        commit_started, committed_at or time.time(),
+        min((m.started_at for m in messages), default=commit_started),
+        rows=sum(m.rows for m in messages), bytes=sum(m.bytes for m in messages),
+        branches=sum(len(m.branch_ids) for m in messages),
+        partitions=sum(m.partitions for m in messages),
+        stage_ms=round(max((m.stage_ms for m in messages), default=0.0), 1),
+        seal_ms=round(max((m.seal_ms for m in messages), default=0.0), 1))
+
+
+def check_partitions(plan: WritePlan, records: Sequence[BranchRecord]) -> None:
+    """Refuse the write, before its decision, if the union of its task branches' partitions
+    of the target (the views' shares aside) crosses ``max_partitions_per_job``: each task
+    counted only its own rows (``server_ext.partition_bound``)."""
+    staged = [p for p in (payload.from_record(r.manifest) for r in records)
+              if isinstance(p, payload.StagedBranch) and not p.view
+              and not _quarantined(plan, p)]
+    if not staged:
+        return
+    first = staged[0].manifest
+    partition_bound.check_write(
+        qualified_name(first.target_database, first.target_table),
+        plan.options.max_partitions_per_job,
+        ((p.partition_id, p.value) for s in staged for p in s.manifest.partitions),
+        option="max_partitions_per_job")
+
+
+def check_sharded_overwrite(plan: WritePlan, records: Sequence[BranchRecord]) -> None:
+    """Refuse, before the decision, an overwrite of a sharded target that would keep old
+    rows: each shard replaces the partitions its own rows fall in, so a partition of the
+    data that no row of some shard falls in would keep that shard's old rows of it."""
+    layout = plan.layout
+    if not plan.overwrite or layout is None or len(layout.shards) < 2:
+        return
+    shard_of = {url.rstrip("/"): shard.index for shard in layout.shards
+                for url in shard.replicas}
+    shards_of: dict[str, set[int]] = {}
+    for record in records:
+        staged = payload.from_record(record.manifest)
+        shard = shard_of.get((server_of(record) or "").rstrip("/"))
+        if (not isinstance(staged, payload.StagedBranch) or staged.view or shard is None
+                or _quarantined(plan, staged)):
+            continue
+        for partition in staged.manifest.partitions:
+            shards_of.setdefault(partition.partition_id, set()).add(shard)
+    everyone = {shard.index for shard in layout.shards}
+    short = {pid: everyone - found for pid, found in sorted(shards_of.items())
+             if found != everyone}
+    if short:
+        examples = "; ".join(
+            f"partition {pid!r}: no row for shard(s) "
+            + ", ".join(str(i + 1) for i in sorted(missing))
+            for pid, missing in list(short.items())[:5])
+        raise ShardingError(
+            f"mode overwrite of {layout.local_table} on {len(layout.shards)} shards would "
+            f"keep old rows: a shard replaces only the partitions its own new rows fall in "
+            f"({examples}{'; ...' if len(short) > 5 else ''}). Nothing was written; "
+            "overwrite these partitions with rows for every shard, or delete them first "
+            "(ALTER TABLE ... DROP PARTITION on every shard) and append")
+
+
+def _quarantined(plan: WritePlan, staged: payload.StagedBranch) -> bool:
+    """Whether ``staged`` is a quarantine share (``txsink.write.quarantine_share``)."""
+    table = plan.quarantine
+    return table is not None and (staged.manifest.target_database,
+                                  staged.manifest.target_table) == (table.database, table.name)
+
+
+def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> None:
+    """Decide and publish xid (sink, epoch) with the branches Spark authorised."""
+    coord = connections.coordinator(plan.options, plan.sink_id)
+    branch_messages = [m for m in messages if isinstance(m, BranchMessage)]
+    if coord.is_committed(epoch):
+        log.info("txsink sink=%s epoch=%d already committed; nothing to do", plan.sink_id, epoch)
+        finish_clean_up(plan, coord, epoch)
+        return
+    started = time.time()
+    generation = generation_of(plan, coord, messages)
+    with publisher_for(plan.options, coord, plan.tables) as publisher:
+        with taken_over_said(coord, generation):
+            coord.begin(epoch, generation)  # a micro-batch with no task still gets its xid
+            winners = [b for m in branch_messages for b in m.branch_ids]
+            if winners:
+                quarantine_share.check_bound(plan.options, branch_messages)  # nothing visible yet
+                records = coord.branches(epoch, winners)
+                check_partitions(plan, records)  # before the decision: nothing is visible
+                check_sharded_overwrite(plan, records)
+                winners = combine.combined_branches(plan, coord, epoch, generation, records,
+                                                    publisher)
+            if plan.options.in_transaction():
+                coord.select(epoch, generation, winners)
+                return
+        final = decide(coord, epoch, generation, winners, publisher, plan.options.txn_version)
+    metrics = epoch_metrics(branch_messages, started, final.updated)
+    if plan.quarantine is not None:  # what status shows per epoch
+        metrics = replace(metrics, quarantined=sum(m.bad_rows for m in branch_messages))
+    coord.record_metrics(epoch, metrics.to_dict())
+    log.info(
+        "txsink sink=%s epoch=%d committed rows=%d branches=%d partitions=%d "
+        "stage_ms=%.0f seal_ms=%.0f commit_ms=%.0f cleanup_ms=%.0f latency_ms=%.0f",
+        plan.sink_id, epoch, metrics.rows, metrics.branches, metrics.partitions,
+        metrics.stage_ms, metrics.seal_ms, metrics.commit_ms, metrics.cleanup_ms,
+        metrics.latency_ms,
+    )
+
+
+def finish_clean_up(plan: WritePlan, coord: Coordinator, epoch: int) -> None:
+    """Drop every staging table a ``Committed`` xid may have left.
+
+    Spark replays a micro-batch whose commit it did not record: the committing driver
+    died after the ``Committed`` write, before its clean-up dropped the non-winners'
+    staging (and before the background drops of the winners'). Once the xid is
+    ``Committed`` no branch's staging is needed any more, and a drop of a table that is
+    gone costs one ``DROP TABLE IF EXISTS``.
+    """
+    with publisher_for(plan.options, coord) as publisher:
+        for record in coord.branches(epoch):
+            publisher.rollback(record)
+
+
+def abort_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> None:
+    """Roll back an undecided xid; a decided one is finished by recovery, never undone."""
+    if plan.options.in_transaction():
+        return  # the transaction block aborts the whole xid
+    coord = connections.coordinator(plan.options, plan.sink_id)
+    publisher = publisher_for(plan.options, coord)
+    try:
+        coord.abort(epoch, generation_of(plan, coord, messages), rollback=publisher.rollback)
+        log.warning("txsink sink=%s epoch=%d aborted", plan.sink_id, epoch)
+    except UnknownXid:
+        return  # refused before its xid began: nothing to roll back
+    except (XidDecided, Fenced) as exc:
+        log.warning("txsink sink=%s epoch=%d not aborted: %s", plan.sink_id, epoch, exc)

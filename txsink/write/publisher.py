@@ -1,0 +1,222 @@
+"""Publish and roll back branches from their ZooKeeper records alone.
+
+The coordinator decides; this module is the callback that turns a decision into
+ClickHouse statements. It needs nothing but the branch records (payload, strategy,
+staging name), so a restarted driver, ``txsink recover`` or another sink's recovery can
+finish a commit that a crashed process decided. Both callbacks are idempotent: the
+coordinator may call them again after any crash, and only under the xid's publish lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+
+import server_ext
+from coordinator import BranchRecord, Coordinator, CoordinatorError
+from server_ext.client import ClickHouseClient
+from server_ext.consolidate import (
+    DEFAULT_LIMITS,
+    SizeLimits,
+    combine_key,
+    publish_combined,
+)
+from server_ext.ledger import COMBINED, PublishRecord
+from txsink.write import crashpoints
+from txsink.write.operator_records import StrategySwitch
+from txsink.write.payload import (
+    CombinedBranch,
+    StagedBranch,
+    from_record,
+    staged_manifest,
+    staging_place,
+)
+
+log = logging.getLogger(__name__)
+
+RELEASE_WORKERS = 2  # published winners' staging drops in flight at once
+
+
+class BranchPublisher:
+    """Callbacks for :meth:`Coordinator.commit`, ``abort`` and ``recover``.
+
+    Each branch is published on, and rolled back from, the server that holds its staging
+    (recorded with the branch); ``client_for(None)`` serves records written before
+    branches named their server. A combined branch publishes its sources in one pass;
+    they are rolled back (dropped) as non-winners once the xid is ``Committed``. A
+    published winner's own staging is dropped in the background (``drain`` waits).
+    ``tables``: the target and its views' tables as the plan described them, from which
+    the branches' staging tables were created; a combined table is created from its
+    table's description (a publisher without it, as in recovery, describes the table).
+
+    Usage (leaving the block waits for the background drops, as ``drain`` does)::
+
+        with BranchPublisher(lambda url: ClickHouseClient(url or default_url), coord) as p:
+            coord.commit(epoch, generation, winners, publish=p.publish, rollback=p.rollback)
+    """
+
+    def __init__(self, client_for: Callable[[str | None], ClickHouseClient],
+                 coord: Coordinator, limits: SizeLimits = DEFAULT_LIMITS,
+                 tables: tuple[server_ext.TargetTable, ...] = ()) -> None:
+        self.client_for = client_for
+        self.coord = coord
+        self.limits = limits
+        self.tables = {(t.database, t.name): t for t in tables}
+        self._known: dict[tuple[int, str], BranchRecord] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list[tuple[BranchRecord, Future[None]]] = []
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> BranchPublisher:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.drain()
+
+    def remember(self, records: Iterable[BranchRecord]) -> None:
+        """Branch records the caller has just read (spares reading sources again)."""
+        self._known.update(((r.epoch, r.branch_id), r) for r in records)
+
+    def publish(self, record: BranchRecord) -> None:
+        payload = from_record(record.manifest)
+        if payload is None:
+            raise CoordinatorError(f"xid {record.xid}: winner {record.branch_id} has no payload")
+        client = self.client_for(server_of(record))
+        ledger = self.coord.ledger(record.epoch, record.branch_id)
+        strategy = switched_strategy(self.coord, record) or payload.strategy
+        if isinstance(payload, CombinedBranch):
+            sources = list(payload.embedded) or self.source_manifests(record, payload)
+            if payload.overwrite:
+                server_ext.publish_overwrite(client, sources, payload.staging, ledger,
+                                             on_step=crashpoints.hit)
+            else:
+                publish_combined(client, sources, payload.staging, strategy, ledger,
+                                 precombined=payload.precombined,
+                                 target=self.tables.get(payload.target),
+                                 on_step=crashpoints.hit, limits=self.limits)
+        elif payload.manifest.partitions:
+            server_ext.publish(client, payload.manifest, strategy, ledger,
+                               on_step=crashpoints.hit)
+        self._release(record)
+
+    @staticmethod
+    def group(record: BranchRecord) -> tuple[str | None, str, str]:
+        """What a winner's publish touches: its server and target table. Winners of
+        different groups are published at once (``Coordinator.commit``'s
+        ``publish_group``); one combined branch per server and table (``txsink.write.combine``)
+        makes them one winner per group, except in a transaction that wrote a table
+        twice."""
+        payload = from_record(record.manifest)
+        if isinstance(payload, CombinedBranch):
+            database, table = payload.target
+        elif isinstance(payload, StagedBranch):
+            database, table = payload.manifest.target_database, payload.manifest.target_table
+        else:
+            database = table = ""
+        return server_of(record), database, table
+
+    def _release(self, record: BranchRecord) -> None:
+        """Drop a published winner's staging in the background.
+
+        Its rows are visible and its publish recorded, so the drop only frees space; on
+        18.16 dropping a table of many parts takes seconds, which the commit need not
+        wait for. A repeat of the publish needs nothing of it (the ledger says what is
+        done), exactly as when the drop was synchronous.
+        """
+        with self._lock:  # winners of different groups are published at once
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(RELEASE_WORKERS,
+                                                thread_name_prefix="txsink-release")
+            self._pending.append((record, self._pool.submit(self.rollback, record)))
+
+    def drain(self) -> None:
+        """Wait for the staging drops ``publish`` started; a failed one is logged and its
+        staging left to ``txsink gc``. Leaving the publisher's ``with`` block calls it."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for record, future in pending:
+            try:
+                future.result()
+            except Exception as exc:  # noqa: BLE001 - a drop only frees space
+                log.warning("xid %s: staging of winner %s left for txsink gc: %s",
+                            record.xid, record.branch_id, exc)
+
+    def source_manifests(self, record: BranchRecord, combined: CombinedBranch
+                         ) -> list[server_ext.Manifest]:
+        """The sealed manifests of a combined branch's sources, in source order."""
+        missing = [b for b in combined.sources if (record.epoch, b) not in self._known]
+        if missing:
+            self.remember(self.coord.branches(record.epoch, missing))
+        found = [self._known.get((record.epoch, b)) for b in combined.sources]
+        lost = [b for b, source in zip(combined.sources, found, strict=True) if source is None]
+        if lost:
+            raise CoordinatorError(f"xid {record.xid}: sources {lost} of {record.branch_id} "
+                                   "have no record; the record was altered")
+        return [staged_manifest(source) for source in found if source is not None]
+
+    def rollback(self, record: BranchRecord) -> None:
+        """Drop the branch's staging table (and the staging view filling it, for a
+        materialized view's share); on an unreachable server, leave it.
+
+        A branch that is rolled back is never published, so its staging table can never
+        become visible: ``txsink gc`` drops it once the xid is finished. Failing instead
+        would keep a decided xid ``Committing`` (and fail the job) for as long as one
+        replica that a failed task attempt chose stays down.
+        """
+        place = staging_place(record)
+        if place is None:
+            return
+        try:
+            server_ext.rollback(self.client_for(place.server), place.staging, view=place.view)
+        except server_ext.ServerUnreachable as exc:
+            log.warning("xid %s: staging %s of branch %s left for txsink gc: %s",
+                        record.xid, place.staging, record.branch_id, exc)
+
+
+def switched_strategy(coord: Coordinator, record: BranchRecord) -> str | None:
+    """The strategy an operator switched a winner to (``txsink recover --strategy``, see
+    txsink.ops for when a switch is safe), None for a winner never switched. Every
+    publisher honours it: a job's recovery as much as the operator's."""
+    switch = StrategySwitch.load(coord.ledger(record.epoch, record.branch_id))
+    return switch.to if switch else None
+
+
+def server_of(record: BranchRecord) -> str | None:
+    """The URL of the server holding the branch's staging (None: the default server)."""
+    place = staging_place(record)
+    return place.server if place else None
+
+
+def publish_manifest(coord: Coordinator, record: BranchRecord) -> server_ext.Manifest | None:
+    """The manifest whose partitions a winner's publish makes visible, for operators;
+    None for a dynamic overwrite (replaced as a whole) or a branch without payload.
+
+    A combined branch's is the combined table's sealed manifest once it is recorded;
+    before that, the sources' partitions under the combined table's name (what its
+    publish record will be keyed by).
+    """
+    payload = from_record(record.manifest)
+    if payload is None or payload.overwrite:
+        return None
+    if isinstance(payload, StagedBranch):
+        return payload.manifest
+    entry = PublishRecord.load(coord.ledger(record.epoch, record.branch_id),
+                               combine_key(payload.staging))
+    if entry is not None and entry.state == COMBINED and entry.manifest is not None:
+        return entry.manifest
+    sources = [from_record(r.manifest) for r in coord.branches(record.epoch, payload.sources)]
+    manifests = [s.manifest for s in sources if isinstance(s, StagedBranch)]
+    if not manifests:
+        return None
+    partitions = {p.partition_id: p for m in manifests for p in m.partitions}
+    return replace(manifests[0], staging_table=payload.staging,
+                   partitions=tuple(partitions[pid] for pid in sorted(partitions)))
+
+
+def recorded_strategy(record: BranchRecord) -> str:
+    """The publish strategy a branch was prepared with ("" without payload)."""
+    payload = from_record(record.manifest)
+    return payload.strategy if payload else ""
