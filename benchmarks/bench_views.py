@@ -20,7 +20,7 @@ server, with the rows of ``bench_sink.py`` (``sinkbench/workload.py``):
    what the view costs can be told from what ``tx`` costs anyway.
 2. **epoch**: a small epoch (10,000 rows, 2 partitions) with ``clickhouse_tx`` into targets
    feeding 0, 1, 2 and 4 such views; the sink's own per-epoch metrics (``commit_ms``,
-   ``stage_ms``, ``seal_ms``: ``txsink.write.driver.epoch_metrics``, read back from the xid's
+   ``stage_ms``, ``seal_ms``: ``txsink.core.driver.epoch_metrics``, read back from the xid's
    record in ZooKeeper) as medians, and the least-squares slope of each against the
    number of view tables (the extra milliseconds per view table), from the medians and
    paired per round (the median of each round's slope).

@@ -1,7 +1,7 @@
 """Where the time of a staged materialized view goes: every statement of one epoch, timed.
 
 A driver-side profile, without Spark: the sink's own functions run in this process —
-``txsink.write.plan.plan_write`` (check the target, discover its views, open the sink),
+``txsink.core.plan.plan_write`` (check the target, discover its views, open the sink),
 ``branch.write_branch`` once per branch (one after another, not in parallel as Spark's
 tasks run) and ``driver.commit_epoch`` — and for ``clickhouse_plain`` its task body,
 ``plain.insert_directly``, once per branch. The same four variants as
@@ -44,9 +44,9 @@ from coordinator import Coordinator
 from server_ext.client import ClickHouseClient
 from txsink.options import parse_options
 from txsink.spark.plain import insert_directly
-from txsink.write import driver
-from txsink.write.attempt import write_branch
-from txsink.write.plan import plan_write
+from txsink.core import driver
+from txsink.core.attempt import write_branch
+from txsink.core.plan import plan_write
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("name", StringType()),
                      StructField("score", DoubleType()), StructField("ts", TimestampType())])

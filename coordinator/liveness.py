@@ -12,7 +12,7 @@ writer's ZooKeeper session, and records ``liveness = "session"`` in the xid. Mor
 may join while one exists (``hold``: a batch job's keeper process, which outlives the
 Spark planner worker that began the xid); each dies with its session. Who holds:
 
-- a batch job: the planner that began the xid, then its keeper (``txsink/write/xid_keeper.py``),
+- a batch job: the planner that began the xid, then its keeper (``txsink/core/xid_keeper.py``),
   which lives as long as the Spark driver process and until the xid is decided;
 - ``txsink.transaction()``: the caller's own process, until its commit or abort;
 - a streaming query: nobody. Its tasks begin the xids and another process decides, so no

@@ -1,6 +1,6 @@
 """The named steps a decided xid passes, handed to the coordinator's ``on_step`` hook.
 
-Crash tests arm them by name (``txsink/write/crashpoints.py`` is the one registry of every
+Crash tests arm them by name (``txsink/core/crashpoints.py`` is the one registry of every
 point, from here, from ``server_ext`` and from the tasks); unarmed, a step costs a call.
 """
 

@@ -64,7 +64,7 @@ from coordinator.steps import ABORT_AFTER_DECISION, COMMIT_AFTER_COMMITTED, COMM
 from tests.conftest import RECORDS_DATABASE, run_sql
 from tests.harness.chaos.crashrun import CrashPointRun
 from tests.sinkutil import SHORT_SESSION
-from txsink.write.crashpoints import BRANCH_AFTER_PREPARE, CRASH_POINTS
+from txsink.core.crashpoints import BRANCH_AFTER_PREPARE, CRASH_POINTS
 
 #: The points tried on 18.16, per mode (see the module docstring).
 STREAM_POINTS = (BRANCH_AFTER_PREPARE, COMMIT_AFTER_DECISION, "publish.after_attach",

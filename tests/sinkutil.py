@@ -175,7 +175,7 @@ def moves_into(url: str, table: str) -> int:
 def task_winners(coord, epoch: int) -> set[str]:
     """The task branches whose rows an xid's decision made visible: its winners, with each
     combined winner replaced by its sources."""
-    from txsink.write.payload import CombinedBranch, from_record
+    from txsink.core.payload import CombinedBranch, from_record
 
     record = coord.xid(epoch)
     found: set[str] = set()

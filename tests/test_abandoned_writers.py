@@ -32,7 +32,7 @@ from tests.sinkutil import (
     staging_tables,
 )
 from txsink.ops import cli
-from txsink.write import crashpoints
+from txsink.core import crashpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -253,7 +253,7 @@ def test_a_task_broken_by_a_rollback_of_its_xid_says_the_xid_was_rolled_back(zk)
 
     from coordinator import XidAborted
     from server_ext.seal import StagedRowsMismatch
-    from txsink.write.attempt import _rolled_back
+    from txsink.core.attempt import _rolled_back
 
     coord = Coordinator(zk, "rolled-back")
     generation = coord.fence()

@@ -12,7 +12,7 @@ import pytest
 from coordinator import Coordinator
 from server_ext.manifest import Manifest
 from tests.conftest import free_port
-from txsink.write import payload
+from txsink.core import payload
 
 
 def txsink(*args: str) -> subprocess.CompletedProcess:

@@ -17,7 +17,7 @@ from server_ext.digest import ContentDigest
 from server_ext.publish_steps import STEP_AFTER_ATTACH
 from tests.test_verify_target import ROOT, SINK, Writer, create_table
 from txsink.ops.commands import Operations
-from txsink.write.payload import (
+from txsink.core.payload import (
     CombinedBranch,
     StagedBranch,
     UnknownPayload,

@@ -1,7 +1,7 @@
 """A batch job whose driver is killed at any named crash point recovers to exactly once.
 
 One batch pipeline (one job per input file) runs as its own process session; for each
-point of ``txsink.write.crashpoints.CRASH_POINTS`` the next job kills it there (driver, JVM and
+point of ``txsink.core.crashpoints.CRASH_POINTS`` the next job kills it there (driver, JVM and
 Python workers). The restarted pipeline recovers the sink (``txsink recover``) and re-runs
 the job if none of its rows is visible, as an operator would; the independent checker
 then counts every id in the target. A job partly visible would fail the run.

@@ -41,8 +41,8 @@ from server_ext.create_table import (
 )
 from server_ext.schema import Column, TargetTable, type_problem
 from txsink.options import OptionError, parse_options
-from txsink.write.plan import arrow_schema
-from txsink.write.target_setup import column_changes
+from txsink.core.plan import arrow_schema
+from txsink.core.target_setup import column_changes
 
 MODERN = frozenset({"Bool", "Date32", "DateTime64", "Map"})  # what 26.x lists
 CH18 = frozenset()  # 18.16 has none of them

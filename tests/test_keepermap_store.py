@@ -30,8 +30,8 @@ from server_ext.staging import root_tag
 from tests.conftest import RECORDS_DATABASE, run_sql
 from tests.sinkutil import assert_exactly_once, create_events, events_df
 from txsink.options import parse_options
-from txsink.write import connections
-from txsink.write.connections import RecordsUnusable
+from txsink.core import connections
+from txsink.core.connections import RecordsUnusable
 
 STRICT = {"keeper_map_strict_mode": "1"}
 
@@ -144,10 +144,10 @@ def test_a_writer_whose_session_ended_is_judged_gone(records_table, keepermap_ur
 
 def test_a_keeper_holds_a_batch_xid_over_the_keepermap_store_until_its_decision(
         keepermap_url: str, keepermap_options: dict[str, str]) -> None:
-    """The keeper process (``txsink/write/xid_keeper.py``) reaches the same store: it joins the
+    """The keeper process (``txsink/core/xid_keeper.py``) reaches the same store: it joins the
     holders of the planner's xid, holds it after the planner lets go, and leaves once the
     xid is decided."""
-    from txsink.write import xid_keeper
+    from txsink.core import xid_keeper
 
     options = parse_options({**keepermap_options, "table": "db.t"}, env={})
     writer = connections.records(options, shared=False)

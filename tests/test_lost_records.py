@@ -27,7 +27,7 @@ from tests.sinkutil import (
     staging_tables,
 )
 from tests.test_coordinator_support import new_coordinator, prepared_branches
-from txsink.write import payload
+from txsink.core import payload
 
 SINK = "lost-records"
 

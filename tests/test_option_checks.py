@@ -36,9 +36,9 @@ from tests.sinkutil import assert_exactly_once, create_events, events_df, id_cou
 from txsink.ops import cli
 from txsink.options import OptionError
 from txsink.spark.transaction import Transaction
-from txsink.write.operator_records import GIVEN_UP_KEY, SWITCH_KEY
-from txsink.write.payload import CombinedBranch, from_record
-from txsink.write.publisher import publish_manifest
+from txsink.core.operator_records import GIVEN_UP_KEY, SWITCH_KEY
+from txsink.core.payload import CombinedBranch, from_record
+from txsink.core.publisher import publish_manifest
 
 ROWS = 600  # events_df: 4 Spark partitions of 150 ids, days 2026-01-01 + id % 90
 TASK_IDS = 150  # the ids of task partition p: range(150 p, 150 (p + 1))

@@ -34,7 +34,7 @@ import pytest
 from kazoo.client import KazooClient
 from pyspark.sql.types import DateType, DoubleType, LongType, StringType, StructField, StructType
 
-import txsink.write.crashpoints
+import txsink.core.crashpoints
 from coordinator import Coordinator, Fenced, SinkTakenOver, XidDecided, XidState
 from coordinator.keepermap import CLOCK_MARGIN
 from coordinator.nodes import NodeStore
@@ -45,8 +45,8 @@ from tests.test_coordinator_session import expire_session
 from txsink.ops.commands import Operations
 from txsink.options import parse_options
 from txsink.spark.datasource import ClickHouseTxDataSource
-from txsink.write import connections, driver
-from txsink.write.plan import check_target
+from txsink.core import connections, driver
+from txsink.core.plan import check_target
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("day", DateType()),
                      StructField("name", StringType()), StructField("value", DoubleType())])
@@ -183,14 +183,14 @@ def hold_at(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, Callable[[], obje
 
     def arm(step: str, action: Callable[[], object]) -> list:
         first = threading.Lock()
-        original = txsink.write.crashpoints.hit
+        original = txsink.core.crashpoints.hit
 
         def hit(name: str) -> None:
             if name == step and first.acquire(blocking=False):  # never released: once
                 results.append(run_in_other_thread(action))
             original(name)
 
-        monkeypatch.setattr(txsink.write.crashpoints, "hit", hit)
+        monkeypatch.setattr(txsink.core.crashpoints, "hit", hit)
         return results
 
     return arm

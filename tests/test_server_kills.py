@@ -34,7 +34,7 @@ from tests.test_overlapping_actors import (  # noqa: F401 - hold_at is a fixture
     started_client,
 )
 from txsink.ops.commands import Operations
-from txsink.write.publisher import publish_manifest
+from txsink.core.publisher import publish_manifest
 
 PORT_BASE = 28600
 # (server, strategy, engine of the target)

@@ -20,7 +20,7 @@ from tests.sinkutil import (
     staging_tables,
     write_in_threads,
 )
-from txsink.write.payload import CombinedBranch, from_record
+from txsink.core.payload import CombinedBranch, from_record
 
 
 @pytest.fixture

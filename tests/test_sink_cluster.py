@@ -10,9 +10,9 @@ Fault tests SIGKILL cluster servers at a named moment and start them again in a
 ``finally`` (the ``topology`` fixture). Where the moment is a driver-side crash point,
 note that the driver side of a Python data source does *not* run in the pytest process:
 Spark runs ``writer()`` and ``commit()``/``abort()`` in Python planner workers that it
-spawns, so ``monkeypatch.setattr("txsink.write.crashpoints.hit", ...)`` here would never be
+spawns, so ``monkeypatch.setattr("txsink.core.crashpoints.hit", ...)`` here would never be
 called. The tests therefore write through ``clickhouse_tx_hooked`` (:class:`HookedSource`,
-pickled by value into those workers): its ``commit`` replaces ``txsink.write.crashpoints.hit``
+pickled by value into those workers): its ``commit`` replaces ``txsink.core.crashpoints.hit``
 (read at call time by ``connections.coordinator()`` and ``BranchPublisher.publish``) with
 a rendezvous that stops the commit at the named step until the test, in this process, has
 acted (killed a server) — see :class:`Rendezvous`.
@@ -34,8 +34,8 @@ import requests
 from pyspark import cloudpickle
 
 import txsink
-import txsink.write.crashpoints
-import txsink.write.publisher
+import txsink.core.crashpoints
+import txsink.core.publisher
 from coordinator import BranchState, Coordinator, XidState
 from server_ext.ledger import ATTACHING
 from server_ext.staging import sink_key
@@ -45,7 +45,7 @@ from tests.sinkutil import assert_counts_exactly_once, events_df, task_winners
 from tests.test_sink_streaming import SCHEMA, write_input_file
 from txsink.ops.commands import Operations
 from txsink.spark.datasource import BatchWriter, ClickHouseTxDataSource
-from txsink.write.combine import PRECOMBINED_PREFIX
+from txsink.core.combine import PRECOMBINED_PREFIX
 
 EVENTS_COLUMNS = "(id UInt64, day Date, name String, value Float64)"
 LOCAL = "events"  # the local table on every shard server
@@ -63,7 +63,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 @contextlib.contextmanager
 def _armed(spec: dict) -> Iterator[None]:
-    """Replace ``txsink.write.crashpoints.hit`` for the duration of one commit.
+    """Replace ``txsink.core.crashpoints.hit`` for the duration of one commit.
 
     At a step named in ``spec["steps"]`` (and, if ``spec["servers"]`` is given, only while
     a branch of one of those servers is being published) the hook writes
@@ -73,8 +73,8 @@ def _armed(spec: dict) -> Iterator[None]:
     folder, steps = Path(spec["dir"]), set(spec["steps"])
     servers = set(spec.get("servers") or ())
     publishing = threading.local()  # per thread: winners of different servers publish at once
-    original_hit = txsink.write.crashpoints.hit
-    original_server_of = txsink.write.publisher.server_of
+    original_hit = txsink.core.crashpoints.hit
+    original_server_of = txsink.core.publisher.server_of
 
     def server_of(record):
         publishing.server = original_server_of(record)
@@ -95,12 +95,12 @@ def _armed(spec: dict) -> Iterator[None]:
         while not (folder / f"{name}.go").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
 
-    txsink.write.crashpoints.hit, txsink.write.publisher.server_of = hit, server_of
+    txsink.core.crashpoints.hit, txsink.core.publisher.server_of = hit, server_of
     try:
         yield
     finally:
-        txsink.write.crashpoints.hit = original_hit
-        txsink.write.publisher.server_of = original_server_of
+        txsink.core.crashpoints.hit = original_hit
+        txsink.core.publisher.server_of = original_server_of
 
 
 class HookedBatchWriter(BatchWriter):

@@ -18,8 +18,8 @@ from server_ext.ledger import (
 )
 from server_ext.manifest import Manifest
 from tests.test_commit_payload import FORMAT_1_BRANCH, MANIFEST_V1
-from txsink.write.metrics import RECOVERY, EpochMetrics, GivenUpPartition
-from txsink.write.operator_records import (
+from txsink.core.metrics import RECOVERY, EpochMetrics, GivenUpPartition
+from txsink.core.operator_records import (
     GIVEN_UP_KEY,
     SWITCH_KEY,
     GivenUp,
@@ -27,7 +27,7 @@ from txsink.write.operator_records import (
     StrategySwitch,
     SwitchStep,
 )
-from txsink.write.payload import BranchOwner, staging_place
+from txsink.core.payload import BranchOwner, staging_place
 
 OLD_INTENT = {"state": "attaching", "attaching": ["202401"], "published": ["202312"],
               "watermark": 118}

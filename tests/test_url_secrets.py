@@ -154,6 +154,6 @@ def test_credentials_never_reach_sparks_event_log_or_the_driver_log(
     logs = "".join(p.read_text(errors="replace") for p in events.rglob("*") if p.is_file())
     assert "SparkListenerSQLExecutionStart" in logs  # the event log holds the writes
     assert "must not have a query or fragment" in logs  # and the url's refusal
-    assert "txsink.write.driver INFO txsink sink=" in job.stderr  # the sink's log at INFO
+    assert "txsink.core.driver INFO txsink sink=" in job.stderr  # the sink's log at INFO
     for text in (logs, job.stdout, job.stderr):
         assert SECRET_PASSWORD not in text

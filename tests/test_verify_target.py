@@ -2,7 +2,7 @@
 
 Every xid here goes through the real protocol on ClickHouse 18.16 and ZooKeeper: a
 branch is registered, staged, sealed into a manifest, recorded ``Prepared`` in the
-branch record format of ``txsink/write/attempt.py`` and published by ``BranchPublisher``. The
+branch record format of ``txsink/core/attempt.py`` and published by ``BranchPublisher``. The
 anomalies are then made behind the sink's back with plain SQL, as a race or an operator
 would.
 """
@@ -25,7 +25,7 @@ from tests.conftest import run_sql
 from tests.harness.services import SECRET_USER
 from txsink.ops import cli
 from txsink.ops.commands import Operations, render
-from txsink.write.publisher import BranchPublisher
+from txsink.core.publisher import BranchPublisher
 
 ROOT = "/txsink-verify"
 SINK = "verify-sink"
@@ -52,7 +52,7 @@ class Writer:
         self.coord.begin(epoch, self.generation)
         branch_id, payload = self._stage(epoch, rows)
         winner = branch_id
-        if overwrite:  # as txsink/write/driver.py: a synthetic branch replaces the partitions
+        if overwrite:  # as txsink/core/driver.py: a synthetic branch replaces the partitions
             winner = f"overwrite-{uuid.uuid4().hex[:8]}"
             staging = server_ext.staging_table_name(self.sink, epoch, winner)
             self.coord.register_branch(epoch, winner, self.generation,

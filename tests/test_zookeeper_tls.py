@@ -29,7 +29,7 @@ from tests.harness.services import Services, ZooKeeper
 from tests.sinkutil import assert_exactly_once, create_events, events_df, id_counts, staging_tables
 from txsink.ops import cli
 from txsink.options import OptionError, parse_options
-from txsink.write import connections
+from txsink.core import connections
 
 ZK_ROOT = "/txsink-test-zktls"
 FAILS_WITHIN = 5.0  # seconds; kazoo alone would retry a failed handshake until its timeout

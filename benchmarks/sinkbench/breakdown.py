@@ -40,9 +40,9 @@ from coordinator.transitions import Transitions
 from sinkbench import workload
 from sinkbench.environment import ARROW_BATCH_ROWS, Scratch, load
 from txsink.options import parse_options
-from txsink.write import driver
-from txsink.write.attempt import write_branch
-from txsink.write.plan import WritePlan
+from txsink.core import driver
+from txsink.core.attempt import write_branch
+from txsink.core.plan import WritePlan
 
 STEPS = ("begin", "stage", "insert", "seal", "decision", "publish", "drop", "finish",
          "other")

@@ -35,20 +35,20 @@ import threading
 import time
 from pathlib import Path
 
-#: (module, attribute path, step name): the commit path, as ``txsink.write.driver`` calls it.
+#: (module, attribute path, step name): the commit path, as ``txsink.core.driver`` calls it.
 #: The sink changes: a name the running code does not have is skipped (and listed in the
 #: trace file), so one list serves its versions before and after a refactoring.
 STEPS = (
-    ("txsink.write.driver", "commit_epoch", "other"),
-    ("txsink.write.driver", "generation_of", "zk: before decision"),
+    ("txsink.core.driver", "commit_epoch", "other"),
+    ("txsink.core.driver", "generation_of", "zk: before decision"),
     ("coordinator.coordinator", "Coordinator.begin", "zk: before decision"),
     ("coordinator.coordinator", "Coordinator.is_committed", "zk: is_committed (not in commit_ms)"),
-    ("txsink.write.combine", "combined_branches", "combined branch: register, prepare"),
+    ("txsink.core.combine", "combined_branches", "combined branch: register, prepare"),
     ("coordinator.coordinator", "Coordinator.commit", "zk: decision, lease, reads"),
     ("coordinator.completion", "Completion._write_committed", "zk: Committed write (end multi)"),
     ("coordinator.completion", "Completion._clean_up",
      "cleanup after Committed: drop non-winners"),
-    ("txsink.write.publisher", "BranchPublisher.publish", "publisher (python)"),
+    ("txsink.core.publisher", "BranchPublisher.publish", "publisher (python)"),
     ("server_ext.consolidate", "combine", "combine: ledger record"),
     ("server_ext.consolidate", "_build", "combine: ATTACH ... FROM sources"),
     ("server_ext.consolidate", "_check_sources", "combine: check sources' parts"),
@@ -60,7 +60,7 @@ STEPS = (
     ("server_ext.consolidate", "seal", "combine: seal"),
     ("server_ext.consolidate", "drop_tables", "combine: drop sources"),
     ("server_ext.consolidate", "publish", "publish into target"),
-    ("txsink.write.publisher", "BranchPublisher.rollback", "rollback / drop staging"),
+    ("txsink.core.publisher", "BranchPublisher.rollback", "rollback / drop staging"),
     ("coordinator.coordinator", "Coordinator.record_metrics",
      "zk: record metrics (not in commit_ms)"),
 )

@@ -1,6 +1,6 @@
 """Arming the sink's named steps as crash points: kill a process at an exact step.
 
-The product names its steps (:mod:`txsink.write.crashpoints`) and calls the step hook its
+The product names its steps (:mod:`txsink.core.crashpoints`) and calls the step hook its
 environment names; this module is that hook for fault tests. A test arms points through
 the environment of the process it starts (and of the Spark JVM with its Python workers,
 which inherit it), built by :func:`arm_env`::
@@ -23,7 +23,7 @@ import signal
 from collections.abc import Iterable
 from pathlib import Path
 
-from txsink.write.crashpoints import CRASH_POINTS, HOOK_VARIABLE
+from txsink.core.crashpoints import CRASH_POINTS, HOOK_VARIABLE
 
 HOOK = f"{__name__}:hit"
 

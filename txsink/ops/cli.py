@@ -45,7 +45,7 @@ def create_records_table(url: str, records_table: str,
     ``txsink records create`` runs. Raises ``RecordsUnusable`` naming why the table cannot
     hold the records (a server without KeeperMap, a Keeper it cannot reach, ...)."""
     from server_ext.keepermap import KeeperMapTable
-    from txsink.write import connections
+    from txsink.core import connections
 
     database, _, table = records_table.partition(".")
     if not table:
@@ -63,7 +63,7 @@ def create_records_table(url: str, records_table: str,
 
 def _records(args: argparse.Namespace, credentials: dict[str, str]) -> int:
     """``txsink records create``: the records table of ``coordinator=keepermap``."""
-    from txsink.write.connections import RecordsUnusable
+    from txsink.core.connections import RecordsUnusable
 
     try:
         records = create_records_table(args.records_url or args.url, args.records_table,

@@ -15,7 +15,7 @@ from server_ext.staging import root_tag
 from server_ext.sweeper import sweep
 from txsink.ops.session import OPEN_STATES, Session, protected_lines, staging_of
 from txsink.options import is_one_off
-from txsink.write.publisher import (
+from txsink.core.publisher import (
     BranchPublisher,
 )
 

@@ -7,7 +7,7 @@ applies): ``recover --strategy`` publishes branches whose recorded strategy the 
 cannot run with one it can (:meth:`RecoverCommands.recover`, where the switch is argued),
 and ``resolve --give-up`` gives up partitions whose rows cannot be published at all
 (:meth:`RecoverCommands.give_up`). Both are written in the branch's ledger
-(:mod:`txsink.write.operator_records`) and the xid's metrics, and ``status`` shows them.
+(:mod:`txsink.core.operator_records`) and the xid's metrics, and ``status`` shows them.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from server_ext.ledger import PublishRecord, ledger_key
 from server_ext.seal import read_staged_partitions
 from server_ext.sql import qualified_name
 from txsink.ops.session import NO_SINKS, Session, protected_lines
-from txsink.write.metrics import EpochMetrics, GivenUpPartition
-from txsink.write.operator_records import GivenUp, GivenUpPartitions, StrategySwitch, SwitchStep
-from txsink.write.publisher import (
+from txsink.core.metrics import EpochMetrics, GivenUpPartition
+from txsink.core.operator_records import GivenUp, GivenUpPartitions, StrategySwitch, SwitchStep
+from txsink.core.publisher import (
     BranchPublisher,
     publish_manifest,
     recorded_strategy,

@@ -26,8 +26,8 @@ from txsink.options import (
     SinkOptions,
     root_identity,
 )
-from txsink.write import connections
-from txsink.write.payload import BranchOwner
+from txsink.core import connections
+from txsink.core.payload import BranchOwner
 
 OPEN_STATES = (XidState.INITIALIZED, XidState.COMMITTING, XidState.ABORTING)
 CONNECT_SECONDS = 5.0  # an operator waits this long for ZooKeeper, then gets one line

@@ -22,8 +22,8 @@ from txsink.ops.session import (
     staging_of,
 )
 from txsink.ops.status_report import SinkHealth, sink_health
-from txsink.write.metrics import UNKNOWN, WRITER, EpochMetrics
-from txsink.write.payload import from_record, task_branches
+from txsink.core.metrics import UNKNOWN, WRITER, EpochMetrics
+from txsink.core.payload import from_record, task_branches
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class OpenXid:
 
 
 class OperatorDecisions:
-    """The decisions operators recorded on one xid (``txsink.write.operator_records``)."""
+    """The decisions operators recorded on one xid (``txsink.core.operator_records``)."""
 
     epoch: int
     state: XidState

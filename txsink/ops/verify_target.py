@@ -65,9 +65,9 @@ from coordinator.nodes import NodeStore
 from server_ext.client_protocol import SqlClient
 from server_ext.digest import MODULUS, ContentDigest, combine
 from server_ext.target_rows import TableRows, table_rows
-from txsink.write.metrics import EpochMetrics
-from txsink.write.payload import CombinedBranch, Payload, contributions, from_record
-from txsink.write.publisher import server_of
+from txsink.core.metrics import EpochMetrics
+from txsink.core.payload import CombinedBranch, Payload, contributions, from_record
+from txsink.core.publisher import server_of
 
 Writers = Literal["exclusive", "unknown", "shared"]
 WRITERS: tuple[Writers, ...] = ("exclusive", "unknown", "shared")

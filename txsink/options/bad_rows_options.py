@@ -2,7 +2,7 @@
 
 What a value that does not fit its column does: fail the write naming it (``fail``, the
 default), or send its row to ``quarantine_table``, published exactly once with the good
-rows under the same decision (``quarantine``; ``txsink/write/quarantine_share.py``).
+rows under the same decision (``quarantine``; ``txsink/core/quarantine_share.py``).
 ``max_bad_rows``
 bounds the rows one write (one xid) may quarantine: past it the write fails and nothing
 of it becomes visible.

@@ -1,4 +1,4 @@
-"""The ways Spark reaches the sink: thin adapters over :mod:`txsink.write`.
+"""The ways Spark reaches the sink: thin adapters over :mod:`txsink.core`.
 
 - ``datasource`` — the ``clickhouse_tx`` Python data source (batch and streaming);
 - ``plain`` — ``clickhouse_plain``, the at-least-once baseline;
@@ -6,7 +6,7 @@
 - ``transaction`` — ``txsink.transaction()``: several writes, one xid;
 - ``refusal`` — a refusal in planning shown as one line.
 
-An adapter plans on the driver (``write.plan``), runs the attempts in the tasks
-(``write.attempt``) and hands their messages to the commit (``write.driver``); it holds no
+An adapter plans on the driver (``core.plan``), runs the attempts in the tasks
+(``core.attempt``) and hands their messages to the commit (``core.driver``); it holds no
 protocol logic of its own.
 """

@@ -1,9 +1,9 @@
 """The ``clickhouse_tx`` PySpark data source: Arrow writers for batch and streaming.
 
-Thin adapters from Spark's writer contract to :mod:`txsink.write.plan` (driver, before any
-task), :mod:`txsink.write.attempt` (each task attempt) and :mod:`txsink.write.driver` (commit and
+Thin adapters from Spark's writer contract to :mod:`txsink.core.plan` (driver, before any
+task), :mod:`txsink.core.attempt` (each task attempt) and :mod:`txsink.core.driver` (commit and
 abort). Spark pickles the writer object into every task and into ``commit``; only the
-immutable :class:`~txsink.write.plan.WritePlan` travels with it.
+immutable :class:`~txsink.core.plan.WritePlan` travels with it.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from pyspark.sql.types import StructType
 
 from txsink.options import OptionError
 from txsink.spark.refusal import reason_first
-from txsink.write import driver
-from txsink.write.attempt import streaming_epoch, write_branch
-from txsink.write.messages import SkippedMessage, TaskMessage
-from txsink.write.plan import WritePlan, plan_write
+from txsink.core import driver
+from txsink.core.attempt import streaming_epoch, write_branch
+from txsink.core.messages import SkippedMessage, TaskMessage
+from txsink.core.plan import WritePlan, plan_write
 
 #: Spark hands a sink in complete mode the whole result each micro-batch, to replace the
 #: last one; update mode Spark itself refuses for every Python data source (PySpark 4.3).
@@ -60,7 +60,7 @@ class ClickHouseTxDataSource(DataSource):
 
 @dataclass(frozen=True)
 class AttemptMessage(WriterCommitMessage):
-    """Spark's carrier of one attempt's :data:`~txsink.write.messages.TaskMessage`."""
+    """Spark's carrier of one attempt's :data:`~txsink.core.messages.TaskMessage`."""
 
     message: TaskMessage
 

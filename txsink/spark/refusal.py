@@ -25,7 +25,7 @@ from server_ext.staging import UnsupportedTarget
 from server_ext.views import ViewProblem
 from txsink.options import OptionError
 from txsink.options.insert_settings import SettingRefused
-from txsink.write.connections import RecordsUnusable
+from txsink.core.connections import RecordsUnusable
 
 #: What the sink raises to refuse a write, each naming what is wrong in its message.
 REFUSALS: tuple[type[BaseException], ...] = (

@@ -9,7 +9,7 @@ then only abort (``TransactionFailed`` at its end, and for any later write or co
 never commit without that write's rows.
 
 Options the server must honour are checked before the xid begins: ``strategy`` against
-the ``url`` server here (:func:`txsink.write.plan.check_server_options`), everything that
+the ``url`` server here (:func:`txsink.core.plan.check_server_options`), everything that
 depends on a table by each ``tx.write`` before it stages anything. A write refused for its
 table raises inside the block, which aborts the transaction: nothing of it is published.
 
@@ -39,10 +39,10 @@ from txsink.options import (
     parse_options,
 )
 from txsink.spark.registration import register
-from txsink.write import driver
-from txsink.write.metrics import EpochMetrics
-from txsink.write.payload import from_record, task_branches
-from txsink.write.plan import check_server_options
+from txsink.core import driver
+from txsink.core.metrics import EpochMetrics
+from txsink.core.payload import from_record, task_branches
+from txsink.core.plan import check_server_options
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ causes, never a polite shutdown:
 - :func:`kill_server` / :func:`restart_server` use :mod:`tests.harness.services` (``kill()``
   then ``start()``); ZooKeeper is started before a ClickHouse that uses it when both are
   down.
-- :class:`CrashArming` arms the named crash points of :mod:`txsink.write.crashpoints` in a
+- :class:`CrashArming` arms the named crash points of :mod:`txsink.core.crashpoints` in a
   driver that is already running: the driver starts with every point armed and each
   point's "already fired" marker present; deleting a marker arms that point.
 - :func:`private_services` gives a ClickHouse + ZooKeeper pair on their own ports and
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tests.harness.crash_arming import arm_env
 from tests.harness.services import ClickHouse, Services, ZooKeeper, port_open
-from txsink.write.crashpoints import CRASH_POINTS
+from txsink.core.crashpoints import CRASH_POINTS
 
 SERVER_KINDS = ("clickhouse", "zookeeper")
 DISARMED = "disarmed"  # marker content written by CrashArming; a fired point's is empty

@@ -27,7 +27,7 @@ from pathlib import Path
 from tests.harness.chaos import jvm
 from tests.harness.chaos.faults import kill_session
 from tests.harness.chaos.pipeline import RECOVERED_LINE, RUNNING_LINE, STANDBY_LINE
-from txsink.write.crashpoints import HOOK_VARIABLE
+from txsink.core.crashpoints import HOOK_VARIABLE
 
 
 @dataclass

@@ -81,7 +81,7 @@ from tests.harness.chaos.pipeline import (
 from tests.harness.chaos.proxy import TcpProxy
 from tests.harness.services import Services
 from txsink.options import KEEPERMAP
-from txsink.write.crashpoints import CRASH_POINTS
+from txsink.core.crashpoints import CRASH_POINTS
 
 FAULT_KINDS = (
     "driver_kill", "worker_kill", "crash_point", "clickhouse_kill", "clickhouse_kill_publish",

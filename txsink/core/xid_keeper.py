@@ -15,7 +15,7 @@ background thread, so the job does not wait for the keeper's start (~1 s), and o
 job still undecided after ``HAND_OVER_AFTER`` seconds: a short job needs no keeper. The keeper
 never writes a record: it only joins and leaves the holders.
 
-Usage (``python -m txsink.write.xid_keeper`` reads its settings as one JSON line on stdin, so
+Usage (``python -m txsink.core.xid_keeper`` reads its settings as one JSON line on stdin, so
 credentials never appear in a process listing)::
 
     coord.begin(epoch, generation, hold="batch driver")
@@ -99,7 +99,7 @@ def start(options: SinkOptions, sink_id: str, epoch: int) -> bool:
                 "sink_id": sink_id, "epoch": epoch, "pid": watched,
                 "started": fields[19] if fields else None}
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "txsink.write.xid_keeper"],
+        proc = subprocess.Popen([sys.executable, "-m", "txsink.core.xid_keeper"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, start_new_session=True,
                                 text=True)
@@ -159,7 +159,7 @@ def keep(settings: dict) -> int:
     """The keeper's body: join the holders, hold until the xid is decided or the
     driver is gone."""
     from coordinator import XidState
-    from txsink.write.connections import node_store
+    from txsink.core.connections import node_store
 
     client = node_store(SinkOptions(table="", **settings["store"]))
     coord = Coordinator(client, settings["sink_id"], root=settings["zk_root"])

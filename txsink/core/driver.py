@@ -37,11 +37,11 @@ from server_ext import partition_bound
 from server_ext.sharding import ShardingError
 from server_ext.sql import qualified_name
 from txsink.options import SinkOptions
-from txsink.write import combine, connections, payload, quarantine_share
-from txsink.write.messages import BranchMessage, SkippedMessage
-from txsink.write.metrics import EpochMetrics
-from txsink.write.plan import WritePlan
-from txsink.write.publisher import BranchPublisher, server_of
+from txsink.core import combine, connections, payload, quarantine_share
+from txsink.core.messages import BranchMessage, SkippedMessage
+from txsink.core.metrics import EpochMetrics
+from txsink.core.plan import WritePlan
+from txsink.core.publisher import BranchPublisher, server_of
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def open_stream(options: SinkOptions, sink_id: str) -> Coordinator:
 
     Nor can it check that the sink's epochs belong to this query's checkpoint: this
     process sees only the options (no query id, no batch id). The tasks do, before
-    anything is claimed or staged (:meth:`Coordinator.own_stream` in ``txsink/write/attempt.py``).
+    anything is claimed or staged (:meth:`Coordinator.own_stream` in ``txsink/core/attempt.py``).
     """
     coord = connections.coordinator(options, sink_id)
     if options.recover_on_start:
@@ -276,7 +276,7 @@ def check_sharded_overwrite(plan: WritePlan, records: Sequence[BranchRecord]) ->
 
 
 def _quarantined(plan: WritePlan, staged: payload.StagedBranch) -> bool:
-    """Whether ``staged`` is a quarantine share (``txsink.write.quarantine_share``)."""
+    """Whether ``staged`` is a quarantine share (``txsink.core.quarantine_share``)."""
     table = plan.quarantine
     return table is not None and (staged.manifest.target_database,
                                   staged.manifest.target_table) == (table.database, table.name)

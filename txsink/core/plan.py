@@ -43,7 +43,7 @@ from server_ext.staging import publish_problem
 from server_ext.views import ViewNode, ViewProblem, discover, tree_problem
 from txsink.options import OptionError, SinkOptions, insert_settings, parse_options
 from txsink.options.target_name import note_default_database
-from txsink.write import connections
+from txsink.core import connections
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +62,11 @@ class WritePlan:
     covered_by_txn: int | None = None  # the sink's txn_version that makes this job a no-op
     views: tuple[ViewNode, ...] = ()  # the materialized views the target feeds, staged too
     view_strategies: tuple[Strategy, ...] = ()  # the publish strategy of each view's table
-    # bad_rows=quarantine: the quarantine table (txsink/write/quarantine_share.py) and its strategy
+    # bad_rows=quarantine: the quarantine table (txsink/core/quarantine_share.py) and its strategy
     quarantine: server_ext.TargetTable | None = None
     quarantine_strategy: Strategy | None = None
     # This write's own: two writes of one table in a transaction share the xid, and each
-    # needs a pre-combined table of its own (txsink.write.combine)
+    # needs a pre-combined table of its own (txsink.core.combine)
     write_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     @property
@@ -459,8 +459,8 @@ def plan_write(raw_options: dict[str, str], spark_schema, overwrite: bool, *,
     quarantine table made, and (batch) the sink fenced and its xid begun — or found
     covered by the sink's ``txn_version``. Every way in calls this once per write; any
     bad input raises here, before anything is staged."""
-    from txsink.write import driver, quarantine_share, xid_keeper
-    from txsink.write.target_setup import prepare_target
+    from txsink.core import driver, quarantine_share, xid_keeper
+    from txsink.core.target_setup import prepare_target
 
     options = parse_options(raw_options)
     note_default_database(options.table)

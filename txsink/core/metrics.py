@@ -3,7 +3,7 @@
 The writer (a job's driver, ``txsink.transaction()``) records them right after its commit;
 recovery marks the xids it finished (``finished_by: recovery``, written by the
 coordinator, which knows nothing of this type); operators add their decisions
-(``given_up``, ``strategy_switches``, see :mod:`txsink.write.operator_records`). All of them are
+(``given_up``, ``strategy_switches``, see :mod:`txsink.core.operator_records`). All of them are
 merged into the one JSON object the xid record keeps under ``metrics``, and
 :class:`EpochMetrics` is its only reader and writer in txsink.
 

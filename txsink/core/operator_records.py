@@ -4,7 +4,7 @@ Next to publish records (keyed by staging table names, ``txs_...``, so these key
 collide with them) a winner's ledger may hold an operator's decision: a strategy switch
 (``txsink recover --strategy``), which every publisher honours, and partitions given up
 (``txsink resolve --give-up``). Each is a typed record with its one serializer here; the
-xid's metrics list the same decisions for ``status`` (:mod:`txsink.write.metrics`).
+xid's metrics list the same decisions for ``status`` (:mod:`txsink.core.metrics`).
 
 Format 1 (records of releases before the format key read the same).
 """

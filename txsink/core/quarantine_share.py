@@ -1,7 +1,7 @@
 """``bad_rows=quarantine``: bad rows kept in the quarantine table, exactly once.
 
 The quarantine table is one more table of a branch's staged tree, as a materialized
-view's table is (``server_ext.views``, ``_ViewBranch`` in ``txsink/write/attempt.py``): each
+view's table is (``server_ext.views``, ``_ViewBranch`` in ``txsink/core/attempt.py``): each
 task branch that meets a bad row gets a *quarantine share*, a branch of its own
 (``<branch id>-q``) with its own staging table, registered before that table exists,
 sealed against the count of rows sent, prepared with a ``StagedBranch`` payload and
@@ -45,8 +45,8 @@ from server_ext.sharding import ShardLayout
 from server_ext.sql import shown_name
 from server_ext.staging import publish_problem
 from txsink.options import OptionError, SinkOptions
-from txsink.write import connections
-from txsink.write.messages import BranchMessage
+from txsink.core import connections
+from txsink.core.messages import BranchMessage
 
 log = logging.getLogger(__name__)
 

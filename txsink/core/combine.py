@@ -15,7 +15,7 @@ the sink combines them, in two places, under one policy:
 
 What is small, and how a combined table is built and published, is
 ``server_ext.consolidate``'s (``DEFAULT_LIMITS``); which payload names what is
-:mod:`txsink.write.payload`'s.
+:mod:`txsink.core.payload`'s.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from coordinator import BranchRecord, Coordinator, CoordinatorError
 from server_ext import consolidate
 from server_ext.client import ClickHouseClient
 from server_ext.errors import ClickHouseError
-from txsink.write import payload
-from txsink.write.payload import BranchOwner, CombinedBranch, staged_manifest
-from txsink.write.plan import WritePlan
-from txsink.write.publisher import BranchPublisher, recorded_strategy, server_of
+from txsink.core import payload
+from txsink.core.payload import BranchOwner, CombinedBranch, staged_manifest
+from txsink.core.plan import WritePlan
+from txsink.core.publisher import BranchPublisher, recorded_strategy, server_of
 
 log = logging.getLogger(__name__)
 

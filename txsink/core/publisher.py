@@ -25,9 +25,9 @@ from server_ext.consolidate import (
     publish_combined,
 )
 from server_ext.ledger import COMBINED, PublishRecord
-from txsink.write import crashpoints
-from txsink.write.operator_records import StrategySwitch
-from txsink.write.payload import (
+from txsink.core import crashpoints
+from txsink.core.operator_records import StrategySwitch
+from txsink.core.payload import (
     CombinedBranch,
     StagedBranch,
     from_record,
@@ -106,7 +106,7 @@ class BranchPublisher:
     def group(record: BranchRecord) -> tuple[str | None, str, str]:
         """What a winner's publish touches: its server and target table. Winners of
         different groups are published at once (``Coordinator.commit``'s
-        ``publish_group``); one combined branch per server and table (``txsink.write.combine``)
+        ``publish_group``); one combined branch per server and table (``txsink.core.combine``)
         makes them one winner per group, except in a transaction that wrote a table
         twice."""
         payload = from_record(record.manifest)

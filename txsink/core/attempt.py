@@ -55,11 +55,11 @@ from server_ext.errors import ClickHouseError, PartitionLimitExceeded
 from server_ext.partition_bound import PartitionCounter
 from server_ext.sharding import Shard, ShardRouter
 from server_ext.staging import merges_at_insert
-from txsink.write import combine, connections, crashpoints, payload
-from txsink.write.messages import BranchMessage, SkippedMessage
-from txsink.write.payload import BranchOwner
-from txsink.write.plan import WritePlan, send_columns
-from txsink.write.quarantine_share import QuarantineShare
+from txsink.core import combine, connections, crashpoints, payload
+from txsink.core.messages import BranchMessage, SkippedMessage
+from txsink.core.payload import BranchOwner
+from txsink.core.plan import WritePlan, send_columns
+from txsink.core.quarantine_share import QuarantineShare
 
 log = logging.getLogger(__name__)
 DIGEST_WORKERS = 2  # staged tables of a task digested at once, beside its contributions
@@ -471,7 +471,7 @@ class _Attempt:
     def contribute(self, branch: _ShardBranch, manifest: server_ext.Manifest,
                    table: server_ext.TargetTable) -> str:
         """A sealed staging table's share of the pre-combined table of ``table``
-        (:func:`txsink.write.combine.contribute`)."""
+        (:func:`txsink.core.combine.contribute`)."""
         if branch.writer is None:
             return ""
         return combine.contribute(self.plan, self.coord, self.epoch, self.generation,

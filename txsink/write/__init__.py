@@ -1,7 +1,0 @@
-"""The write core, independent of how Spark calls it.
-
-The driver plans (``plan``) before any task runs; each task attempt stages, seals and
-prepares its branches (``attempt``) and returns a commit message (``messages``); the
-driver decides and publishes (``driver``, ``combine``, ``publisher``). Every adapter in
-:mod:`txsink.spark` reaches the protocol through these modules only.
-"""
