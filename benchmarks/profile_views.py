@@ -42,11 +42,11 @@ from sinkbench.rounds import turned
 
 from coordinator import Coordinator
 from server_ext.client import ClickHouseClient
-from txsink.options import parse_options
-from txsink.spark.plain import insert_directly
 from txsink.core import driver
 from txsink.core.attempt import write_branch
 from txsink.core.plan import plan_write
+from txsink.options import parse_options
+from txsink.spark.plain import insert_directly
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("name", StringType()),
                      StructField("score", DoubleType()), StructField("ts", TimestampType())])

@@ -31,8 +31,8 @@ from tests.sinkutil import (
     id_counts,
     staging_tables,
 )
-from txsink.ops import cli
 from txsink.core import crashpoints
+from txsink.ops import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,7 +16,6 @@ from server_ext.client import ClickHouseClient
 from server_ext.digest import ContentDigest
 from server_ext.publish_steps import STEP_AFTER_ATTACH
 from tests.test_verify_target import ROOT, SINK, Writer, create_table
-from txsink.ops.commands import Operations
 from txsink.core.payload import (
     CombinedBranch,
     StagedBranch,
@@ -25,6 +24,7 @@ from txsink.core.payload import (
     from_record,
     to_record,
 )
+from txsink.ops.commands import Operations
 
 MANIFEST_V1 = {
     "v": 1, "target": ["db", "events"],

@@ -40,9 +40,9 @@ from server_ext.create_table import (
     engine_problem,
 )
 from server_ext.schema import Column, TargetTable, type_problem
-from txsink.options import OptionError, parse_options
 from txsink.core.plan import arrow_schema
 from txsink.core.target_setup import column_changes
+from txsink.options import OptionError, parse_options
 
 MODERN = frozenset({"Bool", "Date32", "DateTime64", "Map"})  # what 26.x lists
 CH18 = frozenset()  # 18.16 has none of them

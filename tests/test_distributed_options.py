@@ -9,8 +9,8 @@ import pytest
 from server_ext.capabilities import Strategy
 from server_ext.create_distributed import distributed_table_sql
 from server_ext.quarantine import table_ddl
-from txsink.options import OptionError, parse_options
 from txsink.core.quarantine_share import _common_strategy
+from txsink.options import OptionError, parse_options
 
 SHARDS = "http://a:8123,http://b:8123;http://c:8123,http://d:8123"
 BASE = {"url": "http://a:8123", "zookeeper": "zk:2181", "table": "db.events",

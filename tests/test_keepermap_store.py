@@ -29,9 +29,9 @@ from server_ext.keepermap import FORMAT_KEY, KeeperMapTable
 from server_ext.staging import root_tag
 from tests.conftest import RECORDS_DATABASE, run_sql
 from tests.sinkutil import assert_exactly_once, create_events, events_df
-from txsink.options import parse_options
 from txsink.core import connections
 from txsink.core.connections import RecordsUnusable
+from txsink.options import parse_options
 
 STRICT = {"keeper_map_strict_mode": "1"}
 

@@ -33,12 +33,12 @@ from server_ext.sql import qualified_name
 from server_ext.staging import sink_key
 from tests.conftest import run_sql
 from tests.sinkutil import assert_exactly_once, create_events, events_df, id_counts
-from txsink.ops import cli
-from txsink.options import OptionError
-from txsink.spark.transaction import Transaction
 from txsink.core.operator_records import GIVEN_UP_KEY, SWITCH_KEY
 from txsink.core.payload import CombinedBranch, from_record
 from txsink.core.publisher import publish_manifest
+from txsink.ops import cli
+from txsink.options import OptionError
+from txsink.spark.transaction import Transaction
 
 ROWS = 600  # events_df: 4 Spark partitions of 150 ids, days 2026-01-01 + id % 90
 TASK_IDS = 150  # the ids of task partition p: range(150 p, 150 (p + 1))

@@ -42,11 +42,11 @@ from tests.conftest import RECORDS_DATABASE, kazoo_client, run_sql
 from tests.harness.chaos.pipeline import create_fed_view, fed_table
 from tests.sinkutil import SHORT_SESSION, assert_exactly_once, id_counts, staging_tables
 from tests.test_coordinator_session import expire_session
+from txsink.core import connections, driver
+from txsink.core.plan import check_target
 from txsink.ops.commands import Operations
 from txsink.options import parse_options
 from txsink.spark.datasource import ClickHouseTxDataSource
-from txsink.core import connections, driver
-from txsink.core.plan import check_target
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("day", DateType()),
                      StructField("name", StringType()), StructField("value", DoubleType())])

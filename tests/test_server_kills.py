@@ -33,8 +33,8 @@ from tests.test_overlapping_actors import (  # noqa: F401 - hold_at is a fixture
     hold_at,
     started_client,
 )
-from txsink.ops.commands import Operations
 from txsink.core.publisher import publish_manifest
+from txsink.ops.commands import Operations
 
 PORT_BASE = 28600
 # (server, strategy, engine of the target)

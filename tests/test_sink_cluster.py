@@ -43,9 +43,9 @@ from tests.conftest import kazoo_client, run_sql
 from tests.harness.services import Cluster, ClusterServer
 from tests.sinkutil import assert_counts_exactly_once, events_df, task_winners
 from tests.test_sink_streaming import SCHEMA, write_input_file
+from txsink.core.combine import PRECOMBINED_PREFIX
 from txsink.ops.commands import Operations
 from txsink.spark.datasource import BatchWriter, ClickHouseTxDataSource
-from txsink.core.combine import PRECOMBINED_PREFIX
 
 EVENTS_COLUMNS = "(id UInt64, day Date, name String, value Float64)"
 LOCAL = "events"  # the local table on every shard server

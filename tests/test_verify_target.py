@@ -23,9 +23,9 @@ from server_ext.client import ClickHouseClient
 from server_ext.target_rows import table_rows
 from tests.conftest import run_sql
 from tests.harness.services import SECRET_USER
+from txsink.core.publisher import BranchPublisher
 from txsink.ops import cli
 from txsink.ops.commands import Operations, render
-from txsink.core.publisher import BranchPublisher
 
 ROOT = "/txsink-verify"
 SINK = "verify-sink"

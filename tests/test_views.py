@@ -16,9 +16,9 @@ from server_ext.sql import tokenize
 from server_ext.views import ViewNode, staging_select
 from tests.conftest import on_servers, run_sql
 from tests.sinkutil import assert_exactly_once, create_events, events_df, save, staging_tables
+from txsink.core.plan import check_target
 from txsink.ops import cli
 from txsink.options import parse_options
-from txsink.core.plan import check_target
 
 ROWS = 3000
 

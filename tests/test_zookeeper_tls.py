@@ -27,9 +27,9 @@ from coordinator import Coordinator, XidState, ZooKeeperTLS, ZooKeeperTLSError
 from tests.conftest import free_port, kazoo_client, status_line
 from tests.harness.services import Services, ZooKeeper
 from tests.sinkutil import assert_exactly_once, create_events, events_df, id_counts, staging_tables
+from txsink.core import connections
 from txsink.ops import cli
 from txsink.options import OptionError, parse_options
-from txsink.core import connections
 
 ZK_ROOT = "/txsink-test-zktls"
 FAILS_WITHIN = 5.0  # seconds; kazoo alone would retry a failed handshake until its timeout

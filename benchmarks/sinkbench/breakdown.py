@@ -39,10 +39,10 @@ from coordinator import Coordinator
 from coordinator.transitions import Transitions
 from sinkbench import workload
 from sinkbench.environment import ARROW_BATCH_ROWS, Scratch, load
-from txsink.options import parse_options
 from txsink.core import driver
 from txsink.core.attempt import write_branch
 from txsink.core.plan import WritePlan
+from txsink.options import parse_options
 
 STEPS = ("begin", "stage", "insert", "seal", "decision", "publish", "drop", "finish",
          "other")

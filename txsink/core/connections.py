@@ -26,8 +26,8 @@ from coordinator.keepermap import KeeperMapNodes
 from coordinator.nodes import SESSION_TIMEOUT, NodeStore
 from server_ext.client import DEFAULT_RETRIES, DEFAULT_TIMEOUT, ClickHouseClient
 from server_ext.keepermap import KeeperMapTable
-from txsink.options import KEEPERMAP, SinkOptions
 from txsink.core import crashpoints
+from txsink.options import KEEPERMAP, SinkOptions
 
 _lock = threading.Lock()
 _zk: dict[tuple[str, str | None, str | None, float], KazooClient] = {}  # hosts, auth, CA, timeout

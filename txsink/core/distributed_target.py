@@ -36,8 +36,8 @@ from server_ext.sharding import layout_from_distributed, parse_shard_urls
 from server_ext.sharding.engine_args import engine_arguments, name_value
 from server_ext.sharding.layout import table_text
 from server_ext.sql import split_table_name
-from txsink.options import OptionError, SinkOptions
 from txsink.core import connections
+from txsink.options import OptionError, SinkOptions
 
 log = logging.getLogger(__name__)
 

@@ -36,12 +36,12 @@ from coordinator import (
 from server_ext import partition_bound
 from server_ext.sharding import ShardingError
 from server_ext.sql import qualified_name
-from txsink.options import SinkOptions
 from txsink.core import combine, connections, payload, quarantine_share
 from txsink.core.messages import BranchMessage, SkippedMessage
 from txsink.core.metrics import EpochMetrics
 from txsink.core.plan import WritePlan
 from txsink.core.publisher import BranchPublisher, server_of
+from txsink.options import SinkOptions
 
 log = logging.getLogger(__name__)
 

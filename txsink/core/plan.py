@@ -41,9 +41,9 @@ from server_ext.sharding import (
 )
 from server_ext.staging import publish_problem
 from server_ext.views import ViewNode, ViewProblem, discover, tree_problem
+from txsink.core import connections
 from txsink.options import OptionError, SinkOptions, insert_settings, parse_options
 from txsink.options.target_name import note_default_database
-from txsink.core import connections
 
 log = logging.getLogger(__name__)
 

@@ -44,9 +44,9 @@ from server_ext.capabilities import Strategy, engine_problem, supported_strategi
 from server_ext.sharding import ShardLayout
 from server_ext.sql import shown_name
 from server_ext.staging import publish_problem
-from txsink.options import OptionError, SinkOptions
 from txsink.core import connections
 from txsink.core.messages import BranchMessage
+from txsink.options import OptionError, SinkOptions
 
 log = logging.getLogger(__name__)
 

@@ -38,10 +38,10 @@ from server_ext.nested import flatten_schema
 from server_ext.schema import type_problem
 from server_ext.sharding import parse_shard_urls
 from server_ext.sql import identifier_text
-from txsink.options import OptionError, SinkOptions
-from txsink.options.table_options import ADD_COLUMNS, IF_MISSING
 from txsink.core import connections, distributed_target
 from txsink.core.plan import SHARDING_KEY_ALONE, arrow_schema
+from txsink.options import OptionError, SinkOptions
+from txsink.options.table_options import ADD_COLUMNS, IF_MISSING
 
 log = logging.getLogger(__name__)
 

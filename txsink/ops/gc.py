@@ -13,11 +13,11 @@ from coordinator import (
 from coordinator.recovery import ROLLED_BACK
 from server_ext.staging import root_tag
 from server_ext.sweeper import sweep
-from txsink.ops.session import OPEN_STATES, Session, protected_lines, staging_of
-from txsink.options import is_one_off
 from txsink.core.publisher import (
     BranchPublisher,
 )
+from txsink.ops.session import OPEN_STATES, Session, protected_lines, staging_of
+from txsink.options import is_one_off
 
 ONE_OFF_RETENTION = 7 * 24 * 3600.0  # gc forgets one-off sinks idle this long (default)
 

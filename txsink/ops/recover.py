@@ -31,7 +31,6 @@ from server_ext.capabilities import strategy_problem
 from server_ext.ledger import PublishRecord, ledger_key
 from server_ext.seal import read_staged_partitions
 from server_ext.sql import qualified_name
-from txsink.ops.session import NO_SINKS, Session, protected_lines
 from txsink.core.metrics import EpochMetrics, GivenUpPartition
 from txsink.core.operator_records import GivenUp, GivenUpPartitions, StrategySwitch, SwitchStep
 from txsink.core.publisher import (
@@ -41,6 +40,7 @@ from txsink.core.publisher import (
     server_of,
     switched_strategy,
 )
+from txsink.ops.session import NO_SINKS, Session, protected_lines
 
 UNCHANGED = "unchanged"  # a recover action that left the xid as it was, and why
 

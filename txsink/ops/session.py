@@ -19,6 +19,8 @@ from coordinator import (
 )
 from coordinator.nodes import NodeStore
 from server_ext.client import ClickHouseClient
+from txsink.core import connections
+from txsink.core.payload import BranchOwner
 from txsink.options import (
     DEFAULT_RECORDS_TABLE,
     KEEPERMAP,
@@ -26,8 +28,6 @@ from txsink.options import (
     SinkOptions,
     root_identity,
 )
-from txsink.core import connections
-from txsink.core.payload import BranchOwner
 
 OPEN_STATES = (XidState.INITIALIZED, XidState.COMMITTING, XidState.ABORTING)
 CONNECT_SECONDS = 5.0  # an operator waits this long for ZooKeeper, then gets one line

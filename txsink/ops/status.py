@@ -13,6 +13,8 @@ from coordinator import (
     XidState,
 )
 from coordinator.liveness import Verdict
+from txsink.core.metrics import UNKNOWN, WRITER, EpochMetrics
+from txsink.core.payload import from_record, task_branches
 from txsink.ops.session import (
     NO_SINKS,
     OPEN_STATES,
@@ -22,8 +24,6 @@ from txsink.ops.session import (
     staging_of,
 )
 from txsink.ops.status_report import SinkHealth, sink_health
-from txsink.core.metrics import UNKNOWN, WRITER, EpochMetrics
-from txsink.core.payload import from_record, task_branches
 
 
 @dataclass(frozen=True)

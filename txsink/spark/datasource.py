@@ -22,12 +22,12 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from txsink.options import OptionError
-from txsink.spark.refusal import reason_first
 from txsink.core import driver
 from txsink.core.attempt import streaming_epoch, write_branch
 from txsink.core.messages import SkippedMessage, TaskMessage
 from txsink.core.plan import WritePlan, plan_write
+from txsink.options import OptionError
+from txsink.spark.refusal import reason_first
 
 #: Spark hands a sink in complete mode the whole result each micro-batch, to replace the
 #: last one; update mode Spark itself refuses for every Python data source (PySpark 4.3).

@@ -24,10 +24,10 @@ from pyspark.sql.types import StructType
 
 import server_ext
 from server_ext.sql import qualified_name
-from txsink.options import OptionError, SinkOptions, parse_options
 from txsink.core import connections
 from txsink.core.plan import check_target, send_columns
 from txsink.core.target_setup import prepare_target
+from txsink.options import OptionError, SinkOptions, parse_options
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ from server_ext.errors import ClickHouseError
 from server_ext.sharding.errors import ShardingError
 from server_ext.staging import UnsupportedTarget
 from server_ext.views import ViewProblem
+from txsink.core.connections import RecordsUnusable
 from txsink.options import OptionError
 from txsink.options.insert_settings import SettingRefused
-from txsink.core.connections import RecordsUnusable
 
 #: What the sink raises to refuse a write, each naming what is wrong in its message.
 REFUSALS: tuple[type[BaseException], ...] = (

@@ -31,6 +31,10 @@ from contextlib import contextmanager
 from pyspark.sql import DataFrame, SparkSession
 
 from coordinator import XidRecord
+from txsink.core import driver
+from txsink.core.metrics import EpochMetrics
+from txsink.core.payload import from_record, task_branches
+from txsink.core.plan import check_server_options
 from txsink.options import (
     TX_EPOCH,
     TX_GENERATION,
@@ -39,10 +43,6 @@ from txsink.options import (
     parse_options,
 )
 from txsink.spark.registration import register
-from txsink.core import driver
-from txsink.core.metrics import EpochMetrics
-from txsink.core.payload import from_record, task_branches
-from txsink.core.plan import check_server_options
 
 log = logging.getLogger(__name__)
 

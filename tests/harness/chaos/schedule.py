@@ -80,8 +80,8 @@ from tests.harness.chaos.pipeline import (
 )
 from tests.harness.chaos.proxy import TcpProxy
 from tests.harness.services import Services
-from txsink.options import KEEPERMAP
 from txsink.core.crashpoints import CRASH_POINTS
+from txsink.options import KEEPERMAP
 
 FAULT_KINDS = (
     "driver_kill", "worker_kill", "crash_point", "clickhouse_kill", "clickhouse_kill_publish",
