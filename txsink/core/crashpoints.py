@@ -51,10 +51,15 @@ def _load_hook() -> Callable[[str], None] | None:
     return getattr(importlib.import_module(module), attribute or "hit")
 
 
-_HOOK = _load_hook()
+#: The hook, loaded at the first step (not at import: the hook's module may import this
+#: one); ``False`` until then.
+_hook: Callable[[str], None] | None | bool = False
 
 
 def hit(name: str) -> None:
     """The protocol passed step ``name``: call the hook, if the environment named one."""
-    if _HOOK is not None:
-        _HOOK(name)
+    global _hook
+    if _hook is False:
+        _hook = _load_hook()
+    if _hook is not None:
+        _hook(name)
