@@ -8,6 +8,7 @@ about Spark or SQL: publishing and rolling back a branch are callbacks it is han
 
 from coordinator.audit import Anomaly, AnomalyKind, audit
 from coordinator.auth import AccessDenied, DigestAuth, hosts_problem
+from coordinator.branch_ledger import Ledger
 from coordinator.callbacks import CallbackPolicy
 from coordinator.coordinator import Coordinator
 from coordinator.errors import (
@@ -35,7 +36,6 @@ from coordinator.errors import (
     XidAborted,
     XidDecided,
 )
-from coordinator.ledger import Ledger
 from coordinator.records import BranchRecord, StreamRecord, XidRecord
 from coordinator.recovery import RecoveryAction, RecoveryReport
 from coordinator.states import BranchState, XidState

@@ -47,6 +47,7 @@ from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.retry import KazooRetry
 
 from coordinator import steps
+from coordinator.branch_ledger import Ledger
 from coordinator.callbacks import BranchCallback, CallbackPolicy
 from coordinator.completion import Completion, PublishGroup
 from coordinator.epochs import EpochCounter, LastCommitted, TxnVersion
@@ -58,11 +59,10 @@ from coordinator.errors import (
     SinkTreeDamaged,
 )
 from coordinator.fencing import Generation
-from coordinator.layout import SinkLayout
-from coordinator.ledger import Ledger
 from coordinator.liveness import Liveness, Verdict, holder_identity, judge
 from coordinator.multi import Multi, MultiFailed
 from coordinator.nodes import NodeStore
+from coordinator.paths import SinkLayout
 from coordinator.publish_lease import PublishLease, actor_identity
 from coordinator.records import BranchRecord, StreamRecord, XidRecord
 from coordinator.recovery import ROLLED_FORWARD, Recovery, RecoveryReport

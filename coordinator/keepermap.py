@@ -356,7 +356,7 @@ class _Overlay:
         self.log.ended |= self.ended
 
 
-class _Transaction:
+class _MultiOpRequest:
     """kazoo's ``TransactionRequest`` for the KeeperMap store."""
 
     def __init__(self, store: KeeperMapNodes) -> None:
@@ -466,8 +466,8 @@ class KeeperMapNodes:
 
     # -- writes ------------------------------------------------------------------------
 
-    def transaction(self) -> _Transaction:
-        return _Transaction(self)
+    def transaction(self) -> _MultiOpRequest:
+        return _MultiOpRequest(self)
 
     def create(self, path: str, value: bytes = b"", acl: Any = None,
                ephemeral: bool = False, sequence: bool = False,

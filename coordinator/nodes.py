@@ -42,9 +42,10 @@ class AsyncRead(Protocol):
     def get(self) -> Any: ...
 
 
-class Transaction(Protocol):
-    """An all-or-nothing multi-op; ``commit`` returns one result per operation, a failed
-    operation's result being its exception (kazoo's convention)."""
+class MultiOpRequest(Protocol):
+    """An all-or-nothing multi-op (kazoo's ``TransactionRequest``); ``commit`` returns one
+    result per operation, a failed operation's result being its exception (kazoo's
+    convention)."""
 
     def check(self, path: str, version: int) -> None: ...
 
@@ -100,6 +101,6 @@ class NodeStore(Protocol):
 
     def delete(self, path: str, version: int = -1, recursive: bool = False) -> Any: ...
 
-    def transaction(self) -> Transaction: ...
+    def transaction(self) -> MultiOpRequest: ...
 
     def Lock(self, path: str, identifier: str | None = None) -> Lease: ...  # noqa: N802

@@ -13,7 +13,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from coordinator import AnomalyKind, audit
-from coordinator.layout import SinkLayout
+from coordinator.paths import SinkLayout
 from tests.test_coordinator_support import (
     SINK,
     Crash,

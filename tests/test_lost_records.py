@@ -16,7 +16,7 @@ from kazoo.client import KazooClient
 
 import txsink
 from coordinator import Coordinator, SinkTreeDamaged, XidState
-from coordinator.layout import SinkLayout
+from coordinator.paths import SinkLayout
 from server_ext.manifest import Manifest, PartitionManifest, StagedPart
 from tests.conftest import run_sql
 from tests.sinkutil import (

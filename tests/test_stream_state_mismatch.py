@@ -19,7 +19,7 @@ from kazoo.client import KazooClient
 
 import txsink
 from coordinator import Coordinator, ResetRefused, XidState
-from coordinator.layout import SinkLayout
+from coordinator.paths import SinkLayout
 from tests.sinkutil import assert_exactly_once, create_events
 from tests.test_sink_streaming import run_stream, write_input_file
 from txsink.ops.cli import main as txsink_cli

@@ -15,7 +15,7 @@ from coordinator import (
     SinkTreeDamaged,
     UnknownBranch,
 )
-from coordinator.layout import SinkLayout, escape, unescape
+from coordinator.paths import SinkLayout, escape, unescape
 from server_ext.ledger import Ledger as LedgerProtocol
 from tests.test_coordinator_support import new_coordinator
 
