@@ -2,7 +2,7 @@
 
 Transactions (xids), their branches, decisions, fencing, recovery, retention and the
 audit verifier, kept in a node store (``nodes.py``): ZooKeeper (or ClickHouse Keeper)
-through kazoo, or KeeperMap tables of ClickHouse (``keepermap.py``). It knows nothing
+through kazoo, or KeeperMap tables of ClickHouse (``keepermap/``). It knows nothing
 about Spark or SQL: publishing and rolling back a branch are callbacks it is handed.
 """
 

@@ -225,7 +225,7 @@ def test_writers_that_snapshot_in_turn_leave_every_reader_the_same_tree(
         records_table, monkeypatch) -> None:
     """Snapshots of several chunks, taken by two writers at interleaved entries: a fresh
     reader, which starts from the newest one, folds the same tree as the writers."""
-    monkeypatch.setattr("coordinator.keepermap.SNAPSHOT_CHUNK", 64)
+    monkeypatch.setattr("coordinator.keepermap.snapshot.SNAPSHOT_CHUNK", 64)
     namespace = f"/tests/{uuid.uuid4().hex[:10]}"
     first, second = (KeeperMapNodes(records_table, namespace=namespace, compact_every=3)
                      for _ in range(2))

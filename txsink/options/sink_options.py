@@ -55,7 +55,7 @@ TX_GENERATION = "txsink.tx.generation"
 
 
 #: Where the coordinator's records live: ZooKeeper (or Keeper) through kazoo, or KeeperMap
-#: tables of a ClickHouse the sink writes to (``coordinator/keepermap.py``).
+#: tables of a ClickHouse the sink writes to (``coordinator/keepermap/``).
 ZOOKEEPER, KEEPERMAP = "zookeeper", "keepermap"
 STORES = (ZOOKEEPER, KEEPERMAP)
 DEFAULT_RECORDS_TABLE = "txsink.records"
