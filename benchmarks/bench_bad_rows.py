@@ -57,6 +57,7 @@ from sinkbench.rounds import turned
 
 import txsink
 from coordinator import Coordinator
+from coordinator.sink_admin import SinkAdmin
 from server_ext.sql import qualified_name
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -93,7 +94,7 @@ def metrics(scratch: Scratch, sink_id: str) -> dict:
     zk.start(timeout=15)
     try:
         coord = Coordinator(zk, sink_id, root=scratch.zk_root, role="benchmark")
-        record = coord.xid(coord.last_committed())
+        record = coord.xid(SinkAdmin(coord).last_committed())
     finally:
         zk.stop()
         zk.close()

@@ -98,6 +98,7 @@ from sinkbench import commit_trace, environment, report, snapshot, workload
 from sinkbench.environment import load, sql, staging_tables
 
 from coordinator import Coordinator
+from coordinator.sink_admin import SinkAdmin
 from server_ext.sql import qualified_name, quote_identifier, sql_string
 from server_ext.staging import STAGING_DATABASE
 
@@ -319,7 +320,7 @@ class PartitionBench:
         decision (from the xid's history)."""
         client = self._zk()
         try:
-            records = Coordinator(client, sink_id, root=self.scratch.zk_root).xids()
+            records = SinkAdmin(Coordinator(client, sink_id, root=self.scratch.zk_root)).xids()
         finally:
             client.stop()
             client.close()

@@ -63,7 +63,7 @@ from sinkbench.environment import load, sql
 from sinkbench.memory import PeakMemory, jvm_pid
 from sinkbench.rounds import Case, Sample, summarize
 
-from coordinator import Coordinator
+from coordinator import Coordinator, SinkAdmin
 from server_ext.sql import qualified_name, quote_identifier
 from server_ext.staging import STAGING_DATABASE
 from tests.harness.services import Cluster, ClusterServer, ZooKeeper
@@ -286,8 +286,8 @@ class ShardBench:
         client = KazooClient(hosts=self.scratch.zookeeper)
         client.start(timeout=15)
         try:
-            records = Coordinator(client, self.scratch.sink_id(variant.name, case),
-                                  root=self.scratch.zk_root).xids()
+            records = SinkAdmin(Coordinator(client, self.scratch.sink_id(variant.name, case),
+                                            root=self.scratch.zk_root)).xids()
         except Exception as exc:  # noqa: BLE001 - the figures stand without it
             return {"error": repr(exc)[:200]}
         finally:

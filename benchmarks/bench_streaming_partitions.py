@@ -43,6 +43,7 @@ from sinkbench.noop_source import NAME as NOOP_ARROW
 from sinkbench.noop_source import NoopArrowDataSource
 
 import txsink
+from coordinator.sink_admin import SinkAdmin
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -59,7 +60,7 @@ def metrics(scratch: Scratch, sink_prefix: str) -> dict:
     try:
         sinks = [s for s in list_sinks(client, scratch.zk_root) if s.startswith(sink_prefix)]
         found = [r.metrics for s in sinks
-                 for r in Coordinator(client, s, root=scratch.zk_root).xids()
+                 for r in SinkAdmin(Coordinator(client, s, root=scratch.zk_root)).xids()
                  if r.metrics.get("rows")]
     finally:
         client.stop()

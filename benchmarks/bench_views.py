@@ -56,6 +56,7 @@ from sinkbench.rounds import turned
 
 import txsink
 from coordinator import Coordinator
+from coordinator.sink_admin import SinkAdmin
 from server_ext.sql import qualified_name
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -138,7 +139,7 @@ class ViewBench:
     def metrics(self, sink_id: str) -> dict:
         """What the driver recorded on the sink's last committed xid."""
         coord = Coordinator(self.zk, sink_id, root=self.scratch.zk_root, role="benchmark")
-        epoch = coord.last_committed()
+        epoch = SinkAdmin(coord).last_committed()
         record = coord.xid(epoch) if epoch is not None else None
         if record is None:
             raise RuntimeError(f"sink {sink_id} has no committed xid")

@@ -1,13 +1,15 @@
 """coordinator: the driver-side two-phase-commit coordinator of txsink.
 
 Transactions (xids), their branches, decisions, fencing, recovery, retention and the
-audit verifier, kept in a node store (``nodes.py``): ZooKeeper (or ClickHouse Keeper)
-through kazoo, or KeeperMap tables of ClickHouse (``keepermap.py``). It knows nothing
-about Spark or SQL: publishing and rolling back a branch are callbacks it is handed.
+audit verifier (writers use :class:`Coordinator`, operators :class:`SinkAdmin` too), kept
+in a node store (``nodes.py``): ZooKeeper (or ClickHouse Keeper) through kazoo, or
+KeeperMap tables of ClickHouse (``keepermap/``). It knows nothing about Spark or SQL:
+publishing and rolling back a branch are callbacks it is handed.
 """
 
 from coordinator.audit import Anomaly, AnomalyKind, audit
 from coordinator.auth import AccessDenied, DigestAuth, hosts_problem
+from coordinator.branch_ledger import Ledger
 from coordinator.callbacks import CallbackPolicy
 from coordinator.coordinator import Coordinator
 from coordinator.errors import (
@@ -35,9 +37,9 @@ from coordinator.errors import (
     XidAborted,
     XidDecided,
 )
-from coordinator.ledger import Ledger
 from coordinator.records import BranchRecord, StreamRecord, XidRecord
 from coordinator.recovery import RecoveryAction, RecoveryReport
+from coordinator.sink_admin import SinkAdmin
 from coordinator.states import BranchState, XidState
 from coordinator.stream import ResetOutcome
 from coordinator.tls import ZooKeeperTLS, ZooKeeperTLSError, tls_hint
@@ -69,6 +71,7 @@ __all__ = [
     "ResetOutcome",
     "ResetRefused",
     "RollbackFailed",
+    "SinkAdmin",
     "SinkStateLost",
     "SinkTakenOver",
     "SinkTreeDamaged",

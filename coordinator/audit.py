@@ -28,8 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from coordinator.layout import SinkLayout
 from coordinator.nodes import NodeStore
+from coordinator.paths import SinkLayout
 from coordinator.records import BranchRecord, XidRecord
 from coordinator.retention import Ranges, Retention, add_to_ranges
 from coordinator.states import BranchState, XidState

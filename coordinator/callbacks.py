@@ -29,7 +29,9 @@ BranchCallback = Callable[[BranchRecord], None]
 _KAZOO_TRANSIENT = (ConnectionLoss, OperationTimeoutError, SessionExpiredError)
 
 
-def is_transient(error: BaseException) -> bool:
+def is_retryable_callback_error(error: BaseException) -> bool:
+    """Whether a publish or rollback callback's ``error`` is worth another try (module
+    docstring); not ``server_ext.errors.is_transient``, which judges a server's answer."""
     return getattr(error, "retryable", False) is True or isinstance(error, _KAZOO_TRANSIENT)
 
 
@@ -52,7 +54,7 @@ class CallbackPolicy:
         retrying = Retrying(
             stop=stop_after_attempt(self.attempts),
             wait=wait_exponential(multiplier=self.initial_wait, max=self.max_wait),
-            retry=retry_if_exception(is_transient),
+            retry=retry_if_exception(is_retryable_callback_error),
             before_sleep=lambda state: log.warning(
                 "xid %s: %s of branch %s failed (try %d), retrying: %s", branch.xid, action,
                 branch.branch_id, state.attempt_number, state.outcome.exception()),

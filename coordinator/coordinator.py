@@ -1,4 +1,9 @@
-"""The transaction coordinator of one sink: xids, branches, decisions, fencing.
+"""The writers' front of one sink's coordinator: xids, branches, decisions, fencing.
+
+What the Spark side calls to write (``txsink/core``, ``txsink/spark``), and what an
+operator's ``recover`` or ``resolve`` calls when it finishes an xid as a writer would.
+Operators' reads and repairs (xid lists, verdicts, lost records, the open index, stream
+reset, pruning) are :class:`~coordinator.sink_admin.SinkAdmin`'s, over the same store.
 
 Contract (what a caller may assume; every method may be called again after a crash or a
 lost reply, from this process or another):
@@ -47,6 +52,7 @@ from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.retry import KazooRetry
 
 from coordinator import steps
+from coordinator.branch_ledger import Ledger
 from coordinator.callbacks import BranchCallback, CallbackPolicy
 from coordinator.completion import Completion, PublishGroup
 from coordinator.epochs import EpochCounter, LastCommitted, TxnVersion
@@ -55,21 +61,18 @@ from coordinator.errors import (
     PublishLeaseLost,
     RecoveryIncomplete,
     SinkTakenOver,
-    SinkTreeDamaged,
 )
 from coordinator.fencing import Generation
-from coordinator.layout import SinkLayout
-from coordinator.ledger import Ledger
 from coordinator.liveness import Liveness, Verdict, holder_identity, judge
-from coordinator.multi import Multi, MultiFailed
 from coordinator.nodes import NodeStore
+from coordinator.paths import SinkLayout
 from coordinator.publish_lease import PublishLease, actor_identity
 from coordinator.records import BranchRecord, StreamRecord, XidRecord
 from coordinator.recovery import ROLLED_FORWARD, Recovery, RecoveryReport
 from coordinator.retention import Retention
 from coordinator.states import XidState
-from coordinator.store import SinkStore, default_retry, list_sinks
-from coordinator.stream import ResetOutcome, StreamOwnership, StreamReset
+from coordinator.store import SinkStore, default_retry
+from coordinator.stream import StreamOwnership
 from coordinator.transitions import Transitions
 
 StepHook = Callable[[str], None]
@@ -113,11 +116,6 @@ class Coordinator:
         self._holders: dict[int, str] = {}  # liveness holders this instance created
 
     # -- sink ------------------------------------------------------------------------
-
-    @staticmethod
-    def sinks(client: NodeStore, root: str = "/txsink") -> list[str]:
-        """Every sink id with a tree under ``root``."""
-        return list_sinks(client, root)
 
     def readable(self) -> bool:
         """Whether this session may read the sink's records: False when their ACL names
@@ -166,15 +164,6 @@ class Coordinator:
         nothing, is adopted by ``query_id``).
         """
         return StreamOwnership(self.store).check(query_id, epoch)
-
-    def reset_stream(self, forget_epochs: bool = False, committed_through: int | None = None,
-                     by: str | None = None) -> ResetOutcome:
-        """The operator's way out of a :class:`StreamStateMismatch` (``txsink reset``):
-        forget the sink's epochs and/or record micro-batches ``0..committed_through`` as
-        committed, then leave the sink to the next query that writes. Fences every older
-        writer; :class:`ResetRefused` while xids are open."""
-        return StreamReset(self.store, self._sink_generation).run(forget_epochs, committed_through,
-                                                             by)
 
     def generation(self) -> int:
         """The sink's current generation (0 if never fenced)."""
@@ -234,16 +223,6 @@ class Coordinator:
         name = self._holders.pop(epoch, None)
         if name is not None:
             Liveness(self.store).release(epoch, name)
-
-    def verdicts(self, unwatched_after: float | None = None) -> list[Verdict]:
-        """The verdict on every ``Initialized`` xid: abandoned (and why) or left (and
-        why); see ``coordinator/liveness.py``."""
-        generation = self.generation()
-        records = self.xids(states=(XidState.INITIALIZED,))
-        holders = Liveness(self.store).holders()  # after the records: see _judge
-        now = time.time()
-        return [judge(r, generation, holders.get(r.epoch, []), now, unwatched_after)
-                for r in records]
 
     def register_branch(self, epoch: int, branch_id: str, generation: int,
                         owner: dict[str, Any]) -> None:
@@ -321,7 +300,7 @@ class Coordinator:
         every ``Aborting`` one, roll back every ``Initialized`` xid of a generation older
         than ``older_than_generation`` (default: this writer's generation).
 
-        With ``abandoned``, also every ``Initialized`` xid that :meth:`verdicts` finds
+        With ``abandoned``, also every ``Initialized`` xid that ``SinkAdmin.verdicts`` finds
         abandoned (its writer's liveness holders all gone; with ``unwatched_after``, an
         unwatched xid not updated for that many seconds), each only while it is still the
         record that was judged. Operators' commands ask for it; a writer at start-up does
@@ -371,40 +350,12 @@ class Coordinator:
         """
         committed, _ = self._txn_versions.read()
         if committed is None:
-            self._require_no_versioned_commit()
+            self._txn_versions.require_not_lost()
         open_epochs = self.store.run(self.store.epochs, True)
         deciding = [r.txn_version for r in self.store.run(self.store.read_xids, open_epochs)
                     if r.state in (XidState.COMMITTING, XidState.COMMITTED)
                     and r.txn_version is not None]
         return max([v for v in (committed, *deciding) if v is not None], default=None)
-
-    def damage(self) -> list[str]:
-        """Why writers of this sink are refused for lost records (``SinkTreeDamaged``'s
-        messages: a record of the tree, the ``txn_version`` node), only reading; empty
-        when nothing is lost. For operators' checks (``txsink status``)."""
-        found = [self.store.run(self.layout.damage, self.client)]
-        try:
-            if self._txn_versions.read()[0] is None:
-                self._require_no_versioned_commit()
-        except SinkTreeDamaged as exc:
-            found.append(str(exc))
-        return [problem for problem in found if problem]
-
-    def _require_no_versioned_commit(self) -> None:
-        """Refuse a sink without a ``txn_version`` node whose retained xids committed one:
-        the node was lost, and a job would rewrite what an earlier run of it committed.
-        Read only while the node is absent (a sink's first versioned job)."""
-        records = self.store.run(self.store.read_xids, self.store.run(self.store.epochs, False))
-        versioned = [r for r in records
-                     if r.state is XidState.COMMITTED and r.txn_version is not None]
-        if versioned:
-            newest = max(versioned, key=lambda r: r.txn_version or 0)
-            raise SinkTreeDamaged(
-                f"{self.layout.txn_version} is missing although xid {newest.xid} committed "
-                f"txn_version {newest.txn_version}: the sink's record of its committed "
-                "versions was lost, and a versioned job cannot tell whether it ran. Nothing "
-                "was written. Restore the node from a backup, or recreate it holding the "
-                f'highest committed version: {{"version": {newest.txn_version}}}')
 
     def is_committed(self, epoch: int) -> bool:
         """True if the xid is ``Committed`` (also after its record was pruned)."""
@@ -413,49 +364,9 @@ class Coordinator:
             return record.state is XidState.COMMITTED
         return Retention(self.store).was_pruned_committed(epoch)
 
-    def last_committed(self) -> int | None:
-        """The highest committed epoch (None before the first commit); never decreases."""
-        return self.store.run(self._last.read)[0]
-
     def xid(self, epoch: int) -> XidRecord | None:
         """The xid's record as stored now (None if never begun or pruned)."""
         return self.store.run(self.store.read_xid, epoch)
-
-    def xids(self, states: Iterable[XidState] | None = None) -> list[XidRecord]:
-        """Xid records in epoch order, optionally only those in ``states`` (open states
-        are answered from the open index, without listing every xid)."""
-        wanted = set(states) if states is not None else None
-        open_only = wanted is not None and all(s.is_open for s in wanted)
-        epochs = self.store.run(self.store.epochs, open_only)
-        records = self.store.run(self.store.read_xids, epochs)
-        return [r for r in records if wanted is None or r.state in wanted]
-
-    def restore_open_index(self) -> list[int]:
-        """Put every open xid missing from the open index back into it; the epochs put back.
-
-        The index is derived from the xid records, and everything that finishes xids
-        (recovery, status, gc) reads it: an entry lost hides a ``Committing`` xid, whose
-        unpublished rows then never arrive. Reads every xid record, so operators' commands
-        call it, not writers. An entry is created only while the record is still the one
-        read (a version check in the same multi-op): an xid finished meanwhile is left.
-        """
-        indexed = set(self.store.run(self.store.epochs, True))
-        restored = []
-        for record in self.xids():
-            if not record.state.is_open or record.epoch in indexed:
-                continue
-            multi = Multi(self.client).check(self.layout.xid(record.epoch), record.version,
-                                             label="xid")
-            multi.create(self.layout.open_marker(record.epoch), label="open")
-            try:
-                multi.commit()
-            except MultiFailed:
-                continue  # changed or indexed meanwhile: its actor keeps the index
-            restored.append(record.epoch)
-        if restored:
-            log.warning("sink %s: the open index had lost xid(s) %s (%s); put back",
-                        self.sink_id, restored, self.layout.open)
-        return restored
 
     def branches(self, epoch: int, branch_ids: Iterable[str] | None = None
                  ) -> list[BranchRecord]:
@@ -508,18 +419,6 @@ class Coordinator:
     def record_metrics(self, epoch: int, metrics: dict[str, Any]) -> None:
         """Merge ``metrics`` into the xid's record (any state), for operators."""
         self._steps.record_metrics(epoch, metrics)
-
-    def prune(self, max_age_seconds: float) -> list[int]:
-        """Remove finished xids last updated more than ``max_age_seconds`` ago; returns
-        their epochs. ``last_committed``, the epoch counter and ``is_committed`` answers
-        survive (pruned epochs are remembered as ranges)."""
-        return Retention(self.store).prune(max_age_seconds)
-
-    def forget_sink(self, max_age_seconds: float) -> float | None:
-        """Delete this whole sink when nothing is open and nothing changed for
-        ``max_age_seconds`` (returns that age; None: kept). For one-off sinks only:
-        a sink written again afterwards would start from scratch."""
-        return Retention(self.store).forget_sink(max_age_seconds)
 
     # -- internals -------------------------------------------------------------------
 

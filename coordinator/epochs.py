@@ -23,6 +23,7 @@ from kazoo.exceptions import BadVersionError
 from coordinator.errors import SinkTreeDamaged
 from coordinator.multi import Multi, tries
 from coordinator.records import encode
+from coordinator.states import XidState
 from coordinator.store import SinkStore
 
 LAST_COMMITTED = "last_committed"  # label of the last_committed write in a multi-op
@@ -145,3 +146,19 @@ class TxnVersion:
             multi.create(self.path, data, label=TXN_VERSION)
         else:
             multi.set_data(self.path, data, node_version, label=TXN_VERSION)
+
+    def require_not_lost(self) -> None:
+        """Refuse a sink without a ``txn_version`` node whose retained xids committed one:
+        the node was lost, and a job would rewrite what an earlier run of it committed.
+        Read only while the node is absent (a sink's first versioned job)."""
+        records = self.store.run(self.store.read_xids, self.store.run(self.store.epochs, False))
+        versioned = [r for r in records
+                     if r.state is XidState.COMMITTED and r.txn_version is not None]
+        if versioned:
+            newest = max(versioned, key=lambda r: r.txn_version or 0)
+            raise SinkTreeDamaged(
+                f"{self.path} is missing although xid {newest.xid} committed "
+                f"txn_version {newest.txn_version}: the sink's record of its committed "
+                "versions was lost, and a versioned job cannot tell whether it ran. Nothing "
+                "was written. Restore the node from a backup, or recreate it holding the "
+                f'highest committed version: {{"version": {newest.txn_version}}}')

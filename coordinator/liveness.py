@@ -53,8 +53,8 @@ from dataclasses import dataclass
 
 from kazoo.exceptions import NoNodeError
 
-from coordinator.layout import EPOCH_DIGITS, unescape
 from coordinator.multi import Multi, MultiFailed
+from coordinator.paths import EPOCH_DIGITS, unescape
 from coordinator.records import XidRecord
 from coordinator.states import XidState
 from coordinator.store import SinkStore

@@ -7,7 +7,7 @@ transitions, fencing, liveness and publish lease run over either store:
 
 - ZooKeeper (or ClickHouse Keeper): a started kazoo ``KazooClient`` *is* a node store, as
   it is; nothing wraps it, so the default path costs nothing extra;
-- KeeperMap tables of the ClickHouse the sink writes to (``coordinator/keepermap.py``):
+- KeeperMap tables of the ClickHouse the sink writes to (``coordinator/keepermap/``):
   the same tree, kept as an ordered log of multi-ops in a KeeperMap table.
 
 Errors are kazoo's exception classes for both stores (``NoNodeError``,
@@ -42,9 +42,10 @@ class AsyncRead(Protocol):
     def get(self) -> Any: ...
 
 
-class Transaction(Protocol):
-    """An all-or-nothing multi-op; ``commit`` returns one result per operation, a failed
-    operation's result being its exception (kazoo's convention)."""
+class MultiOpRequest(Protocol):
+    """An all-or-nothing multi-op (kazoo's ``TransactionRequest``); ``commit`` returns one
+    result per operation, a failed operation's result being its exception (kazoo's
+    convention)."""
 
     def check(self, path: str, version: int) -> None: ...
 
@@ -100,6 +101,6 @@ class NodeStore(Protocol):
 
     def delete(self, path: str, version: int = -1, recursive: bool = False) -> Any: ...
 
-    def transaction(self) -> Transaction: ...
+    def transaction(self) -> MultiOpRequest: ...
 
     def Lock(self, path: str, identifier: str | None = None) -> Lease: ...  # noqa: N802

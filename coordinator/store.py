@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 from kazoo.exceptions import NoNodeError
 from kazoo.retry import KazooRetry
 
-from coordinator.layout import SinkLayout, unescape
 from coordinator.nodes import NodeStore
+from coordinator.paths import SinkLayout, unescape
 from coordinator.records import BranchRecord, XidRecord, decode
 
 T = TypeVar("T")

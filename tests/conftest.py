@@ -265,7 +265,7 @@ def zk(zk_hosts: str, zk_chroot: str) -> Iterator[KazooClient]:
 # -- The coordinator's two node stores -------------------------------------------------------
 # Coordinator tests that take ``nodes`` (a factory of started node stores, each rooted at the
 # test's own namespace) run once per store: ``[zookeeper]`` (kazoo, the test's chroot) and
-# ``[keepermap]`` (KeeperMap tables of the modern server, ``coordinator/keepermap.py``).
+# ``[keepermap]`` (KeeperMap tables of the modern server, ``coordinator/keepermap/``).
 
 STORES = ("zookeeper", "keepermap")
 RECORDS_DATABASE = "txsink_test_records"

@@ -20,6 +20,7 @@ import pytest
 
 import txsink
 from coordinator import Coordinator, XidState
+from coordinator.sink_admin import SinkAdmin
 from tests.conftest import RECORDS_DATABASE, run_sql
 from tests.harness.crash_arming import arm_env
 from tests.sinkutil import (
@@ -72,7 +73,7 @@ def abandoned_status(capsys, zookeeper: str, timeout: float = 30.0,
 
 
 def xid_states(zookeeper_client, sink_id: str) -> list[XidState]:
-    return [x.state for x in Coordinator(zookeeper_client, sink_id).xids()]
+    return [x.state for x in SinkAdmin(Coordinator(zookeeper_client, sink_id)).xids()]
 
 
 def test_batch_job_killed_after_staging_its_rows_is_rolled_back_by_gc(
@@ -96,7 +97,7 @@ def test_batch_job_killed_after_staging_its_rows_is_rolled_back_by_gc(
     [rolled] = result["abandoned"]["rolled_back"]
     assert rolled["reason"] == "writer_gone" and rolled["staging"] == xid["staging"]
     assert staging_tables(clickhouse_url, options) == []
-    [sink_id] = Coordinator.sinks(zk)
+    [sink_id] = SinkAdmin.sinks(zk)
     assert xid_states(zk, sink_id) == [XidState.ABORTED]
     assert id_counts(clickhouse_url, table) == {}
 

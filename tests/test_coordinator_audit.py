@@ -13,7 +13,8 @@ import pytest
 from kazoo.client import KazooClient
 
 from coordinator import AnomalyKind, audit
-from coordinator.layout import SinkLayout
+from coordinator.paths import SinkLayout
+from coordinator.sink_admin import SinkAdmin
 from tests.test_coordinator_support import (
     SINK,
     Crash,
@@ -67,7 +68,7 @@ def test_pruned_epochs_are_not_gaps(zk: KazooClient) -> None:
     commit(zk, [0, 1, 2])
     coord, _ = new_coordinator(zk)
     time.sleep(0.05)
-    coord.prune(0.01)
+    SinkAdmin(coord).prune(0.01)
     commit(zk, [3])
     assert kinds(zk) == []
 

@@ -111,6 +111,7 @@ from coordinator import (
     XidRecord,
     XidState,
 )
+from coordinator.sink_admin import SinkAdmin
 from tests.conftest import kazoo_client
 from tests.test_coordinator_session import expire_session
 from tests.test_coordinator_support import Crash
@@ -586,7 +587,7 @@ class ConcurrentActorsMachine(RuleBasedStateMachine):
     def check_fencing(self, log: RoundLog, driver: Actor, trace: list[str]) -> None:
         """A decision or registration that started after a newer generation's fence
         returned never landed."""
-        records = {r.epoch: r for r in self.admin.xids()}
+        records = {r.epoch: r for r in SinkAdmin(self.admin).xids()}
         for generation, epoch, started in log.decisions:
             newer = [g for g, returned in log.fences if g > generation and returned < started]
             record = records.get(epoch)
@@ -618,7 +619,7 @@ class ConcurrentActorsMachine(RuleBasedStateMachine):
                                raise_on_failure=False)
         assert not [a for a in report.actions if a.action in ("in_progress", "failed")], \
             f"at quiescence: {report}"
-        left = self.admin.xids([XidState.COMMITTING, XidState.ABORTING])
+        left = SinkAdmin(self.admin).xids([XidState.COMMITTING, XidState.ABORTING])
         STATS["quiescent recoveries"] += 1
         STATS["xids finished at quiescence"] += len(report.actions)
         assert not left, f"left open at quiescence: {[r.xid for r in left]}"
@@ -632,7 +633,7 @@ class ConcurrentActorsMachine(RuleBasedStateMachine):
 
     @invariant()
     def decisions_never_change(self) -> None:
-        for record in self.admin.xids():
+        for record in SinkAdmin(self.admin).xids():
             if record.state in (XidState.COMMITTING, XidState.COMMITTED):
                 decision = ("commit", record.winners)
             elif record.state in (XidState.ABORTING, XidState.ABORTED):
@@ -653,7 +654,7 @@ class ConcurrentActorsMachine(RuleBasedStateMachine):
         ids_before, before, _ = self.target.snapshot()
         observer = self.admin if not mid_flight else Coordinator(
             self.clients["observer"], SINK, root=self.root)
-        records: dict[int, XidRecord] = {r.epoch: r for r in observer.xids()}
+        records: dict[int, XidRecord] = {r.epoch: r for r in SinkAdmin(observer).xids()}
         ids_after, after, rolled_back = self.target.snapshot()
         problems = [f"id {i} attached {n} times" for i, n in ids_after.items() if n > 1]
         counts = Counter((a.epoch, a.branch_id, a.partition) for a in after)

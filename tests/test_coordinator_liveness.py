@@ -16,6 +16,7 @@ from kazoo.client import KazooClient
 
 from coordinator import BranchState, Coordinator, WinnerNotPrepared, XidAborted, XidState
 from coordinator.liveness import ALIVE, SUPERSEDED, UNWATCHED, UNWATCHED_OLD, WRITER_GONE
+from coordinator.sink_admin import SinkAdmin
 from tests.conftest import kazoo_client
 from tests.test_coordinator_support import SINK, Target, new_coordinator, prepared_branches
 
@@ -71,7 +72,7 @@ def test_xid_of_a_live_writer_session_is_left_alone(
     target = Target()
     report = operator(zk).recover(target.publish, target.rollback, abandoned=True)
     assert report.actions == [] and not target.rollback_calls
-    [verdict] = operator(zk).verdicts()
+    [verdict] = SinkAdmin(operator(zk)).verdicts()
     assert verdict.reason == ALIVE and not verdict.abandoned
     winners = [b.branch_id for b in writer.branches(EPOCH) if b.state is BranchState.PREPARED]
     writer.commit(EPOCH, generation, winners, target.publish, target.rollback)
@@ -98,7 +99,7 @@ def test_a_keeper_that_joined_keeps_the_xid_alive_after_the_beginner_ends(
     keeper = operator(zk)
     assert keeper.hold(EPOCH, "batch keeper")
     end(writer_session)
-    [verdict] = operator(zk).verdicts()
+    [verdict] = SinkAdmin(operator(zk)).verdicts()
     assert verdict.reason == ALIVE
 
 
@@ -108,7 +109,7 @@ def test_nobody_joins_an_xid_whose_holders_are_all_gone(
     watched_writer(writer_session)
     end(writer_session)
     assert not operator(zk).hold(EPOCH, "batch keeper")
-    assert operator(zk).verdicts()[0].reason == WRITER_GONE
+    assert SinkAdmin(operator(zk)).verdicts()[0].reason == WRITER_GONE
 
 
 def test_unwatched_xid_is_left_unless_an_age_is_given(zk: KazooClient) -> None:
@@ -116,8 +117,8 @@ def test_unwatched_xid_is_left_unless_an_age_is_given(zk: KazooClient) -> None:
     writer.begin(EPOCH, generation)  # a streaming task's begin: no holder
     target = Target()
     assert operator(zk).recover(target.publish, target.rollback, abandoned=True).actions == []
-    assert operator(zk).verdicts()[0].reason == UNWATCHED
-    assert operator(zk).verdicts(unwatched_after=0.0)[0].reason == UNWATCHED_OLD
+    assert SinkAdmin(operator(zk)).verdicts()[0].reason == UNWATCHED
+    assert SinkAdmin(operator(zk)).verdicts(unwatched_after=0.0)[0].reason == UNWATCHED_OLD
     operator(zk).recover(target.publish, target.rollback, abandoned=True, unwatched_after=0.0)
     assert operator(zk).xid(EPOCH).state is XidState.ABORTED
 
@@ -135,7 +136,7 @@ def test_xid_of_a_superseded_generation_is_abandoned(
         zk: KazooClient, writer_session: KazooClient) -> None:
     watched_writer(writer_session)  # alive, but a newer writer fenced the sink
     new_coordinator(zk)
-    assert operator(zk).verdicts()[0].reason == SUPERSEDED
+    assert SinkAdmin(operator(zk)).verdicts()[0].reason == SUPERSEDED
 
 
 def test_an_adopted_xid_is_not_watched_by_its_old_holders(
@@ -148,7 +149,7 @@ def test_an_adopted_xid_is_not_watched_by_its_old_holders(
     end(writer_session)
     record = operator(zk).xid(EPOCH)
     assert record is not None and record.liveness is None
-    assert operator(zk).verdicts()[0].reason == UNWATCHED
+    assert SinkAdmin(operator(zk)).verdicts()[0].reason == UNWATCHED
 
 
 def test_an_xid_changed_after_it_was_judged_abandoned_is_not_rolled_back(
@@ -169,4 +170,4 @@ def test_release_ends_the_holding(zk: KazooClient, writer_session: KazooClient) 
     writer, _ = watched_writer(writer_session)
     writer.release(EPOCH)
     writer.release(EPOCH)  # idempotent
-    assert operator(zk).verdicts()[0].reason == WRITER_GONE
+    assert SinkAdmin(operator(zk)).verdicts()[0].reason == WRITER_GONE

@@ -18,6 +18,7 @@ from coordinator import (
     RecoveryIncomplete,
     XidState,
 )
+from coordinator.sink_admin import SinkAdmin
 from tests.test_coordinator_support import (
     SINK,
     Crash,
@@ -69,7 +70,7 @@ def test_recovery_after_a_crash_at_each_commit_step_publishes_every_winner(
     # Non-winners are rolled back after the Committed write: a crash right after it
     # leaves the loser's staging to gc (it can never be published).
     assert (LOSER in target.rollback_calls) == (step != "commit.after_committed")
-    assert successor.last_committed() == EPOCH
+    assert SinkAdmin(successor).last_committed() == EPOCH
     expected = [] if step == "commit.after_committed" else [
         (f"{SINK}/{EPOCH}", XidState.COMMITTING, "rolled_forward")]
     assert [(a.xid, a.from_state, a.action) for a in report.actions] == expected
@@ -145,7 +146,7 @@ def test_a_publish_that_keeps_failing_leaves_the_xid_committing(zk: KazooClient)
         driver.commit(EPOCH, generation, winners, broken, Target().rollback)
     assert isinstance(failure.value.__cause__, ConnectionError)
     assert driver.xid(EPOCH).state is XidState.COMMITTING
-    assert driver.last_committed() is None
+    assert SinkAdmin(driver).last_committed() is None
 
 
 def test_a_transient_publish_error_is_retried_until_it_succeeds(zk: KazooClient) -> None:
@@ -215,5 +216,6 @@ def test_recovery_only_reads_open_xids(zk: KazooClient) -> None:
         driver.begin(epoch, generation)
         driver.commit(epoch, generation, [], Target().publish, Target().rollback)
     driver.begin(3, generation)
-    assert [r.epoch for r in driver.xids([XidState.INITIALIZED, XidState.COMMITTING])] == [3]
+    open_states = [XidState.INITIALIZED, XidState.COMMITTING]
+    assert [r.epoch for r in SinkAdmin(driver).xids(open_states)] == [3]
     assert zk.get_children(f"/txsink/sinks/{SINK}/open") == [f"{3:020d}"]

@@ -9,6 +9,7 @@ from kazoo.client import KazooClient
 
 from coordinator import XidState
 from coordinator.retention import add_to_ranges
+from coordinator.sink_admin import SinkAdmin
 from tests.test_coordinator_support import SINK, Target, new_coordinator, prepared_branches
 
 
@@ -26,7 +27,7 @@ def test_a_replayed_epoch_is_reported_committed_and_its_commit_publishes_nothing
         zk: KazooClient) -> None:
     commit_epochs(zk, range(3))
     replay, generation = new_coordinator(zk)
-    assert replay.is_committed(2) and replay.last_committed() == 2
+    assert replay.is_committed(2) and SinkAdmin(replay).last_committed() == 2
     assert replay.begin(2, generation) is XidState.COMMITTED
     target = Target()
     record = replay.commit(2, generation, ["p0-a1-replay00"], target.publish, target.rollback)
@@ -37,7 +38,7 @@ def test_a_replayed_epoch_is_reported_committed_and_its_commit_publishes_nothing
 def test_an_epoch_never_begun_is_not_committed(zk: KazooClient) -> None:
     coord, _ = new_coordinator(zk)
     assert not coord.is_committed(0)
-    assert coord.last_committed() is None
+    assert SinkAdmin(coord).last_committed() is None
 
 
 def test_allocated_epochs_are_monotonic_across_coordinators(zk: KazooClient) -> None:
@@ -60,23 +61,23 @@ def test_prune_removes_finished_xids_older_than_the_age(zk: KazooClient) -> None
     commit_epochs(zk, range(3))
     coord, _ = new_coordinator(zk)
     time.sleep(0.05)
-    assert coord.prune(0.01) == [0, 1, 2]
-    assert coord.xids() == []
+    assert SinkAdmin(coord).prune(0.01) == [0, 1, 2]
+    assert SinkAdmin(coord).xids() == []
     assert zk.get_children(f"/txsink/sinks/{SINK}/xids") == []
 
 
 def test_prune_keeps_xids_younger_than_the_age(zk: KazooClient) -> None:
     commit_epochs(zk, range(2))
     coord, _ = new_coordinator(zk)
-    assert coord.prune(3600) == []
-    assert len(coord.xids()) == 2
+    assert SinkAdmin(coord).prune(3600) == []
+    assert len(SinkAdmin(coord).xids()) == 2
 
 
 def test_prune_never_removes_an_open_xid(zk: KazooClient) -> None:
     coord, generation = new_coordinator(zk)
     coord.begin(0, generation)
     time.sleep(0.05)
-    assert coord.prune(0.01) == []
+    assert SinkAdmin(coord).prune(0.01) == []
     assert coord.xid(0).state is XidState.INITIALIZED
 
 
@@ -84,9 +85,9 @@ def test_a_pruned_epoch_is_still_reported_committed(zk: KazooClient) -> None:
     commit_epochs(zk, range(3))
     coord, generation = new_coordinator(zk)
     time.sleep(0.05)
-    coord.prune(0.01)
+    SinkAdmin(coord).prune(0.01)
     assert coord.is_committed(1)
-    assert coord.last_committed() == 2
+    assert SinkAdmin(coord).last_committed() == 2
 
 
 def test_a_replayed_task_of_a_pruned_committed_epoch_begins_no_new_xid(
@@ -94,7 +95,7 @@ def test_a_replayed_task_of_a_pruned_committed_epoch_begins_no_new_xid(
     commit_epochs(zk, range(3))
     coord, _ = new_coordinator(zk)
     time.sleep(0.05)
-    coord.prune(0.01)
+    SinkAdmin(coord).prune(0.01)
     replay, generation = new_coordinator(zk)
     assert replay.begin(1, generation) is XidState.COMMITTED
     assert replay.xid(1) is None
@@ -105,7 +106,7 @@ def test_a_pruned_aborted_epoch_is_not_reported_committed(zk: KazooClient) -> No
     coord.begin(0, generation)
     coord.abort(0, generation, Target().rollback)
     time.sleep(0.05)
-    coord.prune(0.01)
+    SinkAdmin(coord).prune(0.01)
     assert not coord.is_committed(0)
 
 
@@ -116,7 +117,7 @@ def test_epoch_allocation_continues_after_pruning(zk: KazooClient) -> None:
         coord.begin(epoch, generation)
         coord.commit(epoch, generation, [], Target().publish, Target().rollback)
     time.sleep(0.05)
-    coord.prune(0.01)
+    SinkAdmin(coord).prune(0.01)
     assert coord.allocate_epoch() == 2
 
 
@@ -128,7 +129,7 @@ def test_prune_removes_branches_and_their_ledgers(zk: KazooClient) -> None:
         coord.ledger(0, branch).put("202401", {"state": "published"})
     coord.commit(0, generation, [branch], Target().publish, Target().rollback)
     time.sleep(0.05)
-    assert coord.prune(0.01) == [0]
+    assert SinkAdmin(coord).prune(0.01) == [0]
     assert coord.branches(0) == []
 
 

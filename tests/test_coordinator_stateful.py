@@ -45,6 +45,7 @@ from coordinator import (
     XidState,
 )
 from coordinator.nodes import NodeStore
+from coordinator.sink_admin import SinkAdmin
 from tests.test_coordinator_support import Crash, Target, crash_at
 
 EPOCHS = (0, 1, 2)
@@ -192,7 +193,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     @invariant()
     def decisions_never_change(self) -> None:
         coord, _ = self.writers[-1]
-        for record in coord.xids():
+        for record in SinkAdmin(coord).xids():
             if record.state in COMMITTED_SIDE:
                 decision = ("commit", record.winners)
             elif record.state in (XidState.ABORTING, XidState.ABORTED):
@@ -209,7 +210,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     @invariant()
     def exactly_the_winners_of_committed_xids_are_visible(self) -> None:
         coord, _ = self.writers[-1]
-        records = {r.epoch: r for r in coord.xids()}
+        records = {r.epoch: r for r in SinkAdmin(coord).xids()}
         for epoch in EPOCHS:
             visible = self.target.visible_in(epoch)
             record = records.get(epoch)
@@ -229,8 +230,8 @@ class ProtocolMachine(RuleBasedStateMachine):
     @invariant()
     def last_committed_only_moves_forward(self) -> None:
         coord, _ = self.writers[-1]
-        last = coord.last_committed()
-        committed = [r.epoch for r in coord.xids([XidState.COMMITTED])]
+        last = SinkAdmin(coord).last_committed()
+        committed = [r.epoch for r in SinkAdmin(coord).xids([XidState.COMMITTED])]
         assert last == (max(committed) if committed else None)
         if self.last_seen is not None:
             assert last is not None and last >= self.last_seen

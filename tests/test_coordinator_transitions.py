@@ -24,6 +24,7 @@ from coordinator import (
     XidState,
 )
 from coordinator.nodes import NodeStore
+from coordinator.sink_admin import SinkAdmin
 from tests.test_coordinator_support import (
     Crash,
     Target,
@@ -235,9 +236,9 @@ def test_a_prepared_branch_that_did_not_win_is_rolled_back(
 def test_commit_advances_last_committed(driver: tuple[Coordinator, int]) -> None:
     coord, generation = driver
     winners = bring_to(coord, generation, X.INITIALIZED)
-    assert coord.last_committed() is None
+    assert SinkAdmin(coord).last_committed() is None
     coord.commit(EPOCH, generation, winners, Target().publish, Target().rollback)
-    assert coord.last_committed() == EPOCH
+    assert SinkAdmin(coord).last_committed() == EPOCH
     assert coord.is_committed(EPOCH)
 
 
@@ -249,7 +250,7 @@ def test_last_committed_never_goes_back_when_an_older_epoch_commits_later(
     target = Target()
     coord.commit(5, generation, [], target.publish, target.rollback)
     coord.commit(3, generation, [], target.publish, target.rollback)
-    assert coord.last_committed() == 5
+    assert SinkAdmin(coord).last_committed() == 5
 
 
 def test_commit_of_a_committing_xid_publishes_the_recorded_winners_not_the_new_ones(
@@ -487,9 +488,9 @@ def test_reset_marks_an_epoch_committed_with_the_reset_move(zk: NodeStore) -> No
     ``Unknown → Committed`` move, replacing an aborted xid of that epoch."""
     coord, generation = new_coordinator(zk)
     bring_to(coord, generation, X.ABORTED)
-    outcome = coord.reset_stream(committed_through=EPOCH, by="test")
+    outcome = SinkAdmin(coord).reset_stream(committed_through=EPOCH, by="test")
     marker = coord.xid(EPOCH)
     assert marker.state is X.COMMITTED and marker.generation == outcome.generation
     assert [(h["state"], h.get("event")) for h in marker.history] == [("Committed", "reset")]
     assert coord.branches(EPOCH) == [] and coord.is_committed(EPOCH)
-    assert coord.last_committed() == EPOCH
+    assert SinkAdmin(coord).last_committed() == EPOCH

@@ -14,6 +14,7 @@ from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
 from coordinator import BranchRecord, Coordinator, XidState
+from coordinator.sink_admin import SinkAdmin
 from tests.harness.services import ServiceError, Services
 from tests.test_coordinator_support import Target, prepared_branches
 
@@ -64,6 +65,6 @@ def test_commit_completes_after_zookeeper_restarts_after_the_decision(
     assert finished - outage["stopped"] >= OUTAGE_SECONDS  # it really waited for ZooKeeper
     assert record.state is XidState.COMMITTED
     assert target.visible_in(1) == set(winners)
-    assert coord.xid(1).state is XidState.COMMITTED and coord.last_committed() == 1
+    assert coord.xid(1).state is XidState.COMMITTED and SinkAdmin(coord).last_committed() == 1
     client.stop()
     client.close()

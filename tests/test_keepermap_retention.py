@@ -83,7 +83,7 @@ def test_entries_within_the_retention_are_kept(table) -> None:
 
 
 def test_a_log_never_trimmed_is_trimmed_in_steps_of_the_batch(table, monkeypatch) -> None:
-    monkeypatch.setattr("coordinator.keepermap.TRIM_BATCH", 25)
+    monkeypatch.setattr("coordinator.keepermap.snapshot.TRIM_BATCH", 25)
     writer = store(table)
     write(writer, 60)
     time.sleep(RETAIN * 1.5)
@@ -176,7 +176,8 @@ def test_a_writers_own_tree_is_what_every_reader_folds_times_included(table,
     """The writer applies an entry to its tree with the time the entry records, so a
     snapshot of its tree and a fold of its entries agree to the millisecond."""
     ticks = iter(range(10**9))
-    monkeypatch.setattr("coordinator.keepermap.time.time", lambda: 1.8e9 + next(ticks) / 7)
+    monkeypatch.setattr("coordinator.keepermap.log_store.time.time",
+                        lambda: 1.8e9 + next(ticks) / 7)
     writer = store(table, every=1000)
     write(writer, 5)
     reader = KeeperMapNodes(table)

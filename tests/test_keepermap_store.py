@@ -24,6 +24,7 @@ from coordinator.keepermap import KeeperMapNodes
 from coordinator.multi import Multi, MultiFailed
 from coordinator.nodes import NodeStore
 from coordinator.publish_lease import LEASE, PublishLease
+from coordinator.sink_admin import SinkAdmin
 from server_ext.client import ClickHouseClient
 from server_ext.keepermap import FORMAT_KEY, KeeperMapTable
 from server_ext.staging import root_tag
@@ -134,10 +135,10 @@ def test_a_writer_whose_session_ended_is_judged_gone(records_table, keepermap_ur
     coord = Coordinator(writer, "s")
     generation = coord.fence()
     coord.begin(3, generation, hold="batch driver")
-    (verdict,) = Coordinator(operator, "s").verdicts()
+    (verdict,) = SinkAdmin(Coordinator(operator, "s")).verdicts()
     assert verdict.reason == "alive"
     writer.stop()  # the process ended: its holders go with its session
-    (verdict,) = Coordinator(operator, "s").verdicts()
+    (verdict,) = SinkAdmin(Coordinator(operator, "s")).verdicts()
     assert verdict.reason == "writer_gone"
     operator.stop()
 
@@ -156,7 +157,7 @@ def test_a_keeper_holds_a_batch_xid_over_the_keepermap_store_until_its_decision(
     coord.begin(0, generation, hold="batch driver")
     assert xid_keeper.start(options, "km-keeper", 0)
     coord.release(0)
-    (verdict,) = coord.verdicts()
+    (verdict,) = SinkAdmin(coord).verdicts()
     assert verdict.reason == "alive" and any("keeper" in h for h in verdict.holders)
     coord.abort(0, generation, rollback=lambda _: None)
     deadline = time.monotonic() + 10
@@ -225,7 +226,7 @@ def test_writers_that_snapshot_in_turn_leave_every_reader_the_same_tree(
         records_table, monkeypatch) -> None:
     """Snapshots of several chunks, taken by two writers at interleaved entries: a fresh
     reader, which starts from the newest one, folds the same tree as the writers."""
-    monkeypatch.setattr("coordinator.keepermap.SNAPSHOT_CHUNK", 64)
+    monkeypatch.setattr("coordinator.keepermap.snapshot.SNAPSHOT_CHUNK", 64)
     namespace = f"/tests/{uuid.uuid4().hex[:10]}"
     first, second = (KeeperMapNodes(records_table, namespace=namespace, compact_every=3)
                      for _ in range(2))
@@ -310,9 +311,9 @@ def test_a_batch_job_commits_exactly_once_with_its_records_in_keepermap(
     assert staging_of(keepermap_url, keepermap_options) == []
     store = KeeperMapNodes(records_table)
     coord = Coordinator(store, "km-batch", root=keepermap_options["zk_root"])
-    (record,) = coord.xids()
+    (record,) = SinkAdmin(coord).xids()
     assert record.state is XidState.COMMITTED and record.winners
-    assert coord.last_committed() == record.epoch
+    assert SinkAdmin(coord).last_committed() == record.epoch
     store.stop()
 
 
@@ -333,7 +334,7 @@ def test_a_streaming_query_commits_each_micro_batch_once_and_a_restart_goes_on(
     assert_exactly_once(keepermap_url, table, range(350))
     store = KeeperMapNodes(records_table)
     coord = Coordinator(store, "km-stream", root=keepermap_options["zk_root"])
-    assert coord.last_committed() == 2 and coord.generation() == 2
+    assert SinkAdmin(coord).last_committed() == 2 and coord.generation() == 2
     store.stop()
 
 
@@ -430,7 +431,8 @@ def test_operators_create_the_records_table_and_read_a_sink_from_it(
     coord = Coordinator(connections.records(parse_options(
         {**keepermap_options, "records_table": records, "table": table}), shared=False),
         "km-ops", root=keepermap_options["zk_root"])
-    assert coord.xids() == [] and coord.last_committed() == 0  # pruned, still answered
+    admin = SinkAdmin(coord)
+    assert admin.xids() == [] and admin.last_committed() == 0  # pruned, still answered
     coord.store.client.stop()
     assert_exactly_once(keepermap_url, table, range(500))
 
@@ -510,5 +512,5 @@ def test_a_deleted_log_row_between_others_is_refused_naming_it_not_read_as_the_e
     records_table.delete([keys[len(keys) // 2]])
     fresh = KeeperMapNodes(records_table)
     with pytest.raises(SinkTreeDamaged, match=f"lacks entry {re.escape(keys[len(keys) // 2])}"):
-        Coordinator(fresh, "km-gap", root=root).xids()
+        SinkAdmin(Coordinator(fresh, "km-gap", root=root)).xids()
     fresh.stop()

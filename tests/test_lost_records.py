@@ -16,7 +16,8 @@ from kazoo.client import KazooClient
 
 import txsink
 from coordinator import Coordinator, SinkTreeDamaged, XidState
-from coordinator.layout import SinkLayout
+from coordinator.paths import SinkLayout
+from coordinator.sink_admin import SinkAdmin
 from server_ext.manifest import Manifest, PartitionManifest, StagedPart
 from tests.conftest import run_sql
 from tests.sinkutil import (
@@ -129,7 +130,7 @@ def test_reset_committed_through_lets_a_replay_of_the_lost_epoch_write_nothing(
         zk: KazooClient) -> None:
     committed_epoch_0(zk)
     zk.delete(layout().xid(0), recursive=True)
-    Coordinator(zk, SINK).reset_stream(committed_through=0)
+    SinkAdmin(Coordinator(zk, SINK)).reset_stream(committed_through=0)
     coord, generation = new_coordinator(zk, SINK)
     assert coord.begin(0, generation) is XidState.COMMITTED
 

@@ -21,6 +21,7 @@ import pytest
 
 import txsink
 from coordinator import Coordinator, PublishFailed, XidState
+from coordinator.sink_admin import SinkAdmin
 from server_ext.capabilities import (
     Capabilities,
     detect_capabilities,
@@ -89,7 +90,7 @@ def refused(sink: Sink, zk, df, **options: str) -> str:
             .mode("append").save()
     assert id_counts(sink.url, sink.table) == {}, "the target changed"
     assert sink.staging() == [], "staging left behind"
-    assert sink.sink_id not in Coordinator.sinks(zk), "the sink was opened"
+    assert sink.sink_id not in SinkAdmin.sinks(zk), "the sink was opened"
     return str(info.value)
 
 
@@ -144,7 +145,7 @@ def test_transaction_with_a_strategy_the_server_lacks_is_refused_before_its_xid_
         with txsink.transaction(spark, url=sink.url, zookeeper=sink.zookeeper,
                                 sink_id=sink.sink_id, strategy="move"):
             pytest.fail("the block must not run")
-    assert sink.sink_id not in Coordinator.sinks(zk)
+    assert sink.sink_id not in SinkAdmin.sinks(zk)
 
 
 def test_transaction_write_refused_for_its_table_aborts_without_staging(spark, sink, zk):
@@ -152,7 +153,7 @@ def test_transaction_write_refused_for_its_table_aborts_without_staging(spark, s
         with txsink.transaction(spark, url=sink.url, zookeeper=sink.zookeeper,
                                 sink_id=sink.sink_id, strategy="attach_replicated") as tx:
             tx.write(events_df(spark, 0, ROWS), sink.table)
-    [record] = sink.coordinator(zk).xids()
+    [record] = SinkAdmin(sink.coordinator(zk)).xids()
     assert record.state is XidState.ABORTED
     assert sink.staging() == []
     assert id_counts(sink.url, sink.table) == {}

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from coordinator import PublishFailed, XidState
+from coordinator.sink_admin import SinkAdmin
 from server_ext.ledger import ledger_key
 from tests.conftest import run_sql
 from tests.harness.chaos.faults import kill_server, private_services, restart_server
@@ -127,7 +128,7 @@ def test_clickhouse_killed_at_step_ends_exactly_once_and_never_stuck(
     sink.assert_exactly_once(range(expected))
     client = started_client(sink.zk_hosts)
     try:
-        states = {x.epoch: x.state for x in sink.coordinator(client).xids()}
+        states = {x.epoch: x.state for x in SinkAdmin(sink.coordinator(client)).xids()}
     finally:
         client.stop()
         client.close()
@@ -181,7 +182,7 @@ def test_a_restart_inside_the_attach_marked_window_is_resolved_with_txsink_resol
     client = started_client(sink.zk_hosts)
     try:
         coord = sink.coordinator(client)
-        (xid,) = coord.xids([XidState.COMMITTING])  # in doubt: recovery did not guess
+        (xid,) = SinkAdmin(coord).xids([XidState.COMMITTING])  # in doubt: recovery did not guess
         doubts = []
         for branch in coord.branches(xid.epoch, xid.winners):
             manifest = publish_manifest(coord, branch)

@@ -37,6 +37,7 @@ import txsink
 import txsink.core.crashpoints
 import txsink.core.publisher
 from coordinator import BranchState, Coordinator, XidState
+from coordinator.sink_admin import SinkAdmin
 from server_ext.ledger import ATTACHING
 from server_ext.staging import sink_key
 from tests.conftest import kazoo_client, run_sql
@@ -433,7 +434,7 @@ def test_a_nullable_key_column_is_refused_before_any_xid_even_with_quarantine(
                                         r"an integer type"):
         save(df, options)
     with coordinator_of(zk_sink, sink_id) as coord:
-        assert coord.xids() == []
+        assert SinkAdmin(coord).xids() == []
     assert staging_left(cluster, sink_id) == {}
 
 
@@ -491,7 +492,7 @@ def test_streaming_commits_each_micro_batch_once_and_a_replay_writes_nothing(
     assert [(p.batchId, p.numInputRows) for p in replay] == [(2, 300)]
     assert_sharded_exactly_once(cluster.shard_urls(), table, range(900))
     with coordinator_of(zk_sink, sink_id) as coord:
-        assert coord.last_committed() == 2
+        assert SinkAdmin(coord).last_committed() == 2
         assert [b for b in coord.branches(2) if b.state is not BranchState.COMMITTED
                 and not b.branch_id.startswith(PRECOMBINED_PREFIX)] == []
     assert staging_left(cluster, sink_id) == {}
@@ -727,7 +728,7 @@ def test_unreachable_shard_fails_up_front_naming_it_and_changes_nothing(
         assert row_count(server.url, table) == 0
         assert staging_of(server.url, sink_id) == []
     with coordinator_of(zk_sink, sink_id) as coord:
-        assert coord.xids() == []  # failed before the sink was even opened
+        assert SinkAdmin(coord).xids() == []  # failed before the sink was even opened
 
 
 def test_shards_whose_local_tables_differ_in_partition_key_are_refused_before_any_xid(
@@ -749,7 +750,7 @@ def test_shards_whose_local_tables_differ_in_partition_key_are_refused_before_an
         assert row_count(server.url, f"`{cluster_db}`.`{LOCAL}`") == 0
     assert staging_left(cluster, sink_id) == {}
     with coordinator_of(zk_sink, sink_id) as coord:
-        assert coord.xids() == []
+        assert SinkAdmin(coord).xids() == []
 
 
 def test_an_overwrite_leaving_a_shard_without_rows_of_a_partition_is_refused_before_its_decision(
@@ -830,4 +831,4 @@ def test_a_view_on_one_replica_only_is_refused_before_any_xid_naming_the_replica
         save(events_df(spark, 0, 100), options)
     assert staging_left(cluster, sink_id) == {}
     with coordinator_of(zk_sink, sink_id) as coord:
-        assert coord.xids() == []
+        assert SinkAdmin(coord).xids() == []

@@ -18,6 +18,7 @@ from pyspark.errors import StreamingQueryException
 
 import txsink
 from coordinator import Coordinator
+from coordinator.sink_admin import SinkAdmin
 from tests.conftest import run_sql
 from tests.sinkutil import assert_exactly_once, create_events
 
@@ -63,7 +64,7 @@ def test_each_micro_batch_commits_its_rows_exactly_once(spark, server_url, strea
         write_input_file(source, n, range(n * 100, n * 100 + 100))
     run_stream(spark, source, checkpoint, options, table)
     assert_exactly_once(server_url, table, range(300))
-    assert Coordinator(zk, "events").last_committed() == 2
+    assert SinkAdmin(Coordinator(zk, "events")).last_committed() == 2
 
 
 def test_restarted_query_continues_without_duplicates(spark, server_url, stream_setup):
@@ -87,7 +88,7 @@ def test_replayed_committed_micro_batch_writes_nothing(
     (checkpoint / "commits" / ".1.crc").unlink(missing_ok=True)
     run_stream(spark, source, checkpoint, options, table)
     assert_exactly_once(server_url, table, range(200))
-    assert Coordinator(zk, "events").last_committed() == 1
+    assert SinkAdmin(Coordinator(zk, "events")).last_committed() == 1
 
 
 def run_counts(spark, source: Path, checkpoint: Path, mode: str, clickhouse_url: str,

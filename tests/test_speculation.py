@@ -20,6 +20,7 @@ import pyspark
 import pytest
 
 from coordinator import Coordinator
+from coordinator.sink_admin import SinkAdmin
 from tests.conftest import free_port, run_sql
 from tests.harness.chaos import jvm
 from tests.sinkutil import assert_exactly_once, create_events, driver_env
@@ -84,7 +85,7 @@ def test_speculative_loser_is_never_published(
         env=driver_env(**jvm.java_env(executors=True)),
     )
     assert job.returncode == 0, job.stderr[-3000:]
-    (xid,) = Coordinator(zk, "speculation").xids()
+    (xid,) = SinkAdmin(Coordinator(zk, "speculation")).xids()
     partition0 = [b for b in Coordinator(zk, "speculation").branches(xid.epoch)
                   if b.branch_id.startswith("p0-")]
     assert len(partition0) >= 2, "Spark did not speculate; the test proves nothing"

@@ -19,7 +19,8 @@ from kazoo.client import KazooClient
 
 import txsink
 from coordinator import Coordinator, ResetRefused, XidState
-from coordinator.layout import SinkLayout
+from coordinator.paths import SinkLayout
+from coordinator.sink_admin import SinkAdmin
 from tests.sinkutil import assert_exactly_once, create_events
 from tests.test_sink_streaming import run_stream, write_input_file
 from txsink.ops.cli import main as txsink_cli
@@ -38,7 +39,7 @@ def setup(tmp_path, clickhouse_url, ch_db, zk_hosts, zk_chroot):
 
 
 def only_sink(zk: KazooClient) -> str:
-    (sink,) = Coordinator.sinks(zk)
+    (sink,) = SinkAdmin.sinks(zk)
     return sink
 
 
@@ -128,5 +129,5 @@ def test_reset_is_refused_while_the_sink_has_open_xids(zk: KazooClient):
     coord.own_stream("query-1", 0)
     assert coord.begin(0, coord.claim("run-1")) is XidState.INITIALIZED
     with pytest.raises(ResetRefused, match="open xids"):
-        coord.reset_stream(forget_epochs=True)
+        SinkAdmin(coord).reset_stream(forget_epochs=True)
     assert coord.xid(0).state is XidState.INITIALIZED

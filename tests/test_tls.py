@@ -28,6 +28,7 @@ import pytest
 
 import txsink
 from coordinator import Coordinator
+from coordinator.sink_admin import SinkAdmin
 from server_ext.client import ClickHouseClient
 from server_ext.errors import ClickHouseError
 from tests.conftest import free_port, kazoo_client, status_line
@@ -87,8 +88,8 @@ def refused(spark, clickhouse_url: str, options: dict[str, str]) -> str:
     admin = kazoo_client(options["zookeeper"])
     admin.start(timeout=15)
     try:
-        assert Coordinator.sinks(admin, ZK_ROOT) == [], "the sink was opened in ZooKeeper"
-        assert Coordinator(admin, options["sink_id"], root=ZK_ROOT).xids() == [], \
+        assert SinkAdmin.sinks(admin, ZK_ROOT) == [], "the sink was opened in ZooKeeper"
+        assert SinkAdmin(Coordinator(admin, options["sink_id"], root=ZK_ROOT)).xids() == [], \
             "a transaction was opened in ZooKeeper"
     finally:
         admin.stop()

@@ -17,6 +17,7 @@ import pytest
 
 import txsink
 from coordinator import Coordinator
+from coordinator.sink_admin import SinkAdmin
 from tests.harness.crash_arming import arm_env
 from tests.sinkutil import (
     SHORT_SESSION,
@@ -78,7 +79,7 @@ def test_covered_job_leaves_no_staging_and_no_xid(spark, server_url, zookeeper, 
     write(spark, server_url, zookeeper, target, version=1, first=0)
     before = staging_tables(server_url, {"zookeeper": zookeeper})
     write(spark, server_url, zookeeper, target, version=1, first=0)
-    assert len(Coordinator(zk, SINK).xids()) == 1
+    assert len(SinkAdmin(Coordinator(zk, SINK)).xids()) == 1
     assert staging_tables(server_url, {"zookeeper": zookeeper}) == before
 
 
@@ -146,7 +147,7 @@ def test_retry_after_the_driver_died_at_point_writes_every_row_once(
     write(spark, clickhouse_url, zookeeper, table, version=7, first=0, count=600)
     assert_exactly_once(clickhouse_url, table, range(600))
     coord = Coordinator(zk, SINK)
-    assert len(coord.xids()) == 1 and coord.txn_version() == 7
+    assert len(SinkAdmin(coord).xids()) == 1 and coord.txn_version() == 7
 
 
 def test_covered_job_logs_one_line(spark, clickhouse_url, ch_db, zookeeper, caplog):

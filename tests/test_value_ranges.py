@@ -22,6 +22,7 @@ import pytest
 
 import txsink
 from coordinator import Coordinator, XidState
+from coordinator.sink_admin import SinkAdmin
 from server_ext.capabilities import detect_capabilities
 from server_ext.client import ClickHouseClient
 from server_ext.errors import InvalidValue
@@ -61,7 +62,7 @@ class Sink:
         zk = kazoo_client(self.options["zookeeper"])
         zk.start(timeout=15)
         try:
-            return [r.state for r in Coordinator(zk, self.options["sink_id"]).xids()]
+            return [r.state for r in SinkAdmin(Coordinator(zk, self.options["sink_id"])).xids()]
         finally:
             zk.stop()
             zk.close()

@@ -19,6 +19,7 @@ from kazoo.client import KazooClient
 
 import server_ext
 from coordinator import Coordinator
+from coordinator.sink_admin import SinkAdmin
 from server_ext.client import ClickHouseClient
 from server_ext.target_rows import table_rows
 from tests.conftest import run_sql
@@ -259,7 +260,7 @@ def test_a_partition_with_pruned_history_is_not_judged(
         ops: Operations, writer: Writer, table: str, clickhouse_url: str) -> None:
     writer.commit({"2026-01": range(0, 100), "2026-02": range(100, 150)})
     time.sleep(0.3)
-    assert writer.coord.prune(0.2) == [0]
+    assert SinkAdmin(writer.coord).prune(0.2) == [0]
     writer.commit({"2026-02": range(150, 180)})
     run_sql(clickhouse_url, f"INSERT INTO {table} SELECT * FROM {table} WHERE id >= 150")
     sink = target_report(ops, writers="exclusive")
@@ -295,7 +296,7 @@ def test_a_sink_whose_whole_history_is_pruned_is_not_reported_ok(
     writer.commit({"2026-01": range(0, 100)})
     writer.commit({"2026-02": range(100, 150)})
     time.sleep(0.3)
-    writer.coord.prune(0.2)
+    SinkAdmin(writer.coord).prune(0.2)
     text = render("verify", {"sinks": [target_report(ops)]})
     assert text.splitlines()[0] == (
         f"{SINK}: no anomaly found, but what committed epochs 0..1 wrote is not checked")
@@ -305,7 +306,7 @@ def test_a_loss_below_what_retained_xids_put_there_is_reported_despite_pruning(
         ops: Operations, writer: Writer, table: str, clickhouse_url: str) -> None:
     writer.commit({"2026-01": range(0, 100)})
     time.sleep(0.3)
-    writer.coord.prune(0.2)
+    SinkAdmin(writer.coord).prune(0.2)
     writer.commit({"2026-02": range(100, 150)})
     run_sql(clickhouse_url, f"ALTER TABLE {table} DROP PARTITION 202602")
     (finding,) = target_report(ops)["target"]["anomalies"]
@@ -326,7 +327,7 @@ def test_an_overwrite_after_the_pruned_epochs_makes_the_partition_judgeable(
         ops: Operations, writer: Writer) -> None:
     writer.commit({"2026-01": range(0, 100), "2026-02": range(100, 150)})
     time.sleep(0.3)
-    writer.coord.prune(0.2)
+    SinkAdmin(writer.coord).prune(0.2)
     writer.commit({"2026-01": range(500, 540)}, overwrite=True)
     target = target_report(ops, writers="exclusive")["target"]
     assert target["partitions_ok"] == 1

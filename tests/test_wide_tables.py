@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 import txsink
-from coordinator import Coordinator
+from coordinator.sink_admin import SinkAdmin
 from server_ext.chtypes import parse_type
 from server_ext.insert_memory import column_files
 from tests.conftest import run_sql
@@ -95,7 +95,7 @@ def test_a_table_too_wide_for_the_servers_memory_is_refused_before_any_xid_or_st
         save(wide_rows(spark, columns), sink_options, table)
     assert not isinstance(caught.value, OptionError)
     assert staging_tables(server_url, sink_options) == []
-    assert Coordinator.sinks(zk) == []  # no sink opened, hence no xid
+    assert SinkAdmin.sinks(zk) == []  # no sink opened, hence no xid
     assert run_sql(server_url, f"SELECT count() FROM `{server_db}`.`wide`").strip() == "0"
 
 

@@ -24,6 +24,7 @@ import pytest
 
 import txsink
 from coordinator import Coordinator, XidState, ZooKeeperTLS, ZooKeeperTLSError
+from coordinator.sink_admin import SinkAdmin
 from tests.conftest import free_port, kazoo_client, status_line
 from tests.harness.services import Services, ZooKeeper
 from tests.sinkutil import assert_exactly_once, create_events, events_df, id_counts, staging_tables
@@ -83,8 +84,8 @@ def test_a_write_over_zookeeper_tls_lands_every_row_exactly_once_with_its_record
         spark, tls_zookeeper, clickhouse_url, options, admin):
     write(spark, {**options, "zookeeper_ca_file": str(tls_zookeeper.ca_file)})
     assert_exactly_once(clickhouse_url, options["table"], range(300))
-    assert Coordinator.sinks(admin, ZK_ROOT) == [options["sink_id"]]
-    xids = Coordinator(admin, options["sink_id"], root=ZK_ROOT).xids()
+    assert SinkAdmin.sinks(admin, ZK_ROOT) == [options["sink_id"]]
+    xids = SinkAdmin(Coordinator(admin, options["sink_id"], root=ZK_ROOT)).xids()
     assert [x.state for x in xids] == [XidState.COMMITTED]
     assert staging_tables(clickhouse_url, options) == []
 
@@ -102,7 +103,7 @@ def test_an_untrusted_zookeeper_certificate_is_refused_naming_tls_before_anythin
     assert elapsed < 10.0, f"the refusal took {elapsed:.1f}s"  # Spark's planning included
     assert id_counts(clickhouse_url, options["table"]) == {}, "rows reached the target"
     assert staging_tables(clickhouse_url, options) == [], "a staging table was made"
-    assert Coordinator.sinks(admin, ZK_ROOT) == [], "the sink was opened in ZooKeeper"
+    assert SinkAdmin.sinks(admin, ZK_ROOT) == [], "the sink was opened in ZooKeeper"
 
 
 def test_tls_against_the_plain_port_is_refused_at_once_naming_it(tls_zookeeper):

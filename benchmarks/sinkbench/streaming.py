@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from kazoo.client import KazooClient
 
 from coordinator import Coordinator
+from coordinator.sink_admin import SinkAdmin
 from server_ext.sql import qualified_name
 from sinkbench import workload
 from sinkbench.client_baseline import foreach_batch_function
@@ -260,7 +261,7 @@ def _epoch_metrics(scratch: Scratch, sink: Sink, since: float, until: float) -> 
     client = KazooClient(hosts=scratch.zookeeper)
     client.start(timeout=15)
     try:
-        records = Coordinator(client, sink.sink_id, root=scratch.zk_root).xids()
+        records = SinkAdmin(Coordinator(client, sink.sink_id, root=scratch.zk_root)).xids()
     finally:
         client.stop()
         client.close()

@@ -7,10 +7,10 @@ from typing import Any
 
 import server_ext
 from coordinator import (
-    Coordinator,
     XidState,
 )
 from coordinator.recovery import ROLLED_BACK
+from coordinator.sink_admin import SinkAdmin
 from server_ext.staging import root_tag
 from server_ext.sweeper import sweep
 from txsink.core.publisher import (
@@ -32,7 +32,7 @@ class GcCommand(Session):
         """
         if name.root_tag != root_tag(self.root_identity):
             return True
-        for sink_id in Coordinator.sinks(self.zk, self.root):
+        for sink_id in SinkAdmin.sinks(self.zk, self.root):
             if server_ext.staging_sink_key(sink_id) != name.sink_key:
                 continue
             if not self._readable(sink_id):
@@ -73,11 +73,11 @@ class GcCommand(Session):
         pruned: dict[str, list[int]] = {}
         if prune_older_than is not None:
             for sink_id in self._sinks(None):
-                pruned[sink_id] = self._coordinator(sink_id).prune(prune_older_than)
+                pruned[sink_id] = self._admin(sink_id).prune(prune_older_than)
         forgotten: dict[str, float] = {}
         if forget_one_off_after is not None:
             for sink_id in filter(is_one_off, self._sinks(None)):
-                age = self._coordinator(sink_id).forget_sink(forget_one_off_after)
+                age = self._admin(sink_id).forget_sink(forget_one_off_after)
                 if age is not None:
                     forgotten[sink_id] = round(age)
         return {"root": self.root_identity, "root_tag": root_tag(self.root_identity),
@@ -92,9 +92,10 @@ class GcCommand(Session):
         failed: list[dict[str, Any]] = []
         left: list[dict[str, Any]] = []
         for sink_id in self._sinks(None):
-            coord = self._coordinator(sink_id)
-            coord.restore_open_index()
-            verdicts = {v.record.epoch: v for v in coord.verdicts(unwatched_after)}
+            admin = self._admin(sink_id)
+            coord = admin.coordinator
+            admin.restore_open_index()
+            verdicts = {v.record.epoch: v for v in admin.verdicts(unwatched_after)}
             staging = {e: staging_of(coord, e) for e, v in verdicts.items() if v.abandoned}
             with BranchPublisher(self.client_for, coord) as publisher:
                 report = coord.recover(publish=publisher.publish, rollback=publisher.rollback,

@@ -27,6 +27,7 @@ from coordinator import (
     XidState,
 )
 from coordinator.recovery import FAILED, IN_PROGRESS, ROLLED_BACK, ROLLED_FORWARD, RecoveryAction
+from coordinator.sink_admin import SinkAdmin
 from server_ext.capabilities import strategy_problem
 from server_ext.ledger import PublishRecord, ledger_key
 from server_ext.seal import read_staged_partitions
@@ -106,8 +107,9 @@ class RecoverCommands(Session):
             raise RecoverRefused(f"no sink {sink!r} under {self.root}")
         reports = []
         for sink_id in sinks:
-            coord = self._coordinator(sink_id)
-            coord.restore_open_index()
+            admin = self._admin(sink_id)
+            coord = admin.coordinator
+            admin.restore_open_index()
             if epoch is None and strategy is None:
                 with BranchPublisher(self.client_for, coord) as publisher:
                     actions = list(coord.recover(publish=publisher.publish,
@@ -135,7 +137,7 @@ class RecoverCommands(Session):
                                      "begun, or pruned)")
             records = [record]
         else:
-            records = coord.xids(states=(XidState.COMMITTING,))
+            records = SinkAdmin(coord).xids(states=(XidState.COMMITTING,))
         switches: dict[int, list[_Switch]] = {}
         if strategy is not None:
             for record in records:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordinator import Coordinator
+from coordinator.sink_admin import SinkAdmin
 from txsink.ops.session import Session, shown_epoch
 
 
@@ -22,8 +22,8 @@ class ResetCommand(Session):
         """
         if not forget_epochs and committed_through is None:
             raise ValueError("reset needs --forget-epochs, --committed-through N, or both")
-        known = sink_id in Coordinator.sinks(self.zk, self.root)
-        outcome = self._coordinator(sink_id).reset_stream(forget_epochs, committed_through)
+        known = sink_id in SinkAdmin.sinks(self.zk, self.root)
+        outcome = self._admin(sink_id).reset_stream(forget_epochs, committed_through)
         return {"sinks": [{**outcome.to_dict(), "created": not known}]}
 
 

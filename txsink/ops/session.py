@@ -18,6 +18,7 @@ from coordinator import (
     XidState,
 )
 from coordinator.nodes import NodeStore
+from coordinator.sink_admin import SinkAdmin
 from server_ext.client import ClickHouseClient
 from txsink.core import connections
 from txsink.core.payload import BranchOwner
@@ -89,7 +90,7 @@ class Session:
         the root does not hold is refused with :class:`UnknownSink` (a mistyped ``--sink``
         never passes for "nothing wrong"); ``recover`` allows it, since a pipeline
         recovers its sink before its first job makes it."""
-        sinks = Coordinator.sinks(self.zk, self.root)
+        sinks = SinkAdmin.sinks(self.zk, self.root)
         if must_exist and only is not None and only not in sinks:
             raise UnknownSink(f"no sink {only!r} under {self.root_identity} (known: "
                               f"{', '.join(sinks[:10]) or 'none'})")
@@ -112,6 +113,10 @@ class Session:
 
     def _coordinator(self, sink_id: str) -> Coordinator:
         return Coordinator(self.zk, sink_id, root=self.root, role="txsink operator")
+
+    def _admin(self, sink_id: str) -> SinkAdmin:
+        """The operators' front of ``sink_id``, over :meth:`_coordinator`'s store."""
+        return SinkAdmin(self._coordinator(sink_id))
 
 
 def access_denied(whose: str = "a sink's") -> AccessDenied:

@@ -84,13 +84,14 @@ class StatusCommand(Session):
         now = time.time()
         sinks = []
         for sink_id in self._sinks(sink, must_exist=True):
-            coord = self._coordinator(sink_id)
-            records = coord.xids()  # every record: an open xid the open index lost shows
+            admin = self._admin(sink_id)
+            coord = admin.coordinator
+            records = admin.xids()  # every record: an open xid the open index lost shows
             open_xids = [x for x in records if x.state in OPEN_STATES]
-            verdicts = {v.record.epoch: v for v in coord.verdicts(unwatched_after)}
+            verdicts = {v.record.epoch: v for v in admin.verdicts(unwatched_after)}
             every_committed = [x for x in records if x.state is XidState.COMMITTED]
             committed = every_committed[-recent:]
-            last = coord.last_committed()
+            last = admin.last_committed()
             health = sink_health(
                 sink_id, self.root_identity, open_xids, verdicts.values(),
                 next((x for x in reversed(every_committed) if x.epoch == last), None), last,
@@ -103,7 +104,7 @@ class StatusCommand(Session):
                 "open": [OpenXid.of(coord, x, verdicts.get(x.epoch), now).to_json()
                          for x in open_xids],
                 "in_doubt": [x.epoch for x in open_xids if x.state == XidState.COMMITTING],
-                "damaged": coord.damage(),
+                "damaged": admin.damage(),
                 "recent": [{"epoch": x.epoch, **_commit_metrics(coord, x)} for x in committed],
                 "operator_decisions": _decisions(open_xids, every_committed),
             })

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import server_ext
-from coordinator import Coordinator, XidState
+from coordinator import XidState
 from coordinator.audit import (
     DecidedXid,
     SinkHistory,
@@ -62,6 +62,7 @@ from coordinator.audit import (
     read_history,
 )
 from coordinator.nodes import NodeStore
+from coordinator.sink_admin import SinkAdmin
 from server_ext.client_protocol import SqlClient
 from server_ext.digest import MODULUS, ContentDigest, combine
 from server_ext.target_rows import TableRows, table_rows
@@ -163,7 +164,7 @@ def check_targets(zk: NodeStore, root: str, sinks: Iterable[str],
     if writers not in WRITERS:
         raise ValueError(f"writers must be one of {WRITERS}, got {writers!r}")
     scope = list(sinks)
-    histories = {s: read_history(zk, root, s) for s in Coordinator.sinks(zk, root)}
+    histories = {s: read_history(zk, root, s) for s in SinkAdmin.sinks(zk, root)}
     facts = {s: _facts(h, default_url) for s, h in histories.items()}
     names = {(c.database, c.table) for s in scope if s in facts
              for c in facts[s].committed + facts[s].in_flight}

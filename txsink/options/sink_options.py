@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
 from coordinator.auth import DigestAuth, hosts_problem
-from coordinator.layout import check_root
 from coordinator.nodes import SESSION_TIMEOUT as DEFAULT_SESSION_TIMEOUT
+from coordinator.paths import check_root
 from server_ext.capabilities import STRATEGIES as server_strategies
 from server_ext.capabilities import Strategy
 from server_ext.client import header_problem
@@ -55,7 +55,7 @@ TX_GENERATION = "txsink.tx.generation"
 
 
 #: Where the coordinator's records live: ZooKeeper (or Keeper) through kazoo, or KeeperMap
-#: tables of a ClickHouse the sink writes to (``coordinator/keepermap.py``).
+#: tables of a ClickHouse the sink writes to (``coordinator/keepermap/``).
 ZOOKEEPER, KEEPERMAP = "zookeeper", "keepermap"
 STORES = (ZOOKEEPER, KEEPERMAP)
 DEFAULT_RECORDS_TABLE = "txsink.records"

@@ -42,6 +42,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from coordinator.sink_admin import SinkAdmin
 from tests.harness.chaos.faults import kill_session
 
 RUN_TIMEOUT = 60.0  # an actor process still running after this long is killed (and counted)
@@ -416,7 +417,7 @@ def zombie_task(zookeeper: str, zk_root: str, sink_id: str) -> dict:
         retry = KazooRetry(max_tries=5, delay=0.2, max_delay=2.0, deadline=20.0)
         coord = Coordinator(client, sink_id, root=zk_root, retry=retry, role="zombie task")
         current = coord.generation()
-        open_xids = coord.xids(states=(XidState.INITIALIZED,))
+        open_xids = SinkAdmin(coord).xids(states=(XidState.INITIALIZED,))
         epochs = ([x.epoch for x in open_xids]
                   or coord.store.run(coord.store.epochs, False))
         if not epochs:

@@ -459,7 +459,7 @@ class ChaosRun:
         publish lasts tens of milliseconds."""
         from kazoo.client import KazooClient
 
-        from coordinator import Coordinator, XidState
+        from coordinator import Coordinator, SinkAdmin, XidState
 
         client = KazooClient(hosts=self.services.zookeeper.hosts, timeout=5)
         try:
@@ -467,7 +467,7 @@ class ChaosRun:
             coord = Coordinator(client, self.sink_id, role="chaos watcher")
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline:
-                if coord.xids([XidState.COMMITTING]):
+                if SinkAdmin(coord).xids([XidState.COMMITTING]):
                     return True
                 time.sleep(0.005)
             return False

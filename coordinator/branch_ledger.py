@@ -27,8 +27,8 @@ from typing import Any
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from coordinator.errors import CoordinatorError, PublishLeaseLost, UnknownBranch
-from coordinator.layout import unescape
 from coordinator.multi import Multi, MultiFailed
+from coordinator.paths import unescape
 from coordinator.publish_lease import LEASE, PublishLease
 from coordinator.records import decode, encode
 from coordinator.store import SinkStore

@@ -15,7 +15,8 @@ from coordinator import (
     SinkTreeDamaged,
     UnknownBranch,
 )
-from coordinator.layout import SinkLayout, escape, unescape
+from coordinator.paths import SinkLayout, escape, unescape
+from coordinator.sink_admin import SinkAdmin
 from server_ext.ledger import Ledger as LedgerProtocol
 from tests.test_coordinator_support import new_coordinator
 
@@ -50,13 +51,13 @@ def test_epochs_are_zero_padded_so_children_sort_in_epoch_order() -> None:
 def test_sinks_lists_every_sink_by_its_original_id(zk: KazooClient) -> None:
     for sink_id in ("checkpoint:/tmp/ckpt/a", "nightly", ".."):
         Coordinator(zk, sink_id).fence()
-    assert Coordinator.sinks(zk) == sorted(["checkpoint:/tmp/ckpt/a", "nightly", ".."])
+    assert SinkAdmin.sinks(zk) == sorted(["checkpoint:/tmp/ckpt/a", "nightly", ".."])
 
 
 def test_sinks_under_another_root_are_separate(zk: KazooClient) -> None:
     Coordinator(zk, "orders", root="/other").fence()
-    assert Coordinator.sinks(zk, "/other") == ["orders"]
-    assert Coordinator.sinks(zk) == []
+    assert SinkAdmin.sinks(zk, "/other") == ["orders"]
+    assert SinkAdmin.sinks(zk) == []
 
 
 def test_ledger_returns_what_was_put_and_none_for_a_missing_key(zk: KazooClient) -> None:

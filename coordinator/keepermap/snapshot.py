@@ -1,0 +1,128 @@
+"""Snapshots of a sink's folded log, and the trim of what they made redundant.
+
+Snapshots. The writer that appends an entry whose sequence number is a multiple of
+:data:`COMPACT_EVERY` stores the folded tree at that number (``snap:<sink>:<seq>``: chunk
+keys, then a head key naming their count and when it was written, each a strict INSERT)
+and points ``base:<sink>`` at it. A process that meets a sink for the first time reads
+the pointer with its first log read, loads the snapshot and folds only the entries after
+it. Both are safe to repeat and to race: the fold at a sequence number is deterministic
+and serialized canonically, so two writers store the same chunks (a chunk or head that
+exists already is the same); a head is written only after all its chunks, so a head
+found means a whole snapshot; and a pointer that a racing writer moves back to an older
+snapshot only makes readers fold more entries (or, if that snapshot is gone, list the
+heads and take the newest).
+
+Retention. An existing key is what stops a writer with a stale copy of the tree from
+appending at a number already taken (a strict INSERT refuses only keys that exist), so an
+entry may be deleted only once no copy that old can still be used. The rule is one of
+time, like the sessions': after storing a snapshot the writer deletes the entries and
+older snapshots below the newest snapshot whose head is older than the retention
+(:data:`RETAIN`, ``trim:<sink>`` remembers how far that went); and a copy of a log not
+known current for half the retention (no read that found its end, no append) is not
+trusted: the next read or write fetches the pointer with the entries and loads the
+snapshot if it is newer than the copy. Every entry deleted was written after such a
+copy was last current and at least a retention before the deletion, so a copy recent
+enough to be used never skips a deleted entry. A sink's log therefore holds the entries
+of about one retention (~1 MB of keys at a 1 s trigger) instead of growing for ever.
+
+:class:`Snapshots` is called by the store under its lock: ``compact`` after an append at a
+multiple of ``compact_every``, ``load`` when a read finds a newer snapshot than its copy.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from kazoo.exceptions import ConnectionLoss, RuntimeInconsistency
+
+from coordinator.keepermap.log import Log
+from coordinator.keepermap.table import KeyValueTable, TableKeys, call_table
+
+logger = logging.getLogger(__name__)
+
+COMPACT_EVERY = 256  # entries between snapshots of a sink's tree
+SNAPSHOT_CHUNK = 256_000  # characters per snapshot key, far below Keeper's 1 MB node limit
+RETAIN = 600.0  # seconds a snapshot stands before the entries below it are deleted
+TRIM_BATCH = 4096  # entries deleted by one trim at most (a long-untrimmed log: in steps)
+
+
+class Snapshots:
+    """Store, find and load the snapshots of one store's sinks (module docstring)."""
+
+    def __init__(self, table: KeyValueTable, keys: TableKeys, compact_every: int,
+                 retain: float) -> None:
+        self.table = table
+        self.keys = keys
+        self.compact_every = compact_every
+        self.retain = retain
+
+    def stale(self, log: Log, now: float) -> bool:
+        return now - log.synced > self.retain / 2
+
+    def load(self, log: Log, seq: int) -> None:
+        head = self.keys.snapshot(log.root, seq)
+        found = call_table(self.table.get_many, [head])
+        if head not in found:  # a pointer put back by a writer paused past the retention
+            head = self.newest_head(log.root)
+            found = call_table(self.table.get_many, [head])
+        count = int(json.loads(found[head])["chunks"])
+        chunks = [f"{head}:{i:04d}" for i in range(count)]
+        found = call_table(self.table.get_many, chunks)
+        if any(key not in found for key in chunks):  # superseded long ago, deleted meanwhile
+            raise ConnectionLoss(f"snapshot {head} was deleted while it was read")
+        log.restore("".join(found[key] for key in chunks))
+
+    def newest_head(self, root: str) -> str:
+        prefix = self.keys.snapshot(root, None)
+        heads = [k for k in call_table(self.table.keys_with_prefix, prefix)
+                 if ":" not in k[len(prefix):]]
+        if not heads:
+            raise RuntimeInconsistency(f"the snapshot pointer of {root} names no snapshot")
+        return max(heads)
+
+    def compact(self, log: Log) -> None:
+        """Store the fold at ``log.seq``, point the sink's readers at it and trim what an
+        older snapshot made redundant (module docstring). Best
+        effort: the entry is written already, and a failed snapshot or trim only leaves
+        readers more entries to fold."""
+        head = self.keys.snapshot(log.root, log.seq)
+        text = log.snapshot()
+        chunks = [text[i:i + SNAPSHOT_CHUNK] for i in range(0, len(text), SNAPSHOT_CHUNK)]
+        try:
+            for i, chunk in enumerate(chunks):  # one INSERT each: a multi has Keeper's limit too
+                call_table(self.table.create_new, {f"{head}:{i:04d}": chunk})
+            call_table(self.table.create_new,
+                       {head: json.dumps({"chunks": len(chunks), "at": time.time()})})
+            if self.stale(log, time.monotonic()):
+                return  # paused for long: a newer snapshot may be pointed at already
+            call_table(self.table.put, self.keys.base(log.root), str(log.seq))
+            self.trim(log)
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            logger.warning("snapshot of %s at entry %d not stored or not trimmed: %s",
+                           log.root, log.seq, exc)
+
+    def trim(self, log: Log) -> None:
+        """Delete the entries, and the snapshots, below the newest snapshot older than
+        the retention; at most :data:`TRIM_BATCH` entries at a time."""
+        floor = self.keys.floor(log.root)
+        if log.trimmed is None:
+            log.trimmed = int(call_table(self.table.get_many, [floor]).get(floor) or 0)
+        step = self.compact_every
+        heads = {seq: self.keys.snapshot(log.root, seq) for seq in range(
+            (log.trimmed // step + 1) * step, min(log.seq, log.trimmed + TRIM_BATCH), step)}
+        raw = call_table(self.table.get_many, heads.values())
+        found = {seq: json.loads(raw[key]) for seq, key in heads.items() if key in raw}
+        deadline = time.time() - self.retain  # a head without a time is never old enough
+        old = [seq for seq, head in found.items() if head.get("at", float("inf")) <= deadline]
+        if not old:
+            return
+        upto = max(old)
+        doomed = [key for seq, head in found.items() if seq < upto
+                  for key in (*(f"{heads[seq]}:{i:04d}" for i in range(head["chunks"])),
+                              heads[seq])]  # chunks before their head: none left headless
+        doomed += [self.keys.entry(log.root, seq) for seq in range(log.trimmed + 1, upto + 1)]
+        call_table(self.table.delete, doomed)
+        call_table(self.table.put, floor, str(upto))
+        log.trimmed = upto
