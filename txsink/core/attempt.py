@@ -3,10 +3,11 @@
 This module is the attempt's flow: :func:`write_branch` runs in a Spark task attempt,
 once per attempt, on the attempt's thread (its digests and contributions on small pools);
 a retried or speculative attempt of the same task runs it again with new branch ids, and
-only the branches of the messages Spark hands the driver's commit are published. It begins the xid (or finds it
-decided), routes the rows to the attempt's branches, opened per shard that gets rows, and
-seals and prepares them. The branch kinds are in ``txsink.core.shard_branch`` and
-``txsink.core.quarantine_share``, their common interface in ``txsink.core.staged_table``.
+only the branches of the messages Spark hands the driver's commit are published. It
+begins the xid (or finds it decided), routes the rows to the attempt's branches, opened
+per shard that gets rows, and seals and prepares them. The branch kinds are in
+``txsink.core.shard_branch`` and ``txsink.core.quarantine_share``, their common
+interface in ``txsink.core.staged_table``.
 
 Contract (what Spark's ``DataWriter`` asks, made exactly-once):
 

@@ -28,6 +28,10 @@ quarantine table's too), a quarantine table of another schema
 (``server_ext.quarantine.ensure_table``), a plain one on a shard of several replicas,
 and a replicated one that cannot be created (no Keeper, no ``{shard}``/``{replica}``
 macros): each naming the shard and server.
+
+Where it runs: :func:`planned` on the driver while it plans (a repeat finds the table
+made), :func:`check_bound` on the driver before its decision; a :class:`QuarantineShare`
+in one task attempt, on that attempt's thread, like the branch it belongs to.
 """
 
 from __future__ import annotations
