@@ -10,7 +10,7 @@ table with ~1,900 plain columns fails with "Memory limit exceeded", even for one
 26.x sizes those buffers to the data (~150 KiB per file in a wide part, ~17 KiB per
 column in a compact one) and its test server has no per-query limit.
 
-Such a write is refused before anything is staged (``txsink.core.plan``), from what the server
+Such a write is refused before staging (``txsink.core.plan_checks``), from what the server
 itself says: its per-query limit (``max_memory_usage``, ``max_memory_usage_for_user``;
 0 is none) and the memory a one-row INSERT takes per file, measured on the server with a
 narrow and a wide scratch table (``system.query_log``'s peak ``memory_usage``; wide parts

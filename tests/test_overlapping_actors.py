@@ -43,7 +43,7 @@ from tests.harness.chaos.pipeline import create_fed_view, fed_table
 from tests.sinkutil import SHORT_SESSION, assert_exactly_once, id_counts, staging_tables
 from tests.test_coordinator_session import expire_session
 from txsink.core import connections, driver
-from txsink.core.plan import check_target
+from txsink.core.plan_checks import check_target
 from txsink.ops.commands import Operations
 from txsink.options import parse_options
 from txsink.spark.datasource import ClickHouseTxDataSource

@@ -16,7 +16,7 @@ from server_ext.sql import tokenize
 from server_ext.views import ViewNode, staging_select
 from tests.conftest import on_servers, run_sql
 from tests.sinkutil import assert_exactly_once, create_events, events_df, save, staging_tables
-from txsink.core.plan import check_target
+from txsink.core.plan_checks import check_target
 from txsink.ops import cli
 from txsink.options import parse_options
 
@@ -206,7 +206,7 @@ def test_materialized_views_ignore_names_the_views_left_without_the_rows_in_the_
     table = create_events(server_url, server_db)
     summing_view(server_url, server_db)
     chosen = parse_options({**options, "table": table, "materialized_views": "ignore"})
-    with caplog.at_level(logging.WARNING, logger="txsink.core.plan"):
+    with caplog.at_level(logging.WARNING, logger="txsink.core.plan_checks"):
         checked = check_target(chosen, events_df(spark, 0, 1).schema)
     assert checked.views == ()
     assert "by_day_mv" in caplog.text

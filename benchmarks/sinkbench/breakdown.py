@@ -146,7 +146,8 @@ def one_epoch(probe: Probe, raw_options: dict[str, str], shape: EpochShape,
     coord, generation = probe.call("begin", driver.open_sink, options, options.sink_id)
     epoch = coord.allocate_epoch()
     coord.begin(epoch, generation)
-    plan = WritePlan(options, options.sink_id, generation, strategy, False, columns, epoch)
+    plan = WritePlan(options=options, sink_id=options.sink_id, generation=generation,
+                     strategy=strategy, overwrite=False, columns=columns, epoch=epoch)
     messages = [write_branch(plan, epoch, iter(branch)) for branch in batches]
     driver.commit_epoch(plan, epoch, messages)
     total = (time.perf_counter() - started) * 1000

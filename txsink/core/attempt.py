@@ -1,5 +1,14 @@
 """The task side of an epoch: one task attempt writes one branch per shard it has rows for.
 
+This module is the attempt's flow: :func:`write_branch` runs in a Spark task attempt,
+once per attempt, on the attempt's thread (its digests and contributions on small pools);
+a retried or speculative attempt of the same task runs it again with new branch ids, and
+only the branches of the messages Spark hands the driver's commit are published. It
+begins the xid (or finds it decided), routes the rows to the attempt's branches, opened
+per shard that gets rows, and seals and prepares them. The branch kinds are in
+``txsink.core.shard_branch`` and ``txsink.core.quarantine_share``, their common
+interface in ``txsink.core.staged_table``.
+
 Contract (what Spark's ``DataWriter`` asks, made exactly-once):
 
 - A branch is registered in ZooKeeper *before* its staging table exists, so every
@@ -34,47 +43,35 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import socket
 import time
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
 
 import server_ext
 from coordinator import Coordinator, Fenced, XidAborted, XidDecided, XidState
-from server_ext import partition_bound
-from server_ext.bad_values import BadRows
 from server_ext.digest import ContentDigest
 from server_ext.errors import ClickHouseError, PartitionLimitExceeded
 from server_ext.partition_bound import PartitionCounter
-from server_ext.sharding import Shard, ShardRouter
-from server_ext.staging import merges_at_insert
+from server_ext.sharding import ShardRouter
 from txsink.core import combine, connections, crashpoints, payload
 from txsink.core.messages import BranchMessage, SkippedMessage
 from txsink.core.payload import BranchOwner
 from txsink.core.plan import WritePlan, send_columns
-from txsink.core.quarantine_share import QuarantineShare
+from txsink.core.shard_branch import ShardBranch, new_branch_id, pick_replica
+from txsink.core.staged_table import StagedTable
 
 log = logging.getLogger(__name__)
 DIGEST_WORKERS = 2  # staged tables of a task digested at once, beside its contributions
 CONTRIBUTE_WORKERS = 4  # a task's staged tables contributed at once
-StagedParts = dict[str, dict[str, server_ext.PartitionManifest]]  # staging table: parts
 
 
 class XidNotWritable(RuntimeError):
     """The xid is being committed by another driver; this attempt must not add to it."""
-
-
-def new_branch_id(partition: int, attempt: int, shard: int = 0) -> str:
-    return f"p{partition}-a{attempt}-s{shard}-{uuid.uuid4().hex[:8]}"
-
-
 
 
 def _task_identity() -> tuple[int, int, dict[str, object]]:
@@ -115,195 +112,9 @@ def streaming_query_id() -> str:
     return query_id
 
 
-def pick_replica(shard: Shard, partition: int, attempt: int, choice: str,
-                 overwrite: bool) -> str:
-    """The replica a branch stages on (and is later published from).
-
-    ``round_robin`` spreads a job's tasks over the replicas and moves a retried attempt
-    to the next replica; ``random`` picks any. Overwrite pins every shard to its first
-    replica: its publish combines all the shard's branches in one staging table.
-    """
-    if overwrite or len(shard.replicas) == 1:
-        return shard.replicas[0]
-    if choice == "random":
-        return random.choice(shard.replicas)
-    return shard.replicas[(partition + attempt + shard.index) % len(shard.replicas)]
-
-
-class _ViewBranch:
-    """The share of one materialized view (``server_ext.views.ViewNode``) in a branch:
-    a staging copy of the view's table, filled by a staging view over its source's
-    staging table. A branch of its own in the coordinator, published into the view's
-    table under the same decision."""
-
-    def __init__(self, plan: WritePlan, epoch: int, parent_id: str,
-                 node: server_ext.ViewNode) -> None:
-        self.node = node
-        self.table = node.table
-        self.strategy = plan.view_strategies[node.index]
-        self.branch_id = f"{parent_id}-v{node.index}"
-        self.staging = server_ext.staging_table_name(plan.sink_id, epoch, self.branch_id,
-                                                     root=plan.options.root_identity)
-        self.view = server_ext.staging_table_name(plan.sink_id, epoch, f"{self.branch_id}-mv",
-                                                  root=plan.options.root_identity)
-
-
-class _ShardBranch:
-    """One branch: this attempt's rows for one shard, staged on one replica, with the
-    shares of the materialized views the target feeds (``views``), created before the
-    first row so that every row fires them."""
-
-    def __init__(self, plan: WritePlan, epoch: int, branch_id: str, server: str) -> None:
-        self.plan = plan
-        self.epoch = epoch
-        self.branch_id = branch_id
-        self.server = server
-        self.staging = server_ext.staging_table_name(plan.sink_id, epoch, branch_id,
-                                                     root=plan.options.root_identity)
-        self.client = connections.clickhouse(plan.options, server)
-        self.writer: server_ext.BranchWriter | None = None
-        self.strategy = plan.strategy
-        self.view = ""  # filled by the rows, not by a staging view
-        self.views = [_ViewBranch(plan, epoch, branch_id, node) for node in plan.views]
-        # bad_rows=quarantine: the bad rows' share, a branch of its own (quarantine_share)
-        self.quarantine = (QuarantineShare(plan, epoch, branch_id, server)
-                           if plan.quarantine is not None else None)
-        self.rows_seen = 0  # rows handed to write: the next batch's first row number
-
-    @cached_property
-    def table(self) -> server_ext.TargetTable:
-        return self.plan.table or server_ext.describe_table(self.client, self.plan.target)
-
-    def write(self, batch: pa.RecordBatch) -> None:
-        if self.writer is None:
-            target = self.table
-            caps = server_ext.detect_capabilities(self.client)
-            columns = send_columns(target, self.plan.columns)
-            if self.quarantine is None:  # bad values fail before its staging table exists
-                server_ext.checked_batch(columns, batch, caps.value_ranges)
-            dedup = caps.insert_deduplication_token and caps.non_replicated_deduplication_window
-            qualified = server_ext.create_staging(self.client, target, self.staging,
-                                                  dedup_window=dedup, mirror_engine=True)
-            self.create_views(qualified)
-            crashpoints.hit(crashpoints.BRANCH_AFTER_VIEWS)
-            given = dict(self.plan.options.insert_settings)
-            bound = partition_bound.insert_settings(
-                self.client, self.plan.options.max_partitions_per_job, given)
-            self.writer = server_ext.BranchWriter(
-                self.client, target, qualified, caps,
-                block_rows=self.plan.options.insert_block_rows, target_columns=columns,
-                extra_settings={**given, **bound},
-                dedup_token=self.staging if dedup else None,
-                encoding=self.plan.options.compression,
-                repeat_inserts=not self.views,  # the views' shares have no count to seal
-                on_bad_rows=self.keep_bad if self.quarantine is not None else None,
-            )
-        self.writer.write(batch)
-        self.rows_seen += batch.num_rows
-
-    def keep_bad(self, batch: pa.RecordBatch, bad: BadRows) -> None:
-        """Hand the bad rows of the batch being written to the quarantine share."""
-        assert self.quarantine is not None
-        self.quarantine.keep(batch, bad, self.rows_seen)
-
-    def create_views(self, staging: str) -> None:
-        """Stage the view tree: each view's table, then the staging view that fills it
-        from its source's staging table (parents first, so every source exists)."""
-        tables = {-1: staging}
-        for share in self.views:
-            tables[share.node.index] = server_ext.create_staging(
-                self.client, share.table, share.staging, mirror_engine=True)
-            self.client.execute(server_ext.views.staging_view_ddl(
-                share.node, server_ext.staging.staging_qualified(share.view),
-                tables[share.node.parent], tables[share.node.index]),
-                purpose=f"create staging view for {share.node.view_name}")
-
-    def flush(self) -> None:
-        if self.writer is not None:
-            self.writer.send()  # the bad rows' INSERT goes while the server takes these
-        if self.quarantine is not None:
-            self.quarantine.flush()
-        if self.writer is not None:
-            self.writer.flush()
-
-    def staged(self) -> list[_ShardBranch | _ViewBranch | QuarantineShare]:
-        """This branch and its shares whose staging tables hold rows once flushed (the
-        quarantine share may hold some when the branch got none: rows without a shard)."""
-        parts: list[_ShardBranch | _ViewBranch | QuarantineShare] = [
-            part for part in (self, *self.views)
-            if self.writer is not None and part.table.engine != "Null"]
-        if self.quarantine is not None and self.quarantine.writer is not None:
-            parts.append(self.quarantine)
-        return parts
-
-    def quarantined(self, staged: StagedParts
-                    ) -> list[tuple[QuarantineShare, server_ext.Manifest]]:
-        """The sealed quarantine share, if this branch met bad rows."""
-        if self.quarantine is None or self.quarantine.writer is None:
-            return []
-        return [(self.quarantine,
-                 self.quarantine.seal(staged.get(self.quarantine.staging, {})))]
-
-    @property
-    def bad_rows(self) -> int:
-        return self.quarantine.count if self.quarantine is not None else 0
-
-    @property
-    def shares(self) -> tuple[str, ...]:
-        """The branch ids of its shares that are prepared: views', then quarantine's."""
-        quarantined = self.quarantine is not None and self.quarantine.writer is not None
-        return (*(share.branch_id for share in self.views),
-                *((self.quarantine.branch_id,) if quarantined else ()))
-
-    def read_staged(self) -> StagedParts:
-        """The parts of every staging table of this branch that holds rows once flushed
-        (its own, its views', its quarantine share's), read in one query for the seals."""
-        names = [part.staging for part in self.staged()]
-        return server_ext.read_staged_tables(self.client, server_ext.STAGING_DATABASE, names,
-                                             purpose="seal branch")
-
-    def seal(self, staged: StagedParts) -> tuple[server_ext.Manifest, int, int]:
-        """(manifest, rows, bytes) of the flushed staging table (empty: no rows came, or
-        a ``Null`` target, whose rows live only in its views); ``staged``: what
-        :meth:`read_staged` read."""
-        if self.writer is None or self.table.engine == "Null":
-            manifest = server_ext.Manifest.empty(self.table, self.staging)
-            return manifest, self.writer.rows_sent if self.writer else 0, 0
-        rows = self.writer.rows_sent
-        # a merging variant may keep fewer rows than were sent (staging.merges_at_insert)
-        expected = None if merges_at_insert(self.writer.target) else rows
-        manifest = server_ext.seal(self.client, self.writer.target, self.writer.staging_table,
-                                   expected_rows=expected,
-                                   partitions=staged.get(self.staging, {}))
-        return manifest, manifest.rows if expected is None else rows, self.writer.bytes_sent
-
-    def seal_views(self, staged: StagedParts) -> list[tuple[_ViewBranch, server_ext.Manifest]]:
-        """The manifest of each view's staging table: what the staging views wrote."""
-        sealed = []
-        for share in self.views:
-            if self.writer is None or share.table.engine == "Null":
-                manifest = server_ext.Manifest.empty(share.table, share.staging)
-            else:
-                manifest = server_ext.seal(self.client, share.table, share.staging,
-                                           expected_rows=None,
-                                           partitions=staged.get(share.staging, {}))
-            sealed.append((share, manifest))
-        return sealed
-
-    def drop(self) -> None:
-        """Drop this branch's staging: the quarantine share's, the views' (view first),
-        then its own."""
-        if self.quarantine is not None:
-            self.quarantine.drop()
-        for share in reversed(self.views):
-            server_ext.rollback(self.client, share.staging, view=share.view)
-        server_ext.rollback(self.client, self.staging)
-
-
 # A sealed staging table of an attempt: (its branch, the part it stages for: the branch
 # itself or one of its shares, its manifest, its rows)
-SealedTable = tuple[_ShardBranch, _ShardBranch | _ViewBranch | QuarantineShare,
-                    server_ext.Manifest, int]
+SealedTable = tuple[ShardBranch, StagedTable, server_ext.Manifest, int]
 
 
 class _Attempt:
@@ -315,7 +126,7 @@ class _Attempt:
         self.generation = generation
         self.coord = connections.coordinator(plan.options, plan.sink_id)
         self.partition, self.attempt, self.owner = _task_identity()
-        self.branches: dict[int, _ShardBranch] = {}
+        self.branches: dict[int, ShardBranch] = {}
         self.router: ShardRouter | None = None
         self.counter: PartitionCounter | None = None
         self.rows_in = 0  # rows handed to write: the next batch's first row in the task
@@ -362,12 +173,12 @@ class _Attempt:
             return None
         return self.counter.refused(exc, tuple(n.table.qualified for n in self.plan.views))
 
-    def open(self, index: int) -> _ShardBranch:
+    def open(self, index: int) -> ShardBranch:
         """Register the branch in ZooKeeper before its staging table exists."""
         shard = self.plan.shard_layout.shards[index]
         server = pick_replica(shard, self.partition, self.attempt,
                               self.plan.options.replica_choice, self.plan.overwrite)
-        branch = _ShardBranch(self.plan, self.epoch,
+        branch = ShardBranch(self.plan, self.epoch,
                               new_branch_id(self.partition, self.attempt, index), server)
         owner = BranchOwner(branch.staging, server, shard=index, task=self.owner)
         self.coord.register_branch(self.epoch, branch.branch_id, self.generation,
@@ -393,7 +204,7 @@ class _Attempt:
         # A Replicated table's seal may merge its parts (and a merging variant's rows):
         # digested once sealed
         with ThreadPoolExecutor(DIGEST_WORKERS, thread_name_prefix="txsink-digest") as pool:
-            def digest(branch: _ShardBranch, part: _ShardBranch | _ViewBranch | QuarantineShare
+            def digest(branch: ShardBranch, part: StagedTable
                        ) -> Future[dict[str, ContentDigest] | None]:
                 return pool.submit(server_ext.staged_digests, branch.client, part.table,
                                    part.staging)
@@ -468,7 +279,7 @@ class _Attempt:
                                 thread_name_prefix="txsink-contribute") as pool:
             return list(pool.map(contribute, staged))
 
-    def contribute(self, branch: _ShardBranch, manifest: server_ext.Manifest,
+    def contribute(self, branch: ShardBranch, manifest: server_ext.Manifest,
                    table: server_ext.TargetTable) -> str:
         """A sealed staging table's share of the pre-combined table of ``table``
         (:func:`txsink.core.combine.contribute`)."""
@@ -476,6 +287,7 @@ class _Attempt:
             return ""
         return combine.contribute(self.plan, self.coord, self.epoch, self.generation,
                                   branch.server, branch.client, manifest, table)
+
 
 def write_branch(
     plan: WritePlan, epoch: int, batches: Iterator[pa.RecordBatch]

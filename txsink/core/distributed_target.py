@@ -3,7 +3,7 @@ tables when ``distributed_table`` names one (docs/usage.md, "A Distributed table
 too"; the options are checked in ``txsink/options/distributed_options.py``).
 
 Where: on the ``url`` server only. That is the server the sink reads a Distributed
-target's layout from (``txsink.core.plan.resolve_layout``), so it is the one the write needs;
+target's layout from (``txsink.core.plan_checks.resolve_layout``), so it is the one the write needs;
 the sink never writes rows through the Distributed table (it stages into the local
 tables), so other servers need it only for queries, and creating it there is the
 operator's (``ON CLUSTER``), as is the cluster itself.

@@ -1,7 +1,7 @@
 """``bad_rows=quarantine``: bad rows kept in the quarantine table, exactly once.
 
 The quarantine table is one more table of a branch's staged tree, as a materialized
-view's table is (``server_ext.views``, ``_ViewBranch`` in ``txsink/core/attempt.py``): each
+view's table is (``server_ext.views``, ``ViewBranch`` in ``txsink/core/shard_branch.py``): each
 task branch that meets a bad row gets a *quarantine share*, a branch of its own
 (``<branch id>-q``) with its own staging table, registered before that table exists,
 sealed against the count of rows sent, prepared with a ``StagedBranch`` payload and
@@ -28,6 +28,10 @@ quarantine table's too), a quarantine table of another schema
 (``server_ext.quarantine.ensure_table``), a plain one on a shard of several replicas,
 and a replicated one that cannot be created (no Keeper, no ``{shard}``/``{replica}``
 macros): each naming the shard and server.
+
+Where it runs: :func:`planned` on the driver while it plans (a repeat finds the table
+made), :func:`check_bound` on the driver before its decision; a :class:`QuarantineShare`
+in one task attempt, on that attempt's thread, like the branch it belongs to.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ from server_ext.sql import shown_name
 from server_ext.staging import publish_problem
 from txsink.core import connections
 from txsink.core.messages import BranchMessage
+from txsink.core.plan import WritePlan
+from txsink.core.staged_table import StagedTable, create_staging, staging_name
 from txsink.options import OptionError, SinkOptions
 
 log = logging.getLogger(__name__)
@@ -185,12 +191,12 @@ def bound_message(count: int, bound: int, *, task: bool = False) -> str:
             "raise max_bad_rows")
 
 
-class QuarantineShare:
+class QuarantineShare(StagedTable):
     """A task branch's quarantine share: its bad rows, staged into a copy of the
     quarantine table (registered, then created, at the first bad row)."""
 
-    def __init__(self, plan, epoch: int, parent_id: str, server: str) -> None:
-        assert plan.quarantine is not None
+    def __init__(self, plan: WritePlan, epoch: int, parent_id: str, server: str) -> None:
+        assert plan.quarantine is not None and plan.quarantine_strategy is not None
         self.plan = plan
         self.epoch = epoch
         self.table: server_ext.TargetTable = plan.quarantine
@@ -199,8 +205,7 @@ class QuarantineShare:
         self.parent_id = parent_id
         self.server = server
         self.view = ""  # filled by the writer, not by a staging view
-        self.staging = server_ext.staging_table_name(plan.sink_id, epoch, self.branch_id,
-                                                     root=plan.options.root_identity)
+        self.staging = staging_name(plan, epoch, self.branch_id)
         self.client = connections.clickhouse(plan.options, server)
         self.writer: server_ext.BranchWriter | None = None
         self.count = 0
@@ -219,14 +224,8 @@ class QuarantineShare:
         if self.writer is None:
             self.register(self)  # before its staging exists, like every branch
             caps = server_ext.detect_capabilities(self.client)
-            dedup = caps.insert_deduplication_token and caps.non_replicated_deduplication_window
-            qualified = server_ext.create_staging(self.client, self.table, self.staging,
-                                                  dedup_window=dedup, mirror_engine=True)
-            self.writer = server_ext.BranchWriter(
-                self.client, self.table, qualified, caps,
-                block_rows=self.plan.options.insert_block_rows,
-                dedup_token=self.staging if dedup else None,
-                encoding=self.plan.options.compression)
+            self.writer = create_staging(self.client, self.table, self.staging,
+                                         caps).writer(self.plan)
         self.pending.append(tables.KeptRows.of(bad, batch, first_row))
         self.pending_rows += len(bad)
         if self.pending_rows >= RECORD_ROWS:

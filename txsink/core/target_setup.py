@@ -2,7 +2,7 @@
 creates a missing target, ``schema_evolution=add_columns`` adds the DataFrame columns it
 lacks (docs/usage.md, "Creating the target and following new columns").
 
-Why in planning, before :func:`txsink.core.plan.check_target`: the plan describes the target
+Why in planning, before :func:`txsink.core.plan_checks.check_target`: the plan describes the target
 once and everything after it (the schema check, the staging tables, the staging views of
 ``server_ext.views``) is built from that description, so a table created or altered here
 is then described and checked as any existing one. No xid is open yet (a
@@ -39,7 +39,8 @@ from server_ext.schema import type_problem
 from server_ext.sharding import parse_shard_urls
 from server_ext.sql import identifier_text
 from txsink.core import connections, distributed_target
-from txsink.core.plan import SHARDING_KEY_ALONE, arrow_schema
+from txsink.core.plan import arrow_schema
+from txsink.core.plan_checks import SHARDING_KEY_ALONE
 from txsink.options import OptionError, SinkOptions
 from txsink.options.table_options import ADD_COLUMNS, IF_MISSING
 

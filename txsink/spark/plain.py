@@ -25,7 +25,8 @@ from pyspark.sql.types import StructType
 import server_ext
 from server_ext.sql import qualified_name
 from txsink.core import connections
-from txsink.core.plan import check_target, send_columns
+from txsink.core.plan import send_columns
+from txsink.core.plan_checks import check_target
 from txsink.core.target_setup import prepare_target
 from txsink.options import OptionError, SinkOptions, parse_options
 

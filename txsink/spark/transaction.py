@@ -34,7 +34,7 @@ from coordinator import XidRecord
 from txsink.core import driver
 from txsink.core.metrics import EpochMetrics
 from txsink.core.payload import from_record, task_branches
-from txsink.core.plan import check_server_options
+from txsink.core.plan_checks import check_server_options
 from txsink.options import (
     TX_EPOCH,
     TX_GENERATION,
