@@ -17,7 +17,7 @@ from kazoo.client import KazooClient
 import txsink
 from coordinator import Coordinator, SinkTreeDamaged, XidState
 from coordinator.layout import SinkLayout
-from server_ext.manifest import Manifest, PartitionManifest, StagedPart
+from server_ext.staging.manifest import Manifest, PartitionManifest, StagedPart
 from tests.conftest import run_sql
 from tests.sinkutil import (
     SHORT_SESSION,

@@ -14,7 +14,7 @@ Contract (what Spark's ``DataWriter`` asks, made exactly-once):
   non-winner) or recovery drops.
 - The manifest is recorded (branch ``Prepared``) before the commit message is returned,
   so a driver that crashes after the decision can publish from ZooKeeper alone. It
-  carries each partition's content digest (``server_ext.digest``), which ``txsink
+  carries each partition's content digest (``server_ext.types.digest``), which ``txsink
   verify`` compares with the target's.
 - In streaming, a task of a replayed micro-batch whose xid is already ``Committed``
   writes nothing and returns :class:`SkippedMessage`. Before that, every task checks
@@ -24,7 +24,7 @@ Contract (what Spark's ``DataWriter`` asks, made exactly-once):
 - On a sharded target each branch stages on one replica of its shard (``pick_replica``)
   and records that server; its publish and rollback go to the same server.
 - A sealed branch of small parts is also *contributed* to its xid's pre-combined table
-  on its server (``server_ext.consolidate``) before it is prepared, so that the commit
+  on its server (``server_ext.publish.combined``) before it is prepared, so that the commit
   need not combine the winners' rows itself. That table is registered as a branch of
   its own (never prepared, so rolled back with the non-winners) before it exists. A
   contribution that fails in any way is only logged: the commit then reads the sources.
@@ -48,13 +48,16 @@ import pyarrow as pa
 
 import server_ext
 from coordinator import Coordinator, Fenced, XidAborted, XidDecided, XidState
-from server_ext import partition_bound
-from server_ext.bad_values import BadRows
-from server_ext.digest import ContentDigest
+from server_ext.ddl import ViewNode, staging_view_ddl
 from server_ext.errors import ClickHouseError, PartitionLimitExceeded
-from server_ext.partition_bound import PartitionCounter
 from server_ext.sharding import Shard, ShardRouter
-from server_ext.staging import merges_at_insert
+from server_ext.staging import (
+    PartitionCounter,
+    merges_at_insert,
+    partition_bound_settings,
+    staging_qualified,
+)
+from server_ext.types import BadRows, ContentDigest
 from txsink.core import combine, connections, crashpoints, payload
 from txsink.core.messages import BranchMessage, SkippedMessage
 from txsink.core.payload import BranchOwner
@@ -131,13 +134,13 @@ def pick_replica(shard: Shard, partition: int, attempt: int, choice: str,
 
 
 class _ViewBranch:
-    """The share of one materialized view (``server_ext.views.ViewNode``) in a branch:
+    """The share of one materialized view (``server_ext.ddl.ViewNode``) in a branch:
     a staging copy of the view's table, filled by a staging view over its source's
     staging table. A branch of its own in the coordinator, published into the view's
     table under the same decision."""
 
     def __init__(self, plan: WritePlan, epoch: int, parent_id: str,
-                 node: server_ext.ViewNode) -> None:
+                 node: ViewNode) -> None:
         self.node = node
         self.table = node.table
         self.strategy = plan.view_strategies[node.index]
@@ -187,7 +190,7 @@ class _ShardBranch:
             self.create_views(qualified)
             crashpoints.hit(crashpoints.BRANCH_AFTER_VIEWS)
             given = dict(self.plan.options.insert_settings)
-            bound = partition_bound.insert_settings(
+            bound = partition_bound_settings(
                 self.client, self.plan.options.max_partitions_per_job, given)
             self.writer = server_ext.BranchWriter(
                 self.client, target, qualified, caps,
@@ -213,8 +216,8 @@ class _ShardBranch:
         for share in self.views:
             tables[share.node.index] = server_ext.create_staging(
                 self.client, share.table, share.staging, mirror_engine=True)
-            self.client.execute(server_ext.views.staging_view_ddl(
-                share.node, server_ext.staging.staging_qualified(share.view),
+            self.client.execute(staging_view_ddl(
+                share.node, staging_qualified(share.view),
                 tables[share.node.parent], tables[share.node.index]),
                 purpose=f"create staging view for {share.node.view_name}")
 

@@ -21,15 +21,15 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 
 import server_ext
-from server_ext.capabilities import (
+from server_ext.client import encoding_problem
+from server_ext.ddl import ViewNode, ViewProblem, discover, tree_problem
+from server_ext.publish import (
     Strategy,
     StrategyProblem,
-    engine_problem,
     strategy_problem,
     supported_strategies,
+    target_engine_problem,
 )
-from server_ext.compression import encoding_problem
-from server_ext.insert_memory import memory_problem
 from server_ext.sharding import (
     Shard,
     ShardLayout,
@@ -39,8 +39,7 @@ from server_ext.sharding import (
     parse_shard_urls,
     shown_url,
 )
-from server_ext.staging import publish_problem
-from server_ext.views import ViewNode, ViewProblem, discover, tree_problem
+from server_ext.staging import memory_problem, publish_problem
 from txsink.core import connections
 from txsink.options import OptionError, SinkOptions, insert_settings, parse_options
 from txsink.options.target_name import note_default_database
@@ -232,7 +231,7 @@ def check_target(options: SinkOptions, spark_schema, *, views: bool = True) -> C
 
 def view_tree(options: SinkOptions, client, layout: ShardLayout,
               shard_tables: list[tuple[server_ext.TargetTable, str]]) -> tuple[ViewNode, ...]:
-    """The materialized views the target feeds (``server_ext.views``), the same on every
+    """The materialized views the target feeds (``server_ext.ddl.views``), the same on every
     shard; ``()`` with ``materialized_views='ignore'``, logged.
 
     Refused before anything is staged, naming the view: a view the sink cannot stage, a
@@ -315,7 +314,7 @@ def check_publish(options: SinkOptions, checked: CheckedTarget, overwrite: bool 
 
     - a target no staged partition can be published into (not MergeTree-family, or the
       deprecated MergeTree syntax), a view tree that cannot be staged
-      (``server_ext.views.tree_problem``: e.g. a view into a ``Distributed`` table, or an
+      (``server_ext.ddl.tree_problem``: e.g. a view into a ``Distributed`` table, or an
       overwrite of a target that feeds views): ``server_ext.UnsupportedTarget``;
     - shards whose local tables disagree on being Replicated (no one strategy serves
       both): ``UnsupportedTarget``;
@@ -332,7 +331,7 @@ def check_publish(options: SinkOptions, checked: CheckedTarget, overwrite: bool 
     several = len(shards) > 1
     views = tree_problem(checked.views, overwrite)  # shard 1's tree, every shard's too
     for index, (table, server) in enumerate(shards):
-        problem = (engine_problem(table) or views
+        problem = (target_engine_problem(table) or views
                    or ("mode('overwrite') replaces partitions, and a Null table keeps none"
                        if overwrite and table.engine == "Null" else None))
         if problem:
@@ -395,7 +394,7 @@ def check_publishable(options: SinkOptions, checked: CheckedTarget) -> None:
 def check_insert_memory(options: SinkOptions, checked: CheckedTarget) -> None:
     """Refuse, before any xid is opened or anything staged, a target (or view table) too
     wide for one staging INSERT within its server's per-query memory limit
-    (``server_ext.insert_memory``: 18.16 holds ~2 MiB per column file, so its 4 GB limit
+    (``server_ext.staging.insert_memory``: 18.16 holds ~2 MiB per column file, so its 4 GB limit
     takes ~1,900 plain columns), on every shard. Found by the tasks, it would fail every
     attempt after the xid was opened, with only the server's "Memory limit exceeded"."""
     shards = checked.shard_tables or ((checked.table, options.url),)
