@@ -1,7 +1,7 @@
 """What keeping bad rows (``bad_rows=quarantine``) costs ``clickhouse_tx``.
 
 With ``bad_rows=quarantine`` every batch is checked for *all* its bad rows (a mask per
-check, ``server_ext/bad_values.py``), the good rows are sent and the bad ones staged into
+check, ``server_ext/types/bad_values.py``), the good rows are sent and the bad ones staged into
 the quarantine share of their branch, published under the same decision
 (``txsink/core/quarantine_share.py``). This run measures, on one server, a 1M-row batch job in 2
 Spark partitions with the rows of ``bench_sink.py`` (``sinkbench/workload.py``) plus a

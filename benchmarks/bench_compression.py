@@ -26,13 +26,11 @@ import pyarrow as pa
 from bench_writer import DATABASE, QUALIFIED, check_count, make_table, reset_table
 
 from server_ext.capabilities import detect_capabilities
-from server_ext.client import ClickHouseClient
-from server_ext.compression import ENCODINGS, compress, encoding_problem
-from server_ext.encoder import encode_native_block
+from server_ext.client import ENCODINGS, ClickHouseClient, compress, encoding_problem
 from server_ext.errors import ServerUnreachable
-from server_ext.schema import check_arrow_schema, describe_table
 from server_ext.sql import quote_identifier
-from server_ext.writer import BranchWriter
+from server_ext.staging import BranchWriter
+from server_ext.types import check_arrow_schema, describe_table, encode_native_block
 
 RESULTS = Path(__file__).parent / "results" / "compression.json"
 SERVERS = {"ch18": "http://127.0.0.1:8123", "ch26": "http://127.0.0.1:8124"}

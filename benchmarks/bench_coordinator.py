@@ -157,7 +157,7 @@ def open_stores(zookeeper: str, keepermap: str | None) -> dict[str, NodeStore]:
     if keepermap:
         from coordinator.keepermap import KeeperMapNodes
         from server_ext.client import ClickHouseClient
-        from server_ext.keepermap import KeeperMapTable
+        from server_ext.ddl import KeeperMapTable
 
         table = KeeperMapTable(ClickHouseClient(keepermap), "txsink_bench", "records")
         table.create("/txsink_bench/records")

@@ -1,7 +1,7 @@
 """What the content digest costs a seal: ``seal`` with and without ``digest`` on 1M rows.
 
 A branch's seal scans its staging table once to record each partition's content digest
-(``server_ext.digest``). This run fills one staging-like table per server with the
+(``server_ext.types.digest``). This run fills one staging-like table per server with the
 ``bench_writer.py`` workload (id UInt64, name String, score Float64, ts DateTime) and a
 wider one with the wrapped types that 18.16 cannot hash as they are (Nullable, Array of
 Nullable, Decimal, UUID, LowCardinality), in 4 partitions, and times ``seal`` with and
@@ -22,9 +22,9 @@ from pathlib import Path
 
 from server_ext.client import ClickHouseClient
 from server_ext.errors import ServerUnreachable
-from server_ext.schema import describe_table
-from server_ext.seal import seal
 from server_ext.sql import qualified_name, quote_identifier
+from server_ext.staging import seal
+from server_ext.types import describe_table
 
 RESULTS = Path(__file__).parent / "results" / "digest.json"
 SERVERS = {"ch18": "http://127.0.0.1:8123", "ch26": "http://127.0.0.1:8124"}

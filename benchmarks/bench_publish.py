@@ -28,12 +28,10 @@ import uuid
 from pathlib import Path
 
 from server_ext.client import ClickHouseClient
-from server_ext.ledger import MemoryLedger
-from server_ext.publish import publish
-from server_ext.schema import describe_table
-from server_ext.seal import seal
+from server_ext.publish import MemoryLedger, publish
 from server_ext.sql import qualified_name, quote_identifier
-from server_ext.staging import create_staging, rollback, staging_table_name
+from server_ext.staging import create_staging, rollback, seal, staging_table_name
+from server_ext.types import describe_table
 
 PARTITION_COUNTS = (1, 10, 100)
 ROWS_PER_EPOCH = 10_000

@@ -44,7 +44,7 @@ def run(url: str, zookeeper: str, rows: int, rounds: int) -> dict:
 
     import txsink
     from server_ext.client import ClickHouseClient
-    from server_ext.keepermap import KeeperMapTable
+    from server_ext.ddl import KeeperMapTable
 
     database, table = RECORDS.split(".")
     KeeperMapTable(ClickHouseClient(url), database, table).create(f"/{database}/{table}")

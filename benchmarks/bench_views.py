@@ -1,7 +1,7 @@
 """What staging the target's materialized views costs ``clickhouse_tx``.
 
 A partition operation does not fire materialized views, so every branch of
-``clickhouse_tx`` stages the target's view tree (``server_ext/views.py``, "The staged view
+``clickhouse_tx`` stages the target's view tree (``server_ext/ddl/views.py``, "The staged view
 tree" in ``docs/design.md``): per view, a staging copy of the view's table and a staging
 materialized view are created in each task, and each view's share is a branch of its own,
 combined per server and table and published under the same decision. ``clickhouse_plain``

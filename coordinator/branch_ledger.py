@@ -1,6 +1,6 @@
 """A durable key/value ledger under one branch, for the publish step's own records.
 
-This is the ZooKeeper implementation of ``server_ext.ledger.Ledger``, the protocol the
+This is the ZooKeeper implementation of ``server_ext.publish.PublishLedger``, the protocol the
 publish step takes (structurally: ``coordinator`` and ``server_ext`` never import each
 other). A publish that cannot make a step idempotent by itself (ClickHouse 18.x attaches a
 partition into a plain MergeTree: running it twice duplicates the rows) keeps one record
@@ -8,7 +8,7 @@ per staging table here, next to the branch it publishes, keyed by the table's na
 intent ``{"state": "attaching", "attaching": [...], "published": [...], "watermark": W}``
 before the statement that makes rows visible, then ``{"state": "published"}``; a combined
 branch also records ``{"state": "combined", "manifest": ...}`` under
-``<combined table>.combined`` (``server_ext/publish.py``, ``server_ext/consolidate.py``).
+``<combined table>.combined`` (``server_ext/publish/``, ``server_ext/publish/combined.py``).
 The ledger lives and dies with its branch: pruning the xid removes it.
 
 Contract: ``put`` is durable when it returns and is a compare-and-set against the version
@@ -43,7 +43,7 @@ class LedgerConflict(CoordinatorError):
 
 
 class Ledger:
-    """Per-branch durable records: implements ``server_ext.ledger.Ledger`` (``get``,
+    """Per-branch durable records: implements ``server_ext.publish.PublishLedger`` (``get``,
     ``put``, ``confirm``) in ZooKeeper, fenced by the xid's publish lease.
 
     Usage (inside ``coord.publish_lease(41)``, or a commit/recover callback)::

@@ -377,7 +377,7 @@ class Coordinator:
 
     def ledger(self, epoch: int, branch_id: str) -> Ledger:
         """The durable key/value ledger of one branch (for the publish step): the
-        ``server_ext.ledger.Ledger`` the publish and consolidate steps take.
+        ``server_ext.publish.PublishLedger`` the publish and combine steps take.
 
         Its writes are fenced by the publish lease this coordinator holds for ``epoch``
         (inside ``commit``, ``abort``, ``recover`` or ``publish_lease``); outside a lease

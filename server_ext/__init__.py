@@ -1,145 +1,58 @@
-"""server_ext: the ClickHouse side of txsink (client, SQL text, capabilities, schema, encoder,
-writer, staging, seal, publish, rollback, sweeper). Knows nothing about Spark or ZooKeeper."""
+"""server_ext: the ClickHouse side of txsink. Knows nothing about Spark or ZooKeeper.
 
-from server_ext.capabilities import (
-    STRATEGIES,
-    Capabilities,
-    Strategy,
-    choose_strategy,
-    detect_capabilities,
-)
-from server_ext.chdb_client import ChdbClient
-from server_ext.client import ClickHouseClient
-from server_ext.encoder import (
-    arrow_stream_chunks,
-    encode_column,
-    encode_native_block,
-    to_arrow_stream_batch,
-)
-from server_ext.errors import (
-    ClickHouseError,
-    InDoubtPublish,
-    InvalidValue,
-    PartitionLimitExceeded,
-    PartsDeduplicated,
-    PublishError,
-    SchemaMismatch,
-    ServerUnreachable,
-    StagingChanged,
-)
-from server_ext.ledger import Ledger, MemoryLedger, resolve_partition
-from server_ext.manifest import Manifest, PartitionManifest, StagedPart
-from server_ext.overwrite import publish_overwrite
-from server_ext.prepare import checked_batch, prepare_batch
-from server_ext.publish import publish
-from server_ext.publish_steps import PUBLISH_STEPS, PublishReport
-from server_ext.schema import (
-    Column,
-    TargetTable,
-    check_arrow_schema,
-    check_batch,
-    describe_table,
-)
-from server_ext.seal import (
-    StagedRowsMismatch,
-    digested,
-    read_staged_tables,
-    seal,
-    staged_digests,
-)
-from server_ext.sharding import (
-    Shard,
-    ShardingError,
-    ShardLayout,
-    ShardRouter,
-    layout_from_distributed,
-    layout_from_urls,
-    parse_shard_urls,
-)
-from server_ext.sql import qualified_name, quote_identifier, split_table_name, sql_string
+Folders, one job each: ``client/`` (talking to a server), ``types/`` (the target's columns
+and whether values fit them, encoding), ``staging/`` (a branch's staging table up to its
+seal), ``publish/`` (making sealed branches visible exactly once), ``ddl/`` (tables the
+sink creates or reads the shape of), ``sharding/`` (shard layouts and row routing); at the
+top ``sql`` (SQL text and quoting), ``errors``, ``capabilities`` (what a server can do) and
+``target_rows`` (a target's rows per partition for ``txsink verify``). This module
+re-exports the names a write's path uses most; the rest are public in their folder.
+"""
+
+from server_ext.capabilities import Capabilities, detect_capabilities
+from server_ext.client import ChdbClient, ClickHouseClient
+from server_ext.errors import ClickHouseError, SchemaMismatch, ServerUnreachable, StagingChanged
+from server_ext.publish import choose_strategy
 from server_ext.staging import (
     STAGING_DATABASE,
-    StagingName,
+    BranchWriter,
+    Manifest,
+    PartitionManifest,
     UnsupportedTarget,
-    branch_key,
     create_staging,
-    parse_staging_table_name,
+    digested,
+    read_staged_tables,
     rollback,
+    seal,
+    staged_digests,
     staging_table_name,
 )
-from server_ext.staging import sink_key as staging_sink_key
-from server_ext.sweeper import sweep
-from server_ext.views import ViewNode, ViewProblem
-from server_ext.writer import BranchWriter
+from server_ext.types import TargetTable, check_arrow_schema, checked_batch, describe_table
 
 __all__ = [
-    # data path
-    "STRATEGIES",
+    "STAGING_DATABASE",
     "BranchWriter",
     "Capabilities",
     "ChdbClient",
     "ClickHouseClient",
     "ClickHouseError",
-    "Column",
-    "InvalidValue",
-    "PartitionLimitExceeded",
+    "Manifest",
+    "PartitionManifest",
     "SchemaMismatch",
     "ServerUnreachable",
-    "Strategy",
+    "StagingChanged",
     "TargetTable",
-    "ViewNode",
-    "ViewProblem",
-    "arrow_stream_chunks",
+    "UnsupportedTarget",
     "check_arrow_schema",
     "checked_batch",
-    "prepare_batch",
-    "check_batch",
     "choose_strategy",
+    "create_staging",
     "describe_table",
     "detect_capabilities",
-    "encode_column",
-    "encode_native_block",
-    "qualified_name",
-    "quote_identifier",
-    "split_table_name",
-    "sql_string",
-    "to_arrow_stream_batch",
-    # two-phase commit
-    "STAGING_DATABASE",
-    "PUBLISH_STEPS",
-    "InDoubtPublish",
-    "Ledger",
-    "Manifest",
-    "MemoryLedger",
-    "PartitionManifest",
-    "PartsDeduplicated",
-    "PublishError",
-    "PublishReport",
-    "StagedPart",
-    "StagedRowsMismatch",
-    "StagingChanged",
-    "StagingName",
-    "UnsupportedTarget",
-    "branch_key",
-    "create_staging",
-    "parse_staging_table_name",
-    "publish",
-    "publish_overwrite",
-    "resolve_partition",
-    "rollback",
+    "digested",
     "read_staged_tables",
+    "rollback",
     "seal",
     "staged_digests",
-    "digested",
-    "staging_sink_key",
     "staging_table_name",
-    "sweep",
-    # sharding
-    "Shard",
-    "ShardLayout",
-    "ShardRouter",
-    "ShardingError",
-    "layout_from_distributed",
-    "layout_from_urls",
-    "parse_shard_urls",
 ]

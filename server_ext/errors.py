@@ -196,7 +196,7 @@ class InvalidValue(ClickHouseError):
 
 class PartitionLimitExceeded(ClickHouseError):
     """A write's rows spread over more partitions than its bound allows
-    (``server_ext.partition_bound``). Raised before the decision: nothing is visible.
+    (``server_ext.staging.partition_bound``). Raised before the decision: nothing is visible.
 
     ``count`` is None when the server refused a block for crossing it (how far beyond,
     it does not say); ``examples`` are a few partition values, as the server shows them.
@@ -260,3 +260,11 @@ class InDoubtPublish(PublishError):
 
 class PartsDeduplicated(PublishError):
     """A Replicated target dropped staged parts as duplicates of identical earlier parts."""
+
+
+class ShardingError(ValueError):
+    """A shard layout, a shard URL option or a sharding key cannot be used.
+
+    A ``ValueError`` like the sink's option errors: it is raised before anything is staged.
+    Messages name the bad part but never a URL's credentials.
+    """

@@ -17,7 +17,7 @@ Contract:
   server's host name and the table's metadata path (so two URLs of one server agree).
 - ``exact`` is None when ``partitions`` changes only by inserts, attaches and deletions;
   otherwise it says why counts cannot be compared.
-- ``digests``: the content digest (``server_ext.digest``) of each partition asked for,
+- ``digests``: the content digest (``server_ext.types.digest``) of each partition asked for,
   from one scan of those partitions (a partition without rows has none); its count then
   replaces the parts' count, being exact and of the same read. ``digest_scheme`` is the
   scheme of the table's current columns (None: not computed, ``digest_note`` says why).
@@ -29,8 +29,10 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from server_ext.client_protocol import SqlClient
-from server_ext.digest import (
+from server_ext.client.client_protocol import SqlClient
+from server_ext.errors import ClickHouseError, ServerUnreachable
+from server_ext.sql import qualified_name, sql_string, table_filter
+from server_ext.types.digest import (
     ContentDigest,
     hashes_any_type,
     partition_digests,
@@ -38,8 +40,6 @@ from server_ext.digest import (
     scheme_of,
     stored_columns,
 )
-from server_ext.errors import ClickHouseError, ServerUnreachable
-from server_ext.sql import qualified_name, sql_string, table_filter
 
 # Engines whose row count is exactly what was inserted minus what was deleted.
 EXACT_ENGINES = frozenset({"MergeTree", "ReplicatedMergeTree"})

@@ -23,14 +23,14 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NotEmptyError
 from kazoo.retry import KazooRetry
 
-from server_ext.client import ClickHouseClient
-from server_ext.staging import (
+from server_ext.client.http_client import ClickHouseClient
+from server_ext.staging.staging_tables import (
     STAGING_DATABASE,
     parse_staging_table_name,
     rollback,
     staging_table_name,
 )
-from server_ext.sweeper import staging_tables
+from server_ext.staging.sweeper import staging_tables
 from tests.harness import cli as harness_cli
 from tests.harness.services import Cluster, Services
 
@@ -287,8 +287,8 @@ def keepermap_url(services: Services) -> str:
 
 @pytest.fixture(scope="session")
 def records_table(keepermap_url: str):
-    """The session's table of coordinator records (``server_ext.keepermap``)."""
-    from server_ext.keepermap import KeeperMapTable
+    """The session's table of coordinator records (``server_ext.ddl.records_table``)."""
+    from server_ext.ddl.records_table import KeeperMapTable
 
     table = KeeperMapTable(ClickHouseClient(keepermap_url), RECORDS_DATABASE, "records")
     try:

@@ -35,7 +35,7 @@ layers, and each is tried where it can differ:
   (``commit.after_decision`` is the same state without the intent).
 - Only publish depends on the strategy. ``branch.*`` (task side) and ``abort.*`` end in
   a rollback that drops staging, the same statement on every server; ``commit.*`` are
-  coordinator transitions around publish; ``consolidate.*`` builds the combined table
+  coordinator transitions around publish; ``combine.*`` builds the combined table
   with ``ATTACH PARTITION ... FROM`` whatever the strategy. ``publish.after_drop_
   staging_partition`` is never reached with ``move`` (a move leaves no staging partition
   to drop).

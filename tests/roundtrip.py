@@ -24,7 +24,7 @@ import pyarrow as pa
 import requests
 from hypothesis import strategies as st
 
-from server_ext.client import ClickHouseClient
+from server_ext.client.http_client import ClickHouseClient
 from server_ext.sql import qualified_name
 
 

@@ -116,7 +116,7 @@ def assert_counts_exactly_once(counts: dict[int, int], expected_ids) -> None:
 def staging_tables(url: str, options: dict[str, str]) -> list[str]:
     """Staging tables of the sinks of ``options``' coordinator root (tests running beside
     this one write into the same staging database under other roots)."""
-    from server_ext.staging import root_tag
+    from server_ext.staging.staging_tables import root_tag
     from txsink.options import parse_options, root_identity
 
     if options.get("coordinator") == "keepermap":  # the root is the records table's
@@ -134,7 +134,7 @@ def staging_insert_settings(url: str, options: dict[str, str],
     ``INSERT ... SELECT``) into the staging tables of ``options``' coordinator root, from
     ``system.query_log`` ('' where the INSERT did not set it; the modern test server keeps
     the log, 18.16 logs no settings)."""
-    from server_ext.staging import root_tag
+    from server_ext.staging.staging_tables import root_tag
     from txsink.options import parse_options, root_identity
 
     if options.get("coordinator") == "keepermap":  # the root is the records table's

@@ -150,7 +150,7 @@ def live_xid(zk, url: str, zookeeper: str, table: str) -> tuple[Coordinator, int
     """A live writer's undecided xid with a staged branch: begun watched by this test's
     ZooKeeper session (as a writer holds its xid), its staging table made."""
     import server_ext
-    from server_ext.client import ClickHouseClient
+    from server_ext.client.http_client import ClickHouseClient
     from txsink.options import root_identity
 
     coord = Coordinator(zk, "live")
@@ -253,7 +253,7 @@ def test_a_task_broken_by_a_rollback_of_its_xid_says_the_xid_was_rolled_back(zk)
     from types import SimpleNamespace
 
     from coordinator import XidAborted
-    from server_ext.seal import StagedRowsMismatch
+    from server_ext.staging.seal import StagedRowsMismatch
     from txsink.core.attempt import _rolled_back
 
     coord = Coordinator(zk, "rolled-back")

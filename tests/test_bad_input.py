@@ -33,7 +33,7 @@ import pytest
 import requests
 
 import txsink
-from server_ext.staging import STAGING_DATABASE, root_tag
+from server_ext.staging.staging_tables import STAGING_DATABASE, root_tag
 from tests.harness.chaos.faults import private_services
 from tests.harness.services import READONLY_USER, SECRET_PASSWORD, SECRET_USER, Services
 from txsink.ops import cli

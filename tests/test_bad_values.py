@@ -13,12 +13,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server_ext.chtypes import STORAGE_RANGES
+from server_ext.ddl.quarantine_table import (
+    ARROW_SCHEMA,
+    KeptRows,
+    quarantine_records,
+    rows_json,
+    to_json,
+)
 from server_ext.errors import InvalidValue
-from server_ext.json_values import as_json_texts
-from server_ext.prepare import checked_batch, split_batch
-from server_ext.quarantine import ARROW_SCHEMA, KeptRows, records, rows_json, to_json
-from server_ext.schema import Column, _failing_rows, check_batch
+from server_ext.types.chtypes import STORAGE_RANGES
+from server_ext.types.json_values import as_json_texts
+from server_ext.types.prepare import checked_batch, split_batch
+from server_ext.types.row_checks import _failing_rows, check_batch
+from server_ext.types.target_table import Column
 
 UINT8 = [Column("id", "UInt64"), Column("code", "UInt8")]
 small_ints = st.lists(st.one_of(st.none(), st.integers(-300, 300)), min_size=1, max_size=60)
@@ -45,7 +52,7 @@ def test_every_row_with_a_value_out_of_range_is_found(codes):
 @given(small_ints)
 def test_fail_mode_raises_for_a_bad_row_the_quarantine_mode_finds_with_its_problem(codes):
     """Fail mode stops at the first bad value of the first check that finds one (nulls
-    before ranges), quarantine mode records each row's first problem in that order."""
+    before ranges), quarantine mode quarantine_records each row's first problem in that order."""
     batch = coded(codes)
     _, bad = split_batch(UINT8, batch, STORAGE_RANGES)
     if not len(bad):
@@ -151,7 +158,7 @@ def test_quarantine_records_show_a_far_instant_python_cannot_show_in_its_zone():
                              "t": pa.array([FAR], pa.timestamp("us", "America/Los_Angeles"))})
     _, bad = split_batch([Column("code", "UInt8"), Column("t", "DateTime64(6)")], batch,
                          STORAGE_RANGES)
-    (kept,) = records([KeptRows.of(bad, batch, 0)], sink_id="s", epoch=1,
+    (kept,) = quarantine_records([KeptRows.of(bad, batch, 0)], sink_id="s", epoch=1,
                       task="t").to_pylist()
     assert kept["column"] == "code" and "0000-12-31" in kept["row"]
 
@@ -196,7 +203,8 @@ def test_quarantine_records_carry_the_row_and_the_value_as_json():
     batch = pa.record_batch({"id": pa.array([5, 6], pa.int64()),
                              "code": pa.array([1, 300], pa.int32())})
     _, bad = split_batch(UINT8, batch, STORAGE_RANGES)
-    kept = records([KeptRows.of(bad, batch, 100)], sink_id="s", epoch=3, task="p0-a0-s0-x")
+    kept = quarantine_records([KeptRows.of(bad, batch, 100)], sink_id="s", epoch=3,
+                              task="p0-a0-s0-x")
     assert kept.schema == ARROW_SCHEMA
     assert kept.to_pylist() == [{
         "sink_id": "s", "epoch": 3, "task": "p0-a0-s0-x", "row_number": 101,
@@ -208,7 +216,7 @@ def test_quarantine_records_of_several_batches_number_rows_by_each_batch_start()
     first, second = coded([300, 1]), coded([2, -1, 400])
     kept = [KeptRows.of(split_batch(UINT8, b, STORAGE_RANGES)[1], b, start)
             for b, start in ((first, 0), (second, 2))]
-    built = records(kept, sink_id="s", epoch=1, task="t").to_pylist()
+    built = quarantine_records(kept, sink_id="s", epoch=1, task="t").to_pylist()
     assert [(r["row_number"], r["value"]) for r in built] == [(0, "300"), (3, "-1"),
                                                               (4, "400")]
 
@@ -221,7 +229,7 @@ def test_quarantine_records_show_each_bad_value_of_its_own_column():
                Column("ts", "DateTime")]
     _, bad = split_batch(columns, batch, STORAGE_RANGES)
     kept = KeptRows.of(bad, batch, 0)
-    built = records([kept, kept], sink_id="s", epoch=1, task="t").to_pylist()
+    built = quarantine_records([kept, kept], sink_id="s", epoch=1, task="t").to_pylist()
     assert [(r["row_number"], r["column"], r["value"]) for r in built] == [
         (0, "code", "300"), (1, "name", '"far too long"'), (2, "ts", to_json(bad.values[2])),
         (0, "code", "300"), (1, "name", '"far too long"'), (2, "ts", to_json(bad.values[2]))]

@@ -8,13 +8,9 @@ from dataclasses import dataclass
 import pytest
 
 from server_ext import capabilities
-from server_ext.capabilities import (
-    SCRATCH_DATABASE,
-    Capabilities,
-    choose_strategy,
-    detect_capabilities,
-)
-from server_ext.client import ClickHouseClient
+from server_ext.capabilities import SCRATCH_DATABASE, Capabilities, detect_capabilities
+from server_ext.client.http_client import ClickHouseClient
+from server_ext.publish.strategy_choice import choose_strategy
 
 
 @pytest.fixture

@@ -16,12 +16,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server_ext.capabilities import Capabilities, choose_strategy, detect_capabilities
-from server_ext.chdb_client import ChdbClient
+from server_ext.capabilities import Capabilities, detect_capabilities
+from server_ext.client.chdb_client import ChdbClient
 from server_ext.errors import ClickHouseError
-from server_ext.schema import TargetTable, describe_table
+from server_ext.publish.strategy_choice import choose_strategy
 from server_ext.sql import qualified_name
-from server_ext.writer import BranchWriter
+from server_ext.staging.writer import BranchWriter
+from server_ext.types.target_table import TargetTable, describe_table
 from tests import roundtrip
 
 

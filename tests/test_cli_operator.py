@@ -10,7 +10,7 @@ import time
 import pytest
 
 from coordinator import Coordinator
-from server_ext.manifest import Manifest
+from server_ext.staging.manifest import Manifest
 from tests.conftest import free_port
 from txsink.core import payload
 

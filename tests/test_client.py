@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from server_ext.client import ClickHouseClient
+from server_ext.client.http_client import ClickHouseClient
 from server_ext.errors import ClickHouseError, ServerUnreachable
 from server_ext.sql import qualified_name, quote_identifier, split_table_name
 from tests.conftest import free_port, run_sql

@@ -31,18 +31,14 @@ from hypothesis import strategies as st
 
 import txsink
 from server_ext.capabilities import detect_capabilities
-from server_ext.chtypes import STORAGE_RANGES
-from server_ext.client import ClickHouseClient
+from server_ext.client.http_client import ClickHouseClient
 from server_ext.errors import InvalidValue, SchemaMismatch
-from server_ext.prepare import checked_batch
-from server_ext.schema import (
-    Column,
-    TargetTable,
-    check_arrow_schema,
-    check_batch,
-    describe_table,
-)
-from server_ext.writer import BranchWriter
+from server_ext.staging.writer import BranchWriter
+from server_ext.types.arrow_schema import check_arrow_schema
+from server_ext.types.chtypes import STORAGE_RANGES
+from server_ext.types.prepare import checked_batch
+from server_ext.types.row_checks import check_batch
+from server_ext.types.target_table import Column, TargetTable, describe_table
 from tests.conftest import run_sql
 
 

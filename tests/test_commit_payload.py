@@ -12,9 +12,10 @@ import pytest
 
 import server_ext
 from coordinator import PublishFailed, XidState
-from server_ext.client import ClickHouseClient
-from server_ext.digest import ContentDigest
-from server_ext.publish_steps import STEP_AFTER_ATTACH
+from server_ext.client.http_client import ClickHouseClient
+from server_ext.publish import publish
+from server_ext.publish.publish_steps import STEP_AFTER_ATTACH
+from server_ext.types.digest import ContentDigest
 from tests.test_verify_target import ROOT, SINK, Writer, create_table
 from txsink.core.payload import (
     CombinedBranch,
@@ -123,7 +124,7 @@ def test_committing_xid_of_format_1_interrupted_after_an_attach_is_finished_once
         def die(step: str) -> None:
             if step == STEP_AFTER_ATTACH:
                 raise RuntimeError("driver died")
-        server_ext.publish(client, server_ext.Manifest.from_dict(record.manifest["manifest"]),
+        publish(client, server_ext.Manifest.from_dict(record.manifest["manifest"]),
                            record.manifest["strategy"],
                            coord.ledger(epoch, record.branch_id), on_step=die)
 

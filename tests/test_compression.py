@@ -1,7 +1,7 @@
 """Compressed INSERT bodies (option ``compression``) against both real servers.
 
 18.16 reads gzip and deflate request bodies only; 26.x reads zstd and lz4 as well. The
-server is asked, never assumed (``server_ext.compression.encoding_problem``).
+server is asked, never assumed (``server_ext.client.encoding_problem``).
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 import txsink
-from server_ext.client import ClickHouseClient
-from server_ext.compression import ENCODINGS, encoding_problem
+from server_ext.client.compression import ENCODINGS, encoding_problem
+from server_ext.client.http_client import ClickHouseClient
 from server_ext.sql import qualified_name
 from tests.conftest import run_sql
 from tests.sinkutil import assert_exactly_once, create_events, events_df, save, staging_tables

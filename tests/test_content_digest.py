@@ -1,4 +1,4 @@
-"""A partition's content digest (``server_ext.digest``) is taken of every column type each
+"""A partition's content digest (``server_ext.types.digest``) is taken of every column type each
 server has, and stays the same however the rows are split into parts or rewritten.
 
 The digests are taken on the real servers: which types ``cityHash64`` takes, and what it
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from server_ext.client import ClickHouseClient
-from server_ext.digest import ContentDigest, combine, hashes_any_type, partition_digests
-from server_ext.schema import describe_table
+from server_ext.client.http_client import ClickHouseClient
+from server_ext.types.digest import ContentDigest, digest_union, hashes_any_type, partition_digests
+from server_ext.types.target_table import describe_table
 from tests.conftest import run_sql
 
 # (column type, a value, another value) per server; NULL where the type takes one
@@ -87,7 +87,7 @@ def test_the_digest_is_the_same_after_a_merge_and_after_a_rewrite(
 
 
 def test_digests_of_different_schemes_do_not_combine() -> None:
-    assert combine([ContentDigest(1, 5, "a"), ContentDigest(2, 2**64 - 1, "a")]) == \
+    assert digest_union([ContentDigest(1, 5, "a"), ContentDigest(2, 2**64 - 1, "a")]) == \
         ContentDigest(3, 4, "a")
-    assert combine([ContentDigest(1, 5, "a"), ContentDigest(1, 5, "b")]) is None
-    assert combine([ContentDigest(1, 5, "a"), None]) is None
+    assert digest_union([ContentDigest(1, 5, "a"), ContentDigest(1, 5, "b")]) is None
+    assert digest_union([ContentDigest(1, 5, "a"), None]) is None

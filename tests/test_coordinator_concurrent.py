@@ -155,7 +155,7 @@ TRIGGERS = ("at_once", "driver:task.after_register", "driver:commit.after_decisi
             "driver:commit.after_publish", "second:after_fence")
 SECOND_MODES = ("recover_only", "new_epoch", "replay")
 
-ATTACHING, PUBLISHED = "attaching", "published"  # server_ext.ledger's record states
+ATTACHING, PUBLISHED = "attaching", "published"  # server_ext.publish.publish_ledger's record states
 STATS: Counter[str] = Counter()  # what the run explored, printed at the end (pytest -s)
 
 

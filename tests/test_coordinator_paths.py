@@ -17,7 +17,7 @@ from coordinator import (
 )
 from coordinator.paths import SinkLayout, escape, unescape
 from coordinator.sink_admin import SinkAdmin
-from server_ext.ledger import Ledger as LedgerProtocol
+from server_ext.publish.publish_ledger import PublishLedger as LedgerProtocol
 from tests.test_coordinator_support import new_coordinator
 
 STAGING = "txs_orders_0123456789ab_e0_p0a0aaaa0000_01234567_r0123456789ab"
@@ -87,7 +87,7 @@ def test_ledger_put_overwrites_the_previous_value(zk: KazooClient) -> None:
 
 
 def test_the_coordinator_ledger_implements_the_server_ext_protocol() -> None:
-    """``coordinator.Ledger`` is the ZooKeeper ``server_ext.ledger.Ledger`` (the two
+    """``coordinator.Ledger`` is the ZooKeeper ``server_ext.publish.PublishLedger`` (the two
     packages never import each other, so the match is structural: checked here)."""
     wanted = [n for n in vars(LedgerProtocol) if not n.startswith("_")]
     assert sorted(wanted) == ["confirm", "get", "put"]

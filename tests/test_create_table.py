@@ -1,5 +1,5 @@
 """The DDL of a created target and of an added column, and the Spark → ClickHouse type
-mapping they use (``server_ext/create_table.py``), with the option checks of
+mapping they use (``server_ext/ddl/create_table.py``), with the option checks of
 ``create_table`` / ``schema_evolution`` (``txsink/options/table_options.py``). Pure text: no
 server. What the servers do with it is ``tests/test_table_creation.py``'s."""
 
@@ -29,17 +29,18 @@ from pyspark.sql.types import (
     VariantType,
 )
 
-from server_ext.chtypes import parse_type
-from server_ext.create_table import (
+from server_ext.ddl.create_table import (
     TableShape,
     TypeNotMapped,
     add_column_sql,
     column_type,
     column_types,
+    creatable_engine_problem,
     create_table_sql,
-    engine_problem,
 )
-from server_ext.schema import Column, TargetTable, type_problem
+from server_ext.types.arrow_schema import type_problem
+from server_ext.types.chtypes import parse_type
+from server_ext.types.target_table import Column, TargetTable
 from txsink.core.plan import arrow_schema
 from txsink.core.target_setup import column_changes
 from txsink.options import OptionError, parse_options
@@ -159,7 +160,7 @@ def test_add_column_statement_with_and_without_if_not_exists():
                                     "CollapsingMergeTree(sign)", "SummingMergeTree()",
                                     "ReplicatedMergeTree('/p', 'r')"])
 def test_mergetree_engines_are_created(engine):
-    assert engine_problem(engine) is None
+    assert creatable_engine_problem(engine) is None
 
 
 @pytest.mark.parametrize(("engine", "named"), [

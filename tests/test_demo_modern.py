@@ -18,8 +18,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from server_ext.capabilities import choose_strategy, detect_capabilities
-from server_ext.client import ClickHouseClient
+from server_ext.capabilities import detect_capabilities
+from server_ext.client.http_client import ClickHouseClient
+from server_ext.publish.strategy_choice import choose_strategy
 from tests.conftest import run_sql
 from tests.harness import cli as harness_cli
 from tests.harness.chaos.faults import kill_server, private_services, restart_server

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from server_ext.capabilities import Strategy
-from server_ext.create_distributed import distributed_table_sql
-from server_ext.quarantine import table_ddl
+from server_ext.ddl.create_distributed import distributed_table_sql
+from server_ext.ddl.quarantine_table import table_ddl
+from server_ext.publish.strategy_choice import Strategy
 from txsink.core.quarantine_share import _common_strategy
 from txsink.options import OptionError, parse_options
 

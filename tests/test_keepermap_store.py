@@ -25,9 +25,9 @@ from coordinator.multi import Multi, MultiFailed
 from coordinator.nodes import NodeStore
 from coordinator.publish_lease import LEASE, PublishLease
 from coordinator.sink_admin import SinkAdmin
-from server_ext.client import ClickHouseClient
-from server_ext.keepermap import FORMAT_KEY, KeeperMapTable
-from server_ext.staging import root_tag
+from server_ext.client.http_client import ClickHouseClient
+from server_ext.ddl.records_table import FORMAT_KEY, KeeperMapTable
+from server_ext.staging.staging_tables import root_tag
 from tests.conftest import RECORDS_DATABASE, run_sql
 from tests.sinkutil import assert_exactly_once, create_events, events_df
 from txsink.core import connections

@@ -18,7 +18,7 @@ import txsink
 from coordinator import Coordinator, SinkTreeDamaged, XidState
 from coordinator.paths import SinkLayout
 from coordinator.sink_admin import SinkAdmin
-from server_ext.manifest import Manifest, PartitionManifest, StagedPart
+from server_ext.staging.manifest import Manifest, PartitionManifest, StagedPart
 from tests.conftest import run_sql
 from tests.sinkutil import (
     SHORT_SESSION,

@@ -22,16 +22,15 @@ import pytest
 import txsink
 from coordinator import Coordinator, PublishFailed, XidState
 from coordinator.sink_admin import SinkAdmin
-from server_ext.capabilities import (
-    Capabilities,
-    detect_capabilities,
-    engine_problem,
+from server_ext.capabilities import Capabilities, detect_capabilities
+from server_ext.client.http_client import ClickHouseClient
+from server_ext.publish.strategy_choice import (
     strategy_problem,
     supported_strategies,
+    target_engine_problem,
 )
-from server_ext.client import ClickHouseClient
 from server_ext.sql import qualified_name
-from server_ext.staging import sink_key
+from server_ext.staging.staging_tables import sink_key
 from tests.conftest import run_sql
 from tests.sinkutil import assert_exactly_once, create_events, events_df, id_counts
 from txsink.core.operator_records import GIVEN_UP_KEY, SWITCH_KEY
@@ -207,7 +206,7 @@ def test_server_without_keeper_refuses_attach_replicated_for_any_table(caps):
 
 def test_deprecated_merge_tree_syntax_is_refused():
     old = Target(False, "MergeTree", "MergeTree(d, id, 8192)")
-    assert "deprecated" in (engine_problem(old) or "")
+    assert "deprecated" in (target_engine_problem(old) or "")
 
 
 # -- the way out of a stuck Committing xid --------------------------------------------

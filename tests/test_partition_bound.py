@@ -16,8 +16,9 @@ from kazoo.client import KazooClient
 
 import txsink
 from coordinator import Coordinator, XidState
-from server_ext import Column, PartitionLimitExceeded, TargetTable
-from server_ext.partition_bound import PartitionCounter, key_columns
+from server_ext.errors import PartitionLimitExceeded
+from server_ext.staging.partition_bound import PartitionCounter, partition_key_columns
+from server_ext.types.target_table import Column, TargetTable
 from tests.conftest import run_sql
 from tests.sinkutil import assert_exactly_once, id_counts, staging_tables
 
@@ -79,7 +80,7 @@ def described(partition_key: str) -> TargetTable:
 ])
 def test_only_bare_columns_of_exact_types_are_counted_before_sending(key, columns):
     table = described(key)
-    assert key_columns(table, table.columns) == columns
+    assert partition_key_columns(table, table.columns) == columns
 
 
 def test_a_batch_crossing_the_bound_is_refused_by_the_task_before_it_is_sent():

@@ -15,23 +15,28 @@ from pathlib import Path
 
 import pytest
 
-from server_ext.attach_decision import max_block_number
-from server_ext.client import ClickHouseClient
+from server_ext.client.http_client import ClickHouseClient
 from server_ext.errors import ClickHouseError, InDoubtPublish, StagingChanged
-from server_ext.ledger import MemoryLedger, resolve_partition
-from server_ext.manifest import Manifest
-from server_ext.overwrite import publish_overwrite
-from server_ext.publish import STATEMENT_WAIT_SECONDS, publish
-from server_ext.publish_steps import (
+from server_ext.publish.attach_decision import max_block_number
+from server_ext.publish.overwrite import publish_overwrite
+from server_ext.publish.publish_branch import STATEMENT_WAIT_SECONDS, publish
+from server_ext.publish.publish_ledger import MemoryLedger, resolve_partition
+from server_ext.publish.publish_steps import (
     PUBLISH_STEPS,
     STEP_AFTER_ATTACH,
     STEP_AFTER_INSERT,
     STEP_AFTER_INSERT_INTENT,
     STEP_AFTER_INTENT,
 )
-from server_ext.schema import TargetTable, describe_table
-from server_ext.seal import seal
-from server_ext.staging import STAGING_DATABASE, create_staging, rollback, staging_table_name
+from server_ext.staging.manifest import Manifest
+from server_ext.staging.seal import seal
+from server_ext.staging.staging_tables import (
+    STAGING_DATABASE,
+    create_staging,
+    rollback,
+    staging_table_name,
+)
+from server_ext.types.target_table import TargetTable, describe_table
 from tests.conftest import run_sql
 
 COLUMNS = "(d Date, k UInt64, s String DEFAULT 'x', n Nullable(Int32))"

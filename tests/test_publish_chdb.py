@@ -11,16 +11,17 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from server_ext.capabilities import choose_strategy, detect_capabilities
-from server_ext.chdb_client import ChdbClient
+from server_ext.capabilities import detect_capabilities
+from server_ext.client.chdb_client import ChdbClient
 from server_ext.errors import InDoubtPublish, StagingChanged
-from server_ext.ledger import MemoryLedger
-from server_ext.manifest import Manifest
-from server_ext.publish import publish
-from server_ext.publish_steps import PUBLISH_STEPS
-from server_ext.schema import TargetTable, describe_table
-from server_ext.seal import seal
-from server_ext.staging import STAGING_DATABASE, create_staging, staging_table_name
+from server_ext.publish.publish_branch import publish
+from server_ext.publish.publish_ledger import MemoryLedger
+from server_ext.publish.publish_steps import PUBLISH_STEPS
+from server_ext.publish.strategy_choice import choose_strategy
+from server_ext.staging.manifest import Manifest
+from server_ext.staging.seal import seal
+from server_ext.staging.staging_tables import STAGING_DATABASE, create_staging, staging_table_name
+from server_ext.types.target_table import TargetTable, describe_table
 
 
 class Crash(Exception):

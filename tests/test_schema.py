@@ -10,10 +10,12 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from server_ext.client import ClickHouseClient
+from server_ext.client.http_client import ClickHouseClient
 from server_ext.errors import ClickHouseError, InvalidValue, SchemaMismatch
-from server_ext.schema import Column, TargetTable, check_arrow_schema, check_batch, describe_table
 from server_ext.sql import qualified_name
+from server_ext.types.arrow_schema import check_arrow_schema
+from server_ext.types.row_checks import check_batch
+from server_ext.types.target_table import Column, TargetTable, describe_table
 
 TARGET_COLUMNS = """
     d Date, id UInt64, name String, code FixedString(3), amount Decimal(9, 2),
@@ -201,6 +203,6 @@ def test_a_sliced_batch_reports_rows_of_the_slice() -> None:
     ("Enum8('a  b' = 1)", "Enum8('a  b' = 1)"),  # spaces inside a label kept
 ])
 def test_a_type_is_named_on_one_line_in_messages(printed: str, shown: str) -> None:
-    from server_ext.chtypes import parse_type
+    from server_ext.types.chtypes import parse_type
 
     assert str(parse_type(printed)) == shown

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from server_ext.client import ClickHouseClient
-from server_ext.manifest import Manifest
-from server_ext.schema import describe_table
-from server_ext.seal import StagedRowsMismatch, seal
-from server_ext.staging import STAGING_DATABASE, create_staging
+from server_ext.client.http_client import ClickHouseClient
+from server_ext.staging.manifest import Manifest
+from server_ext.staging.seal import StagedRowsMismatch, seal
+from server_ext.staging.staging_tables import STAGING_DATABASE, create_staging
+from server_ext.types.target_table import describe_table
 from tests.conftest import run_sql
 
 TARGET = ("(d Date, k UInt64, s String DEFAULT 'x') ENGINE = {engine} "

@@ -21,7 +21,7 @@ import pytest
 
 from coordinator import PublishFailed, XidState
 from coordinator.sink_admin import SinkAdmin
-from server_ext.ledger import ledger_key
+from server_ext.publish.publish_ledger import ledger_key
 from tests.conftest import run_sql
 from tests.harness.chaos.faults import kill_server, private_services, restart_server
 from tests.harness.chaos.pipeline import create_fed_view

@@ -11,8 +11,9 @@ from types import SimpleNamespace
 import pytest
 import requests
 
-from server_ext.capabilities import choose_strategy, detect_capabilities
-from server_ext.client import ClickHouseClient
+from server_ext.capabilities import detect_capabilities
+from server_ext.client.http_client import ClickHouseClient
+from server_ext.publish.strategy_choice import choose_strategy
 from tests.conftest import run_sql, status_line
 from tests.harness import cli
 from tests.harness.modern_server import (

@@ -20,8 +20,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server_ext.chtypes import INTEGER_TYPES
-from server_ext.client import ClickHouseClient
+from server_ext.client.http_client import ClickHouseClient
 from server_ext.sharding import (
     Shard,
     ShardingError,
@@ -35,6 +34,7 @@ from server_ext.sharding import (
 )
 from server_ext.sharding.key_probe import probe_sql, probe_values
 from server_ext.sql import qualified_name, sql_string
+from server_ext.types.chtypes import INTEGER_TYPES
 from tests.conftest import run_sql
 from tests.harness.services import Cluster
 
@@ -481,7 +481,7 @@ def test_constant_key_is_made_unsigned_at_its_own_width() -> None:
 
 
 def chdb_values(sql: str) -> list[str]:
-    from server_ext.chdb_client import ChdbClient
+    from server_ext.client.chdb_client import ChdbClient
 
     return [row["v"] for row in ChdbClient.for_process().query_rows(sql, purpose="chdb hash")]
 

@@ -38,8 +38,8 @@ import txsink.core.crashpoints
 import txsink.core.publisher
 from coordinator import BranchState, Coordinator, XidState
 from coordinator.sink_admin import SinkAdmin
-from server_ext.ledger import ATTACHING
-from server_ext.staging import sink_key
+from server_ext.publish.publish_ledger import ATTACHING
+from server_ext.staging.staging_tables import sink_key
 from tests.conftest import kazoo_client, run_sql
 from tests.harness.services import Cluster, ClusterServer
 from tests.sinkutil import assert_counts_exactly_once, events_df, task_winners

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from server_ext import sql
-from server_ext.client import ClickHouseClient
+from server_ext.client.http_client import ClickHouseClient
 
 
 def test_string_literal_escapes_backslashes_then_quotes() -> None:

@@ -6,10 +6,9 @@ import time
 
 import pytest
 
-from server_ext.client import ClickHouseClient
+from server_ext.client.http_client import ClickHouseClient
 from server_ext.errors import ClickHouseError
-from server_ext.schema import describe_table
-from server_ext.staging import (
+from server_ext.staging.staging_tables import (
     STAGING_DATABASE,
     StagingName,
     UnsupportedTarget,
@@ -20,6 +19,7 @@ from server_ext.staging import (
     sink_key,
     staging_table_name,
 )
+from server_ext.types.target_table import describe_table
 from tests.conftest import run_sql
 
 MONTHLY = ("(d Date, k UInt64, s String DEFAULT 'x', n Nullable(Int32), a Array(UInt8)) "
@@ -209,7 +209,7 @@ def test_staging_database_dropped_since_the_last_staging_table_is_made_again() -
 
     In-process ClickHouse (chdb), so that dropping the staging database disturbs nobody.
     """
-    from server_ext.chdb_client import ChdbClient
+    from server_ext.client.chdb_client import ChdbClient
 
     chdb = ChdbClient.for_process()
     chdb.execute("CREATE DATABASE IF NOT EXISTS remade", purpose="test")

@@ -12,7 +12,8 @@ from kazoo.client import KazooClient
 
 import server_ext
 from coordinator import Coordinator
-from server_ext.client import ClickHouseClient
+from server_ext.client.http_client import ClickHouseClient
+from server_ext.staging import staging_qualified
 from tests.conftest import run_sql
 from txsink.ops import cli
 from txsink.ops.status_report import OpenCount, SinkHealth, StagingUse
@@ -51,7 +52,7 @@ def staged(clickhouse_url: str) -> Iterator[list[str]]:
     names: list[str] = []
     yield names
     for name in names:
-        qualified = server_ext.staging.staging_qualified(name)
+        qualified = staging_qualified(name)
         run_sql(clickhouse_url, f"DROP TABLE IF EXISTS {qualified}")
 
 

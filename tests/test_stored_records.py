@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from coordinator import BranchRecord, BranchState
-from server_ext.ledger import (
+from server_ext.publish.publish_ledger import (
     ATTACHING,
     COMBINED,
     PUBLISHED,
@@ -16,7 +16,7 @@ from server_ext.ledger import (
     PublishRecord,
     UnknownPublishRecord,
 )
-from server_ext.manifest import Manifest
+from server_ext.staging.manifest import Manifest
 from tests.test_commit_payload import FORMAT_1_BRANCH, MANIFEST_V1
 from txsink.core.metrics import RECOVERY, EpochMetrics, GivenUpPartition
 from txsink.core.operator_records import (

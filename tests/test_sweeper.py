@@ -17,9 +17,8 @@ from kazoo.client import KazooClient
 
 from coordinator import Coordinator
 from coordinator.sink_admin import SinkAdmin
-from server_ext.client import ClickHouseClient
-from server_ext.schema import TargetTable, describe_table
-from server_ext.staging import (
+from server_ext.client.http_client import ClickHouseClient
+from server_ext.staging.staging_tables import (
     STAGING_DATABASE,
     StagingName,
     branch_key,
@@ -29,7 +28,8 @@ from server_ext.staging import (
     sink_key,
     staging_table_name,
 )
-from server_ext.sweeper import OTHER_ROOT, UNPARSEABLE, UNTAGGED, sweep
+from server_ext.staging.sweeper import OTHER_ROOT, UNPARSEABLE, UNTAGGED, sweep
+from server_ext.types.target_table import TargetTable, describe_table
 from tests.conftest import run_sql
 from txsink.ops import cli
 from txsink.ops.commands import Operations

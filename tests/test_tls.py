@@ -29,7 +29,7 @@ import pytest
 import txsink
 from coordinator import Coordinator
 from coordinator.sink_admin import SinkAdmin
-from server_ext.client import ClickHouseClient
+from server_ext.client.http_client import ClickHouseClient
 from server_ext.errors import ClickHouseError
 from tests.conftest import free_port, kazoo_client, status_line
 from tests.harness.services import (

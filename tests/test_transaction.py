@@ -152,7 +152,7 @@ def test_two_writes_of_one_table_each_publish_from_their_own_pre_combined_table(
     """Both writes stage under one xid: each write's tasks contribute to a pre-combined
     table of that write alone, so neither combine finds the other's rows there."""
     facts, _ = tables
-    with caplog.at_level("INFO", logger="server_ext.consolidate"):
+    with caplog.at_level("INFO", logger="server_ext.publish.combined"):
         with txsink.transaction(spark, url=server_url, zookeeper=zk_hosts + zk_chroot,
                                 sink_id="twice") as tx:
             tx.write(events_df(spark, 0, 400), facts)

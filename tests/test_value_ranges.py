@@ -24,11 +24,12 @@ import txsink
 from coordinator import Coordinator, XidState
 from coordinator.sink_admin import SinkAdmin
 from server_ext.capabilities import detect_capabilities
-from server_ext.client import ClickHouseClient
+from server_ext.client.http_client import ClickHouseClient
 from server_ext.errors import InvalidValue
-from server_ext.schema import Column, check_batch, describe_table
-from server_ext.staging import parse_staging_table_name, sink_key
-from server_ext.writer import BranchWriter
+from server_ext.staging.staging_tables import parse_staging_table_name, sink_key
+from server_ext.staging.writer import BranchWriter
+from server_ext.types.row_checks import check_batch
+from server_ext.types.target_table import Column, describe_table
 from tests.conftest import kazoo_client, run_sql
 
 LAST_DAY_18_16 = dt.date(2105, 12, 31)
@@ -151,7 +152,7 @@ def test_a_datetime_range_on_18_16_follows_the_column_time_zone(clickhouse_url, 
 
 
 def test_chdb_reads_back_every_stored_date_and_the_sink_accepts_them(clickhouse_url):
-    from server_ext.chdb_client import ChdbClient
+    from server_ext.client.chdb_client import ChdbClient
 
     chdb = ChdbClient.for_process()
     caps = detect_capabilities(chdb)

@@ -20,7 +20,8 @@ from kazoo.client import KazooClient
 import server_ext
 from coordinator import Coordinator
 from coordinator.sink_admin import SinkAdmin
-from server_ext.client import ClickHouseClient
+from server_ext.client.http_client import ClickHouseClient
+from server_ext.staging import staging_qualified
 from server_ext.target_rows import table_rows
 from tests.conftest import run_sql
 from tests.harness.services import SECRET_USER
@@ -71,7 +72,7 @@ class Writer:
         epoch = self.coord.allocate_epoch()
         self.coord.begin(epoch, self.generation)
         branch_id, payload = self._stage(epoch, rows)
-        staging = server_ext.staging.staging_qualified(payload["staging"])
+        staging = staging_qualified(payload["staging"])
         run_sql(self.url, f"INSERT INTO {self.target.qualified} SELECT * FROM {staging}")
         self.coord.abort(epoch, self.generation, rollback=self.publisher.rollback)
         return epoch, branch_id

@@ -12,8 +12,8 @@ import pytest
 from kazoo.client import KazooClient
 
 import txsink
+from server_ext.ddl.views import ViewNode, staging_select
 from server_ext.sql import tokenize
-from server_ext.views import ViewNode, staging_select
 from tests.conftest import on_servers, run_sql
 from tests.sinkutil import assert_exactly_once, create_events, events_df, save, staging_tables
 from txsink.core.plan_checks import check_target

@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server_ext.capabilities import Capabilities, detect_capabilities
-from server_ext.client import ClickHouseClient
+from server_ext.client.http_client import ClickHouseClient
 from server_ext.errors import ClickHouseError, InvalidValue, SchemaMismatch
-from server_ext.schema import TargetTable, describe_table
 from server_ext.sql import qualified_name, sql_string
-from server_ext.writer import BranchWriter
+from server_ext.staging.writer import BranchWriter
+from server_ext.types.target_table import TargetTable, describe_table
 from tests import roundtrip
 
 COLUMNS = ("id UInt64, name String, code FixedString(2), amount Decimal(9, 2), "
@@ -272,7 +272,7 @@ class LoseFirstAnswer:
 def tokened_staging(modern_clickhouse_url):
     """26.x: (client, capabilities, target, staging) where the staging table has a
     deduplication window; the posts of ``client`` lose the first INSERT's answer."""
-    from server_ext.staging import create_staging
+    from server_ext.staging.staging_tables import create_staging
 
     client = ClickHouseClient(modern_clickhouse_url)
     caps = detect_capabilities(client)

@@ -17,7 +17,7 @@ long the commit took but not where. With tracing on (``bench_partitions.py
   "combine winners into one table"): that view does not depend on how the sink's
   functions are cut, and statements of threads running at once add up beyond wall time;
 - INFO records of the loggers ``txsink``, ``server_ext`` and ``coordinator`` are kept with
-  their time (``server_ext.consolidate``'s "combined ..." line among them).
+  their time (``server_ext.publish.combined``'s "combined ..." line among them).
 
 Everything goes, one JSON object per line, to ``<trace dir>/trace-<pid>.jsonl``;
 :func:`commit_breakdown` reads back the commit of one sink id. The wrappers cost a few
@@ -49,17 +49,17 @@ STEPS = (
     ("coordinator.completion", "Completion._clean_up",
      "cleanup after Committed: drop non-winners"),
     ("txsink.core.publisher", "BranchPublisher.publish", "publisher (python)"),
-    ("server_ext.consolidate", "combine", "combine: ledger record"),
-    ("server_ext.consolidate", "_build", "combine: ATTACH ... FROM sources"),
-    ("server_ext.consolidate", "_check_sources", "combine: check sources' parts"),
-    ("server_ext.consolidate", "require_sealed", "combine: check sources' parts"),
-    ("server_ext.consolidate", "describe_table", "combine: describe target"),
-    ("server_ext.consolidate", "create_staging", "combine: create combined table"),
-    ("server_ext.consolidate", "alter_in_chunks", "combine: ATTACH ... FROM sources"),
-    ("server_ext.consolidate", "merge_partitions", "combine: OPTIMIZE FINAL"),
-    ("server_ext.consolidate", "seal", "combine: seal"),
-    ("server_ext.consolidate", "drop_tables", "combine: drop sources"),
-    ("server_ext.consolidate", "publish", "publish into target"),
+    ("server_ext.publish.combined", "combine", "combine: ledger record"),
+    ("server_ext.publish.combined", "_build", "combine: ATTACH ... FROM sources"),
+    ("server_ext.publish.combined", "_check_sources", "combine: check sources' parts"),
+    ("server_ext.publish.combined", "require_sealed", "combine: check sources' parts"),
+    ("server_ext.publish.combined", "describe_table", "combine: describe target"),
+    ("server_ext.publish.combined", "create_staging", "combine: create combined table"),
+    ("server_ext.publish.combined", "alter_in_chunks", "combine: ATTACH ... FROM sources"),
+    ("server_ext.publish.combined", "merge_partitions", "combine: OPTIMIZE FINAL"),
+    ("server_ext.publish.combined", "seal", "combine: seal"),
+    ("server_ext.publish.combined", "drop_tables", "combine: drop sources"),
+    ("server_ext.publish.combined", "publish", "publish into target"),
     ("txsink.core.publisher", "BranchPublisher.rollback", "rollback / drop staging"),
     ("coordinator.coordinator", "Coordinator.record_metrics",
      "zk: record metrics (not in commit_ms)"),

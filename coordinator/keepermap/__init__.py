@@ -3,7 +3,7 @@
 A second implementation of :class:`~coordinator.nodes.NodeStore` for deployments without a
 ZooKeeper of their own (ClickHouse Cloud): every record the coordinator keeps lives in a
 KeeperMap table of the ClickHouse the sink writes to, reached through a small key-value
-table (:class:`KeyValueTable`; ``server_ext.keepermap.KeeperMapTable`` is the SQL one).
+table (:class:`KeyValueTable`; ``server_ext.ddl.KeeperMapTable`` is the SQL one).
 
 Its parts: ``table.py`` (the key-value table it writes through, and its keys), ``log.py``
 (why a log, and the fold of a sink's log into its tree), ``log_store.py`` (the store

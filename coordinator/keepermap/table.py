@@ -1,6 +1,6 @@
 """The key-value table under the KeeperMap store, and the keys the store keeps in it.
 
-:class:`KeyValueTable` is what the store needs of a table (``server_ext.keepermap`` has the
+:class:`KeyValueTable` is what the store needs of a table (``server_ext.ddl.records_table`` has the
 SQL one; tests use a dict); :class:`TableKeys` names every key of one store's namespace;
 :func:`call_table` turns a table error marked ``retryable`` into kazoo's ``ConnectionLoss``,
 which the coordinator's retry policy retries. Stateless: safe from any thread.
@@ -15,7 +15,7 @@ from kazoo.exceptions import ConnectionLoss
 
 
 class KeyValueTable(Protocol):
-    """The key-value table the store writes through (``server_ext.keepermap``).
+    """The key-value table the store writes through (``server_ext.ddl.records_table``).
 
     ``create_new`` creates all keys or none and says False when one existed; errors that
     may go away on a retry carry ``retryable = True``."""

@@ -43,23 +43,24 @@ that depend on a time zone (``toYYYYMM`` of a DateTime without one) use chdb's, 
 server's; ``weight`` 0 (a shard excluded from inserts) is not supported.
 
 Modules, one job each:
-- ``layout``      ``Shard``, ``ShardLayout``, ``layout_from_urls``: what a sharded target is;
+- ``shard_layout`` ``Shard``, ``ShardLayout``, ``layout_from_urls``: what a sharded target is;
 - ``urls``        ``parse_shard_urls`` and the URL checks (no credentials in URLs, none shown);
 - ``engine_args`` the tokenizer for engine arguments, names and literals in SQL text;
 - ``discovery``   ``layout_from_distributed``: the layout read from a Distributed table;
 - ``routing``     ``ShardRouter``: each row's shard, as the server chooses it;
 - ``key_values``  unsigned key values and the bare-integer-column key (numpy);
 - ``chdb_key``    expression keys evaluated by chdb;
-- ``key_probe``   the check that chdb routes a key as the server does;
-- ``errors``      ``ShardingError``.
+- ``key_probe``   the check that chdb routes a key as the server does.
+
+Their one error is ``server_ext.errors.ShardingError``.
 """
 
+from server_ext.errors import ShardingError
 from server_ext.sharding.discovery import layout_from_distributed
-from server_ext.sharding.engine_args import engine_arguments
-from server_ext.sharding.errors import ShardingError
+from server_ext.sharding.engine_args import engine_arguments, name_value
 from server_ext.sharding.key_values import unsigned_key_values
-from server_ext.sharding.layout import Shard, ShardLayout, layout_from_urls
 from server_ext.sharding.routing import ShardRouter
+from server_ext.sharding.shard_layout import Shard, ShardLayout, layout_from_urls, table_text
 from server_ext.sharding.urls import has_userinfo, parse_shard_urls, shown_url, url_problem
 
 __all__ = [
@@ -71,8 +72,10 @@ __all__ = [
     "has_userinfo",
     "layout_from_distributed",
     "layout_from_urls",
+    "name_value",
     "parse_shard_urls",
     "shown_url",
+    "table_text",
     "unsigned_key_values",
     "url_problem",
 ]

@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from server_ext.chtypes import INTEGER_TYPES, parse_type
-from server_ext.client_protocol import SqlClient
+from server_ext.client.client_protocol import SqlClient
+from server_ext.errors import ShardingError
 from server_ext.sharding.engine_args import tokens, unquote
-from server_ext.sharding.errors import ShardingError
 from server_ext.sharding.key_probe import check_agreement
 from server_ext.sharding.key_values import KeyValues, reject_nulls, unsigned_key_values
 from server_ext.sql import quote_identifier, sql_string
+from server_ext.types.chtypes import INTEGER_TYPES, parse_type
 
 # "Unknown identifier: x" (18.x), "Unknown expression or function identifier `x`" (26.x)
 _UNKNOWN_IDENTIFIER_RE = re.compile(
@@ -54,7 +54,7 @@ def _chdb_session(key: str) -> Any:
         import chdb  # noqa: F401 - lazy: a process that forks after importing chdb hangs
     except ImportError:
         raise ShardingError(f"sharding key {key} is an expression; {_CHDB_MISSING}") from None
-    from server_ext.chdb_client import ChdbClient
+    from server_ext.client.chdb_client import ChdbClient
 
     return ChdbClient.for_process()
 
@@ -149,7 +149,7 @@ class _ChdbKey:
 
     def _query(self, sql: str, keys: pa.RecordBatch, fmt: str) -> bytes:
         """Run ``sql`` on the process's chdb session, ``keys`` readable as Python(...)."""
-        from server_ext import chdb_client
+        from server_ext.client import chdb_client
 
         txsink_shard_keys = keys  # noqa: F841 - found by name by chdb's Python()
         with chdb_client._LOCK:

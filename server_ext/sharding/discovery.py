@@ -11,11 +11,10 @@ from __future__ import annotations
 import itertools
 import re
 
-from server_ext.client_protocol import SqlClient
-from server_ext.errors import ClickHouseError
+from server_ext.client.client_protocol import SqlClient
+from server_ext.errors import ClickHouseError, ShardingError
 from server_ext.sharding.engine_args import engine_arguments, name_value
-from server_ext.sharding.errors import ShardingError
-from server_ext.sharding.layout import Shard, ShardLayout
+from server_ext.sharding.shard_layout import Shard, ShardLayout
 from server_ext.sharding.urls import check_url, reject_duplicates, url_host
 from server_ext.sql import identifier_text, split_table_name, sql_string, table_filter
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from server_ext.sharding.errors import ShardingError
+from server_ext.errors import ShardingError
 from server_ext.sql import is_bare_identifier
 
 _STRING_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "b": "\b", "f": "\f",

@@ -17,12 +17,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from server_ext.chtypes import INTEGER_TYPES, parse_type
-from server_ext.client_protocol import SqlClient
-from server_ext.errors import ClickHouseError
-from server_ext.sharding.errors import ShardingError
+from server_ext.client.client_protocol import SqlClient
+from server_ext.errors import ClickHouseError, ShardingError
 from server_ext.sharding.key_values import unsigned_key_values
 from server_ext.sql import quote_identifier, sql_string
+from server_ext.types.chtypes import INTEGER_TYPES, parse_type
 
 _ROW = "__txsink_probe_row"
 

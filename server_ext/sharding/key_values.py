@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from server_ext.chtypes import INTEGER_TYPES
-from server_ext.sharding.errors import ShardingError
+from server_ext.errors import ShardingError
+from server_ext.types.chtypes import INTEGER_TYPES
 
 _ARROW_INTEGERS = {(bits, signed): f"{'' if signed else 'U'}Int{bits}"
                    for bits in (8, 16, 32, 64) for signed in (True, False)}

@@ -15,12 +15,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from server_ext.bad_values import BadRows, Collect, Rows
-from server_ext.client_protocol import SqlClient
+from server_ext.client.client_protocol import SqlClient
 from server_ext.sharding.chdb_key import expression_key, null_refusing_columns
 from server_ext.sharding.engine_args import name_value
 from server_ext.sharding.key_values import KeyValues, column_key
-from server_ext.sharding.layout import ShardLayout
+from server_ext.sharding.shard_layout import ShardLayout
+from server_ext.types.bad_values import BadRows, Collect, Rows
 
 # Keys whose value is random: the server may put any row on any shard.
 _RANDOM_KEY_RE = re.compile(r"^\s*(rand|rand32|rand64|randConstant)\s*\([^()]*\)\s*$", re.I)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
-from server_ext.sharding.errors import ShardingError
+from server_ext.errors import ShardingError
 
 
 def parse_shard_urls(text: str) -> list[list[str]]:

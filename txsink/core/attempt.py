@@ -23,7 +23,7 @@ Contract (what Spark's ``DataWriter`` asks, made exactly-once):
   non-winner) or recovery drops.
 - The manifest is recorded (branch ``Prepared``) before the commit message is returned,
   so a driver that crashes after the decision can publish from ZooKeeper alone. It
-  carries each partition's content digest (``server_ext.digest``), which ``txsink
+  carries each partition's content digest (``server_ext.types.digest``), which ``txsink
   verify`` compares with the target's.
 - In streaming, a task of a replayed micro-batch whose xid is already ``Committed``
   writes nothing and returns :class:`SkippedMessage`. Before that, every task checks
@@ -33,7 +33,7 @@ Contract (what Spark's ``DataWriter`` asks, made exactly-once):
 - On a sharded target each branch stages on one replica of its shard (``pick_replica``)
   and records that server; its publish and rollback go to the same server.
 - A sealed branch of small parts is also *contributed* to its xid's pre-combined table
-  on its server (``server_ext.consolidate``) before it is prepared, so that the commit
+  on its server (``server_ext.publish.combined``) before it is prepared, so that the commit
   need not combine the winners' rows itself. That table is registered as a branch of
   its own (never prepared, so rolled back with the non-winners) before it exists. A
   contribution that fails in any way is only logged: the commit then reads the sources.
@@ -54,10 +54,12 @@ import pyarrow as pa
 
 import server_ext
 from coordinator import Coordinator, Fenced, XidAborted, XidDecided, XidState
-from server_ext.digest import ContentDigest
 from server_ext.errors import ClickHouseError, PartitionLimitExceeded
-from server_ext.partition_bound import PartitionCounter
 from server_ext.sharding import ShardRouter
+from server_ext.staging import (
+    PartitionCounter,
+)
+from server_ext.types import ContentDigest
 from txsink.core import combine, connections, crashpoints, payload
 from txsink.core.messages import BranchMessage, SkippedMessage
 from txsink.core.payload import BranchOwner

@@ -10,11 +10,11 @@ the sink combines them, in two places, under one policy:
   from its own staging table;
 - **at the commit** (:func:`combined_branches`): the winners of each server and table
   become one *combined* branch, registered and prepared before the decision like any
-  branch, published in one pass from one combined table (``server_ext.consolidate``,
+  branch, published in one pass from one combined table (``server_ext.publish.combined``,
   which builds it from the pre-combined table where every source contributed).
 
 What is small, and how a combined table is built and published, is
-``server_ext.consolidate``'s (``DEFAULT_LIMITS``); which payload names what is
+``server_ext.publish.combined``'s (``DEFAULT_LIMITS``); which payload names what is
 :mod:`txsink.core.payload`'s.
 """
 
@@ -26,9 +26,9 @@ from collections.abc import Sequence
 
 import server_ext
 from coordinator import BranchRecord, Coordinator, CoordinatorError
-from server_ext import consolidate
 from server_ext.client import ClickHouseClient
 from server_ext.errors import ClickHouseError
+from server_ext.publish import DEFAULT_LIMITS, attach_to_precombined, create_precombined
 from txsink.core import payload
 from txsink.core.payload import BranchOwner, CombinedBranch, staged_manifest
 from txsink.core.plan import WritePlan
@@ -59,7 +59,7 @@ def contribute(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
     if that worked, "" if it is not contributed (large parts, no parts, an overwrite, or
     any failure: the commit reads the staging table itself then)."""
     if (plan.overwrite or not manifest.partitions
-            or not consolidate.DEFAULT_LIMITS.small(manifest)):
+            or not DEFAULT_LIMITS.small(manifest)):
         return ""
     options = plan.options
     branch_id = precombined_branch_id(generation, server, f"{table.database}.{table.name}",
@@ -71,13 +71,13 @@ def contribute(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
         try:
             coord.register_branch(epoch, branch_id, generation,
                                   owner=BranchOwner(name, server).to_record())
-            consolidate.create_precombined(client, table, name)
+            create_precombined(client, table, name)
         except (CoordinatorError, ClickHouseError) as exc:
             log.warning("xid %s/%d: no pre-combined table (the commit reads the "
                         "branches instead): %s", plan.sink_id, epoch, exc)
             return ""
         _PRECOMBINED.add(key)
-    return name if consolidate.contribute(client, manifest, name) else ""
+    return name if attach_to_precombined(client, manifest, name) else ""
 
 
 def combined_branches(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
@@ -85,9 +85,9 @@ def combined_branches(plan: WritePlan, coord: Coordinator, epoch: int, generatio
                       ) -> list[str]:
     """The decision's winners: one combined branch per server and table that got several
     winners (every server, for an overwrite), the task branches elsewhere. The tables are
-    the target and those of the materialized views it feeds (``server_ext.views``).
+    the target and those of the materialized views it feeds (``server_ext.ddl.views``).
 
-    A combined branch publishes its sources in one pass (``server_ext.consolidate``; an
+    A combined branch publishes its sources in one pass (``server_ext.publish.combined``; an
     overwrite: one ``REPLACE PARTITION`` per partition of all of them). It is registered
     and prepared before the decision like any branch, so the decision stays one
     compare-and-set over its winners, and its sources become non-winners, rolled back
@@ -122,7 +122,7 @@ def combined_branches(plan: WritePlan, coord: Coordinator, epoch: int, generatio
 
 def precombined_of(sources: Sequence[BranchRecord]) -> str:
     """The pre-combined table every source with rows contributed to; "" if some did
-    not, or not to the same table (``server_ext.consolidate`` then reads the sources)."""
+    not, or not to the same table (``server_ext.publish.combined`` then reads the sources)."""
     staged = [p for p in (payload.from_record(r.manifest) for r in sources)
               if isinstance(p, payload.StagedBranch) and p.manifest.partitions]
     tables = {p.contributed for p in staged}

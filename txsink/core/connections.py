@@ -25,7 +25,7 @@ from coordinator import (
 from coordinator.keepermap import KeeperMapNodes
 from coordinator.nodes import SESSION_TIMEOUT, NodeStore
 from server_ext.client import DEFAULT_RETRIES, DEFAULT_TIMEOUT, ClickHouseClient
-from server_ext.keepermap import KeeperMapTable
+from server_ext.ddl import KeeperMapTable
 from txsink.core import crashpoints
 from txsink.options import KEEPERMAP, SinkOptions
 

@@ -2,7 +2,7 @@
 
 Every step an epoch passes where a crash leaves a distinct state has a name here (the
 tasks' own) or in the module that owns it (the coordinator's ``coordinator.steps``,
-publish's ``server_ext.publish_steps``, ``server_ext.consolidate``). The product calls
+publish's ``server_ext.publish.publish_steps``, ``server_ext.publish.combined``). The product calls
 :func:`hit` at each; what happens there is up to the hook that the environment variable
 ``TXSINK_STEP_HOOK`` (``module:function``) names, loaded once per process. Fault tests
 name ``tests.harness.crash_arming``, which kills the process at armed points; nothing of
@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 
 from coordinator import steps
-from server_ext import consolidate, publish_steps
+from server_ext.publish import COMBINE_STEPS, PUBLISH_STEPS
 
 BRANCH_AFTER_REGISTER = "branch.after_register"  # task: branch recorded, nothing staged
 BRANCH_AFTER_VIEWS = "branch.after_views"  # task: staging and its staging views made, no row
@@ -32,8 +32,8 @@ CRASH_POINTS: tuple[str, ...] = (
     BRANCH_AFTER_REGISTER, BRANCH_AFTER_VIEWS, BRANCH_AFTER_STAGING_WRITE, BRANCH_AFTER_SEAL,
     BRANCH_AFTER_CONTRIBUTE, BRANCH_AFTER_PREPARE,
     steps.COMMIT_AFTER_DECISION,
-    *consolidate.COMBINE_STEPS,
-    *publish_steps.PUBLISH_STEPS["attach_marked"],
+    *COMBINE_STEPS,
+    *PUBLISH_STEPS["attach_marked"],
     *steps.COMMIT_STEPS[1:],
     *steps.ABORT_STEPS,
 )

@@ -29,12 +29,22 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 
 import server_ext
-from server_ext.create_distributed import cluster_shape, database_exists, distributed_table_sql
-from server_ext.create_table import TableShape, column_types, type_families
+from server_ext.ddl import (
+    TableShape,
+    cluster_shape,
+    column_types,
+    database_exists,
+    distributed_table_sql,
+    type_families,
+)
 from server_ext.errors import UNKNOWN_TABLE
-from server_ext.sharding import layout_from_distributed, parse_shard_urls
-from server_ext.sharding.engine_args import engine_arguments, name_value
-from server_ext.sharding.layout import table_text
+from server_ext.sharding import (
+    engine_arguments,
+    layout_from_distributed,
+    name_value,
+    parse_shard_urls,
+    table_text,
+)
 from server_ext.sql import split_table_name
 from txsink.core import connections
 from txsink.options import OptionError, SinkOptions

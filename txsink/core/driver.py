@@ -33,9 +33,9 @@ from coordinator import (
     XidDecided,
     XidRecord,
 )
-from server_ext import partition_bound
 from server_ext.sharding import ShardingError
 from server_ext.sql import qualified_name
+from server_ext.staging import check_partition_bound
 from txsink.core import combine, connections, payload, quarantine_share
 from txsink.core.messages import BranchMessage, SkippedMessage
 from txsink.core.metrics import EpochMetrics
@@ -227,14 +227,14 @@ def epoch_metrics(messages: Sequence[BranchMessage], commit_started: float,
 def check_partitions(plan: WritePlan, records: Sequence[BranchRecord]) -> None:
     """Refuse the write, before its decision, if the union of its task branches' partitions
     of the target (the views' shares aside) crosses ``max_partitions_per_job``: each task
-    counted only its own rows (``server_ext.partition_bound``)."""
+    counted only its own rows (``server_ext.staging.partition_bound``)."""
     staged = [p for p in (payload.from_record(r.manifest) for r in records)
               if isinstance(p, payload.StagedBranch) and not p.view
               and not _quarantined(plan, p)]
     if not staged:
         return
     first = staged[0].manifest
-    partition_bound.check_write(
+    check_partition_bound(
         qualified_name(first.target_database, first.target_table),
         plan.options.max_partitions_per_job,
         ((p.partition_id, p.value) for s in staged for p in s.manifest.partitions),

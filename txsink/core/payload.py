@@ -11,7 +11,7 @@ Two kinds:
   server, published as it is.
 - :class:`CombinedBranch` — made by the driver at commit, one per server, when several
   winners staged there: they are published in one pass through one combined staging
-  table (``server_ext.consolidate``). Its ``sources`` are the task branches whose rows it
+  table (``server_ext.publish.combined``). Its ``sources`` are the task branches whose rows it
   carries; their own records keep their manifests.
 
 Formats: 1 (no ``format`` key: the releases before the combined publish; an overwrite
@@ -20,7 +20,7 @@ both; a payload of an unknown newer format is refused by name, never guessed at.
 reader does not know are ignored: they may only carry what a publish can do without
 (``contributed``/``precombined``, the pre-combined table, are such keys; so is ``view``,
 the staging view of a materialized view's share, which a rollback drops with the share's
-staging table). Content digests (``server_ext.digest``) are such keys too: a staged
+staging table). Content digests (``server_ext.types.digest``) are such keys too: a staged
 branch's travel in its manifest's partitions, a combined branch's (the sum of its
 sources', per partition) under ``digests``; a payload without them (older releases)
 is judged by ``verify`` by its row counts alone.
@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from coordinator import BranchRecord
-from server_ext import Manifest
-from server_ext.capabilities import Strategy
-from server_ext.digest import ContentDigest, combine
+from server_ext.publish import Strategy
+from server_ext.staging import Manifest
+from server_ext.types import ContentDigest, digest_union
 
 FORMAT = 2
 
@@ -90,7 +90,7 @@ class CombinedBranch:
                 entry[1] += partition.rows
                 entry[2].append(partition.digest)
         first = next(iter(sources.values()))
-        digests = ((pid, combine(entry[2])) for pid, entry in sorted(partitions.items()))
+        digests = ((pid, digest_union(entry[2])) for pid, entry in sorted(partitions.items()))
         return cls(sources=tuple(sorted(sources)),
                    rows=sum(m.rows for m in sources.values()),
                    target=(first.target_database, first.target_table),

@@ -16,9 +16,14 @@ from dataclasses import dataclass, field, replace
 import pyarrow as pa
 
 import server_ext
-from server_ext.capabilities import Strategy
-from server_ext.sharding import ShardLayout, layout_from_urls
-from server_ext.views import ViewNode
+from server_ext.ddl import ViewNode
+from server_ext.publish import (
+    Strategy,
+)
+from server_ext.sharding import (
+    ShardLayout,
+    layout_from_urls,
+)
 from txsink.options import OptionError, SinkOptions, parse_options
 from txsink.options.target_name import note_default_database
 

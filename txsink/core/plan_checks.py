@@ -19,15 +19,15 @@ from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 import server_ext
-from server_ext.capabilities import (
+from server_ext.client import encoding_problem
+from server_ext.ddl import ViewNode, ViewProblem, discover, tree_problem
+from server_ext.publish import (
     Strategy,
     StrategyProblem,
-    engine_problem,
     strategy_problem,
     supported_strategies,
+    target_engine_problem,
 )
-from server_ext.compression import encoding_problem
-from server_ext.insert_memory import memory_problem
 from server_ext.sharding import (
     Shard,
     ShardLayout,
@@ -37,8 +37,7 @@ from server_ext.sharding import (
     parse_shard_urls,
     shown_url,
 )
-from server_ext.staging import publish_problem
-from server_ext.views import ViewNode, ViewProblem, discover, tree_problem
+from server_ext.staging import memory_problem, publish_problem
 from txsink.core import connections
 from txsink.core.plan import arrow_schema, single_server
 from txsink.options import OptionError, SinkOptions, insert_settings
@@ -176,7 +175,7 @@ def check_target(options: SinkOptions, spark_schema, *, views: bool = True) -> C
 
 def view_tree(options: SinkOptions, client, layout: ShardLayout,
               shard_tables: list[tuple[server_ext.TargetTable, str]]) -> tuple[ViewNode, ...]:
-    """The materialized views the target feeds (``server_ext.views``), the same on every
+    """The materialized views the target feeds (``server_ext.ddl.views``), the same on every
     shard; ``()`` with ``materialized_views='ignore'``, logged.
 
     Refused before anything is staged, naming the view: a view the sink cannot stage, a
@@ -259,7 +258,7 @@ def check_publish(options: SinkOptions, checked: CheckedTarget, overwrite: bool 
 
     - a target no staged partition can be published into (not MergeTree-family, or the
       deprecated MergeTree syntax), a view tree that cannot be staged
-      (``server_ext.views.tree_problem``: e.g. a view into a ``Distributed`` table, or an
+      (``server_ext.ddl.tree_problem``: e.g. a view into a ``Distributed`` table, or an
       overwrite of a target that feeds views): ``server_ext.UnsupportedTarget``;
     - shards whose local tables disagree on being Replicated (no one strategy serves
       both): ``UnsupportedTarget``;
@@ -276,7 +275,7 @@ def check_publish(options: SinkOptions, checked: CheckedTarget, overwrite: bool 
     several = len(shards) > 1
     views = tree_problem(checked.views, overwrite)  # shard 1's tree, every shard's too
     for index, (table, server) in enumerate(shards):
-        problem = (engine_problem(table) or views
+        problem = (target_engine_problem(table) or views
                    or ("mode('overwrite') replaces partitions, and a Null table keeps none"
                        if overwrite and table.engine == "Null" else None))
         if problem:

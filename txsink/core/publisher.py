@@ -18,13 +18,16 @@ from dataclasses import replace
 import server_ext
 from coordinator import BranchRecord, Coordinator, CoordinatorError
 from server_ext.client import ClickHouseClient
-from server_ext.consolidate import (
+from server_ext.publish import (
+    COMBINED,
     DEFAULT_LIMITS,
+    PublishRecord,
     SizeLimits,
     combine_key,
+    publish,
     publish_combined,
+    publish_overwrite,
 )
-from server_ext.ledger import COMBINED, PublishRecord
 from txsink.core import crashpoints
 from txsink.core.operator_records import StrategySwitch
 from txsink.core.payload import (
@@ -90,7 +93,7 @@ class BranchPublisher:
         if isinstance(payload, CombinedBranch):
             sources = list(payload.embedded) or self.source_manifests(record, payload)
             if payload.overwrite:
-                server_ext.publish_overwrite(client, sources, payload.staging, ledger,
+                publish_overwrite(client, sources, payload.staging, ledger,
                                              on_step=crashpoints.hit)
             else:
                 publish_combined(client, sources, payload.staging, strategy, ledger,
@@ -98,7 +101,7 @@ class BranchPublisher:
                                  target=self.tables.get(payload.target),
                                  on_step=crashpoints.hit, limits=self.limits)
         elif payload.manifest.partitions:
-            server_ext.publish(client, payload.manifest, strategy, ledger,
+            publish(client, payload.manifest, strategy, ledger,
                                on_step=crashpoints.hit)
         self._release(record)
 

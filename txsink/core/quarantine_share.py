@@ -1,7 +1,7 @@
 """``bad_rows=quarantine``: bad rows kept in the quarantine table, exactly once.
 
 The quarantine table is one more table of a branch's staged tree, as a materialized
-view's table is (``server_ext.views``, ``ViewBranch`` in ``txsink/core/shard_branch.py``): each
+view's table is (``server_ext.ddl.views``, ``ViewBranch`` in ``txsink/core/shard_branch.py``): each
 task branch that meets a bad row gets a *quarantine share*, a branch of its own
 (``<branch id>-q``) with its own staging table, registered before that table exists,
 sealed against the count of rows sent, prepared with a ``StagedBranch`` payload and
@@ -9,7 +9,7 @@ listed in the task's commit message. From there nothing is special: the decision
 winners include the shares, the driver combines them per server and table, they are
 published by the same strategies and recovery, and a losing or aborted branch's share
 is rolled back with it. The writer inserts the bad rows into the share's staging
-itself (``server_ext.writer.BranchWriter(on_bad_rows=…)``), no staging view.
+itself (``server_ext.staging.BranchWriter(on_bad_rows=…)``), no staging view.
 
 Bound: each task counts its bad rows and fails early past ``max_bad_rows``; its commit
 message carries the count, and the driver refuses to decide an xid whose tasks' sum is
@@ -25,7 +25,7 @@ Refused before any xid is opened: a quarantine table that feeds materialized vie
 (its share has no staged view tree, and a view must never miss rows silently), an
 overwrite (its publish replaces whole partitions of every table it writes, the
 quarantine table's too), a quarantine table of another schema
-(``server_ext.quarantine.ensure_table``), a plain one on a shard of several replicas,
+(``server_ext.ddl.ensure_quarantine_table``), a plain one on a shard of several replicas,
 and a replicated one that cannot be created (no Keeper, no ``{shard}``/``{replica}``
 macros): each naming the shard and server.
 
@@ -42,12 +42,20 @@ from collections.abc import Callable, Sequence
 import pyarrow as pa
 
 import server_ext
-from server_ext import quarantine as tables
-from server_ext.bad_values import BadRows
-from server_ext.capabilities import Strategy, engine_problem, supported_strategies
+from server_ext.ddl import (
+    REPLICA_MACROS,
+    KeptRows,
+    discover,
+    ensure_quarantine_table,
+    find_quarantine_table,
+    quarantine_records,
+    quarantine_schema_problem,
+)
+from server_ext.publish import Strategy, supported_strategies, target_engine_problem
 from server_ext.sharding import ShardLayout
 from server_ext.sql import shown_name
 from server_ext.staging import publish_problem
+from server_ext.types import BadRows
 from txsink.core import connections
 from txsink.core.messages import BranchMessage
 from txsink.core.plan import WritePlan
@@ -86,7 +94,7 @@ def planned(options: SinkOptions, layout: ShardLayout, overwrite: bool
     found = {s.url: _checked(options, s, name) for s in servers}
     for server in servers:  # every server checked: now create what is missing
         if found[server.url] is None:
-            found[server.url] = tables.ensure_table(server.client(options), name,
+            found[server.url] = ensure_quarantine_table(server.client(options), name,
                                                     replicated=server.replicated)
             log.info("txsink bad_rows=quarantine: created %s%s", name, server.where)
     strategies: list[tuple[Strategy, list[Strategy]]] = []
@@ -113,9 +121,9 @@ def _checked(options: SinkOptions, server: _Server, name: str
              ) -> server_ext.TargetTable | None:
     """The quarantine table on ``server`` checked (None: missing, and creatable there)."""
     client = server.client(options)
-    table = tables.find_table(client, name)
+    table = find_quarantine_table(client, name)
     if table is not None:
-        problem = tables.schema_problem(table)
+        problem = quarantine_schema_problem(table)
         if problem:
             raise server_ext.SchemaMismatch(shown_name(table.database, table.name), [
                 f"{problem}{server.where}; nothing was created or staged"],
@@ -143,7 +151,7 @@ def _checked(options: SinkOptions, server: _Server, name: str
 def _missing_macros(client) -> list[str]:
     rows = client.query_rows("SELECT macro FROM system.macros", purpose="list macros")
     defined = {row["macro"] for row in rows}
-    return [m for m in tables.REPLICA_MACROS if m not in defined]
+    return [m for m in REPLICA_MACROS if m not in defined]
 
 
 def _publishable(options: SinkOptions, server: _Server, table: server_ext.TargetTable
@@ -153,8 +161,8 @@ def _publishable(options: SinkOptions, server: _Server, table: server_ext.Target
     client = server.client(options)
     caps = server_ext.detect_capabilities(client)
     strategy = server_ext.choose_strategy(caps, table)
-    problem = engine_problem(table) or publish_problem(client, table, strategy)
-    fed = server_ext.views.discover(client, table)
+    problem = target_engine_problem(table) or publish_problem(client, table, strategy)
+    fed = discover(client, table)
     if fed and not problem:  # its share is staged without a view tree: never skip one
         problem = (f"it feeds materialized view {fed[0].view_name}, and bad rows are "
                    "staged without views; keep the quarantine table free of views")
@@ -209,7 +217,7 @@ class QuarantineShare(StagedTable):
         self.client = connections.clickhouse(plan.options, server)
         self.writer: server_ext.BranchWriter | None = None
         self.count = 0
-        self.pending: list[tables.KeptRows] = []  # taken, not yet handed to the writer
+        self.pending: list[KeptRows] = []  # taken, not yet handed to the writer
         self.pending_rows = 0
         self.register: Callable[[QuarantineShare], None] = lambda share: None
 
@@ -226,7 +234,7 @@ class QuarantineShare(StagedTable):
             caps = server_ext.detect_capabilities(self.client)
             self.writer = create_staging(self.client, self.table, self.staging,
                                          caps).writer(self.plan)
-        self.pending.append(tables.KeptRows.of(bad, batch, first_row))
+        self.pending.append(KeptRows.of(bad, batch, first_row))
         self.pending_rows += len(bad)
         if self.pending_rows >= RECORD_ROWS:
             self._stage()
@@ -234,7 +242,7 @@ class QuarantineShare(StagedTable):
     def _stage(self) -> None:
         """Hand the pending bad rows to the writer as quarantine records."""
         if self.writer is not None and self.pending:
-            self.writer.write(tables.records(self.pending, sink_id=self.plan.sink_id,
+            self.writer.write(quarantine_records(self.pending, sink_id=self.plan.sink_id,
                                              epoch=self.epoch, task=self.parent_id))
         self.pending, self.pending_rows = [], 0
 

@@ -21,10 +21,10 @@ from functools import cached_property
 import pyarrow as pa
 
 import server_ext
-from server_ext import partition_bound
-from server_ext.bad_values import BadRows
+from server_ext.ddl import ViewNode, staging_view_ddl
 from server_ext.sharding import Shard
-from server_ext.staging import merges_at_insert
+from server_ext.staging import merges_at_insert, partition_bound_settings, staging_qualified
+from server_ext.types import BadRows
 from txsink.core import connections, crashpoints
 from txsink.core.plan import WritePlan, send_columns
 from txsink.core.quarantine_share import QuarantineShare
@@ -54,13 +54,13 @@ def pick_replica(shard: Shard, partition: int, attempt: int, choice: str,
 
 
 class ViewBranch(StagedTable):
-    """The share of one materialized view (``server_ext.views.ViewNode``) in a branch:
+    """The share of one materialized view (``server_ext.ddl.ViewNode``) in a branch:
     a staging copy of the view's table, filled by a staging view over its source's
     staging table. A branch of its own in the coordinator, published into the view's
     table under the same decision."""
 
     def __init__(self, plan: WritePlan, epoch: int, parent_id: str,
-                 node: server_ext.ViewNode) -> None:
+                 node: ViewNode) -> None:
         self.node = node
         self.table = node.table
         self.strategy = plan.view_strategies[node.index]
@@ -105,7 +105,7 @@ class ShardBranch(StagedTable):
             self.create_views(staging.qualified)
             crashpoints.hit(crashpoints.BRANCH_AFTER_VIEWS)
             given = dict(self.plan.options.insert_settings)
-            bound = partition_bound.insert_settings(
+            bound = partition_bound_settings(
                 self.client, self.plan.options.max_partitions_per_job, given)
             self.writer = staging.writer(
                 self.plan, target_columns=columns, extra_settings={**given, **bound},
@@ -127,8 +127,8 @@ class ShardBranch(StagedTable):
         for share in self.views:
             tables[share.node.index] = server_ext.create_staging(
                 self.client, share.table, share.staging, mirror_engine=True)
-            self.client.execute(server_ext.views.staging_view_ddl(
-                share.node, server_ext.staging.staging_qualified(share.view),
+            self.client.execute(staging_view_ddl(
+                share.node, staging_qualified(share.view),
                 tables[share.node.parent], tables[share.node.index]),
                 purpose=f"create staging view for {share.node.view_name}")
 

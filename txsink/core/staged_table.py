@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import server_ext
-from server_ext.capabilities import Capabilities, Strategy
-from server_ext.client_protocol import Client
+from server_ext.capabilities import Capabilities
+from server_ext.client import Client
+from server_ext.publish import Strategy
 from txsink.core.plan import WritePlan
 
 

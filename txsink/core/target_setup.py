@@ -4,7 +4,7 @@ lacks (docs/usage.md, "Creating the target and following new columns").
 
 Why in planning, before :func:`txsink.core.plan_checks.check_target`: the plan describes the target
 once and everything after it (the schema check, the staging tables, the staging views of
-``server_ext.views``) is built from that description, so a table created or altered here
+``server_ext.ddl.views``) is built from that description, so a table created or altered here
 is then described and checked as any existing one. No xid is open yet (a
 ``txsink.transaction()``'s write: none of its rows is staged yet), and every refusal of
 this step (a column no type of the server holds, a type change, an engine the sink cannot
@@ -23,7 +23,7 @@ import logging
 import pyarrow as pa
 
 import server_ext
-from server_ext.create_table import (
+from server_ext.ddl import (
     TableShape,
     TypeNotMapped,
     add_column,
@@ -34,10 +34,9 @@ from server_ext.create_table import (
     type_families,
 )
 from server_ext.errors import UNKNOWN_TABLE
-from server_ext.nested import flatten_schema
-from server_ext.schema import type_problem
 from server_ext.sharding import parse_shard_urls
-from server_ext.sql import identifier_text
+from server_ext.sql import identifier_text, qualified_name, split_table_name
+from server_ext.types import flatten_schema, type_problem
 from txsink.core import connections, distributed_target
 from txsink.core.plan import arrow_schema
 from txsink.core.plan_checks import SHARDING_KEY_ALONE
@@ -89,7 +88,7 @@ def _describe(options: SinkOptions, url: str) -> server_ext.TargetTable | None:
 
 
 def _qualified(options: SinkOptions) -> str:
-    return server_ext.qualified_name(*server_ext.split_table_name(options.table))
+    return qualified_name(*split_table_name(options.table))
 
 
 def _create(options: SinkOptions, schema: pa.Schema, servers: list[str]) -> None:

@@ -30,7 +30,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from server_ext.keepermap import KeeperMapTable
+    from server_ext.ddl import KeeperMapTable
 
 
 #: ``txsink records create --keeper-path``: the records table's path in the server's Keeper
@@ -44,7 +44,7 @@ def create_records_table(url: str, records_table: str,
     ClickHouse at ``url``, idempotently, and return it: what
     ``txsink records create`` runs. Raises ``RecordsUnusable`` naming why the table cannot
     hold the records (a server without KeeperMap, a Keeper it cannot reach, ...)."""
-    from server_ext.keepermap import KeeperMapTable
+    from server_ext.ddl import KeeperMapTable
     from txsink.core import connections
 
     database, _, table = records_table.partition(".")

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import server_ext
 from coordinator import (
     XidState,
 )
 from coordinator.recovery import ROLLED_BACK
 from coordinator.sink_admin import SinkAdmin
-from server_ext.staging import root_tag
-from server_ext.sweeper import sweep
+from server_ext.staging import StagingName, root_tag, sink_key, sweep
 from txsink.core.publisher import (
     BranchPublisher,
 )
@@ -23,7 +21,7 @@ ONE_OFF_RETENTION = 7 * 24 * 3600.0  # gc forgets one-off sinks idle this long (
 
 
 class GcCommand(Session):
-    def _is_live(self, name: server_ext.StagingName) -> bool:
+    def _is_live(self, name: StagingName) -> bool:
         """A staging table is live while its xid may still publish or roll it back.
 
         Answers for this root only: an xid this root does not know (no such sink or
@@ -33,7 +31,7 @@ class GcCommand(Session):
         if name.root_tag != root_tag(self.root_identity):
             return True
         for sink_id in SinkAdmin.sinks(self.zk, self.root):
-            if server_ext.staging_sink_key(sink_id) != name.sink_key:
+            if sink_key(sink_id) != name.sink_key:
                 continue
             if not self._readable(sink_id):
                 return True  # its state is not ours to read: never drop its staging
@@ -54,7 +52,7 @@ class GcCommand(Session):
         the xid ``Aborted``); ``abandoned`` lists them, and every undecided xid left
         with why. Then the sweep drops what no xid accounts for any more.
 
-        Drops only this root's staging (see ``server_ext.sweeper``); every table of the
+        Drops only this root's staging (see ``server_ext.staging.sweeper``); every table of the
         staging database that belongs to another root, has no root tag or is not a
         staging name is listed under ``foreign_staging`` and left alone. Then forgets the
         one-off sinks (batch jobs without ``sink_id``) idle for ``forget_one_off_after``

@@ -28,10 +28,9 @@ from coordinator import (
 )
 from coordinator.recovery import FAILED, IN_PROGRESS, ROLLED_BACK, ROLLED_FORWARD, RecoveryAction
 from coordinator.sink_admin import SinkAdmin
-from server_ext.capabilities import strategy_problem
-from server_ext.ledger import PublishRecord, ledger_key
-from server_ext.seal import read_staged_partitions
+from server_ext.publish import PublishRecord, ledger_key, resolve_partition, strategy_problem
 from server_ext.sql import qualified_name
+from server_ext.staging import read_staged_partitions
 from txsink.core.metrics import EpochMetrics, GivenUpPartition
 from txsink.core.operator_records import GivenUp, GivenUpPartitions, StrategySwitch, SwitchStep
 from txsink.core.publisher import (
@@ -344,7 +343,7 @@ class RecoverCommands(Session):
         with coord.publish_lease(epoch):  # PublishInProgress while another actor publishes
             ledger = coord.ledger(epoch, branch_id)
             for pid in ids:
-                server_ext.resolve_partition(manifest, pid, ledger, attached=attached)
+                resolve_partition(manifest, pid, ledger, attached=attached)
         return self.recover(sink_id)
 
     def give_up(self, sink_id: str, epoch: int, branch_id: str, partition_ids: Sequence[str],
@@ -396,7 +395,7 @@ class RecoverCommands(Session):
             given = {pid: GivenUp(staged[pid].rows, reason, now, by) for pid in partition_ids}
             GivenUpPartitions.load(ledger).adding(given).store(ledger)
             for pid in partition_ids:
-                server_ext.resolve_partition(manifest, pid, ledger, attached=True)
+                resolve_partition(manifest, pid, ledger, attached=True)
             target = f"{manifest.target_database}.{manifest.target_table}"
             known = EpochMetrics.from_dict((coord.xid(epoch) or record).metrics).given_up
             listed = [g for g in known if not (g.branch == branch_id and g.partition in given)]

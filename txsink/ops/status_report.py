@@ -25,15 +25,10 @@ from typing import Any
 
 from coordinator import BranchRecord, XidRecord, XidState
 from coordinator.liveness import Verdict
-from server_ext.client_protocol import SqlClient
+from server_ext.client import SqlClient
 from server_ext.errors import ClickHouseError
 from server_ext.sql import sql_string
-from server_ext.staging import (
-    STAGING_DATABASE,
-    parse_staging_table_name,
-    root_tag,
-    sink_key,
-)
+from server_ext.staging import STAGING_DATABASE, parse_staging_table_name, root_tag, sink_key
 
 FORMAT = 1
 OPEN_STATES = (XidState.INITIALIZED, XidState.COMMITTING, XidState.ABORTING)

@@ -16,7 +16,7 @@ What it claims, per (table, partition id) touched by a retained decided xid of t
   the sinks under this root are the table's only writers (``exclusive``),
   ``unexplained_rows`` when nobody said (``unknown``: another writer, or a duplicate),
   not judged when the table is known to have other writers (``shared``).
-- **content**: where every such xid recorded content digests (``server_ext.digest``)
+- **content**: where every such xid recorded content digests (``server_ext.types.digest``)
   of the table's current columns, the partition's digest is compared too: equal counts
   with another content → ``altered_rows``; extra rows that are exactly one committed
   xid's → ``duplicate_rows``, exactly a never-published branch's → ``aborted_rows``
@@ -63,9 +63,9 @@ from coordinator.audit import (
 )
 from coordinator.nodes import NodeStore
 from coordinator.sink_admin import SinkAdmin
-from server_ext.client_protocol import SqlClient
-from server_ext.digest import MODULUS, ContentDigest, combine
+from server_ext.client import SqlClient
 from server_ext.target_rows import TableRows, table_rows
+from server_ext.types import MODULUS, ContentDigest, digest_union
 from txsink.core.metrics import EpochMetrics
 from txsink.core.payload import CombinedBranch, Payload, contributions, from_record
 from txsink.core.publisher import server_of
@@ -251,7 +251,7 @@ def _contributions(decided: DecidedXid, default_url: str | None) -> list[Contrib
             entry[3].append(share.digest)
     decided_at = record.decided_at or record.updated
     return [Contribution(record.sink_id, record.epoch, decided_at, server, database, table,
-                         pid, value, rows, overwrite, combine(digests))
+                         pid, value, rows, overwrite, digest_union(digests))
             for (server, database, table, pid), (value, rows, overwrite, digests)
             in totals.items()]
 
@@ -392,7 +392,7 @@ def _content(g: _Group, readable: list[TableRows], relevant: list[Contribution]
     held = table.digests.get(g.partition_id) or ContentDigest(0, 0, table.digest_scheme)
     if any(c.digest is None for c in relevant):
         return None, "an xid that wrote it recorded no content digest (an older release)"
-    expected = combine([ContentDigest(0, 0, held.scheme)] + [c.digest for c in relevant])
+    expected = digest_union([ContentDigest(0, 0, held.scheme)] + [c.digest for c in relevant])
     if expected is None or expected.scheme != held.scheme:
         return None, "the table's columns changed since an xid that wrote it was sealed"
     return _Content(held, expected), ""

@@ -12,7 +12,7 @@ without the others, is refused by name rather than guessed or ignored.
 
 from __future__ import annotations
 
-from server_ext.create_table import expression_problem
+from server_ext.ddl import expression_problem
 from server_ext.sql import split_table_name
 
 OPTION_NAMES = ("distributed_table", "cluster")

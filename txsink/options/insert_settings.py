@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 
 from server_ext.capabilities import known_settings
-from server_ext.client_protocol import SqlClient
+from server_ext.client import SqlClient
 from server_ext.errors import ClickHouseError
 
 PREFIX = "settings."

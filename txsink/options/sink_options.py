@@ -21,17 +21,16 @@ from typing import Literal
 from coordinator.auth import DigestAuth, hosts_problem
 from coordinator.nodes import SESSION_TIMEOUT as DEFAULT_SESSION_TIMEOUT
 from coordinator.paths import check_root
-from server_ext.capabilities import STRATEGIES as server_strategies
-from server_ext.capabilities import Strategy
-from server_ext.client import header_problem
-from server_ext.compression import ENCODINGS
-from server_ext.partition_bound import DEFAULT_LIMIT as DEFAULT_PARTITION_LIMIT
+from server_ext.client import ENCODINGS, header_problem
+from server_ext.publish import STRATEGIES as server_strategies
+from server_ext.publish import Strategy
 from server_ext.sharding import (
     ShardingError,
     parse_shard_urls,
     shown_url,
     url_problem,
 )
+from server_ext.staging import DEFAULT_LIMIT as DEFAULT_PARTITION_LIMIT
 from txsink.options import bad_rows_options, distributed_options, insert_settings, table_options
 from txsink.options.target_name import name_problem
 
@@ -42,7 +41,7 @@ REPLICA_CHOICES = ("round_robin", "random")
 #: them further (its minSessionTimeout .. maxSessionTimeout).
 MIN_SESSION_TIMEOUT, MAX_SESSION_TIMEOUT = 2.0, 600.0
 #: What happens to the materialized views the target feeds: staged and published with
-#: the target's rows (``server_ext.views``), or left without them (logged at WARNING).
+#: the target's rows (``server_ext.ddl.views``), or left without them (logged at WARNING).
 VIEW_CHOICES = ("stage", "ignore")
 
 #: Options Spark itself may add to a write; accepted and ignored unless used.
@@ -97,7 +96,7 @@ class SinkOptions:
     zookeeper_ca_file: str | None = None  # set: ZooKeeper over TLS, verified with this CA
     insert_settings: tuple[tuple[str, str], ...] = ()  # settings.<name> options
     materialized_views: str = "stage"  # one of VIEW_CHOICES
-    # partitions one write's rows may span (server_ext.partition_bound); 0: no bound
+    # partitions one write's rows may span (server_ext.staging.partition_bound); 0: no bound
     max_partitions_per_job: int = DEFAULT_PARTITION_LIMIT
     coordinator: str = ZOOKEEPER  # where the coordinator's records live: one of STORES
     records_url: str | None = None  # keepermap: the server of the records table (else url)

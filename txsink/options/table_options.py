@@ -9,7 +9,7 @@ An option that would do nothing is refused, not ignored: ``engine``, ``order_by`
 
 from __future__ import annotations
 
-from server_ext.create_table import DEFAULT_ENGINE, engine_problem, expression_problem
+from server_ext.ddl import DEFAULT_ENGINE, creatable_engine_problem, expression_problem
 
 NEVER, IF_MISSING = "never", "if_missing"
 CREATE_TABLE_CHOICES = (NEVER, IF_MISSING)
@@ -34,7 +34,7 @@ def check(values: dict[str, object]) -> None:
         raise ValueError(f"option(s) {', '.join(given)} shape a table the sink creates and "
                          "need create_table=if_missing")
     engine = str(values.get("engine", DEFAULT_ENGINE)).strip()
-    problem = engine_problem(engine)
+    problem = creatable_engine_problem(engine)
     if problem:
         raise ValueError(f"option engine={engine!r} cannot be used: {problem}")
     values["engine"] = engine

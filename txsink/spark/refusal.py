@@ -19,10 +19,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from coordinator.errors import CoordinatorError
-from server_ext.errors import ClickHouseError
-from server_ext.sharding.errors import ShardingError
+from server_ext.ddl import ViewProblem
+from server_ext.errors import ClickHouseError, ShardingError
 from server_ext.staging import UnsupportedTarget
-from server_ext.views import ViewProblem
 from txsink.core.connections import RecordsUnusable
 from txsink.options import OptionError
 from txsink.options.insert_settings import SettingRefused

@@ -1,0 +1,79 @@
+"""The ``attach_marked`` strategy: ``ATTACH PARTITION ... FROM`` into a plain MergeTree
+without MOVE (18.16).
+
+The ATTACH is not idempotent, so the intent carries a watermark W (the target's highest
+block number) and the target's merges are stopped from before the intent until after the
+mark; a repeat decides each intended partition from the parts above W
+(``attach_decision``): attached, not attached (attach now), or ``InDoubtPublish``. Repeats
+past the clones an interrupted ATTACH left (``publish_steps.leftover_clone``). Reasons:
+``docs/design.md``, "The ``attach_marked`` window and what closes it".
+"""
+
+from __future__ import annotations
+
+import logging
+
+from server_ext.errors import InDoubtPublish
+from server_ext.publish.attach_decision import max_block_number
+from server_ext.publish.publish_ledger import PublishRecord
+from server_ext.publish.publish_steps import (
+    STEP_AFTER_ATTACH,
+    alter_in_chunks,
+    repeat_past_leftover_clones,
+)
+from server_ext.publish.strategy_run import StrategyRun
+from server_ext.staging.manifest import PartitionManifest
+
+log = logging.getLogger(__name__)
+
+WINDOW_SETTING = "replicated_deduplication_window_seconds"
+WINDOW_MARGIN_SECONDS = 300.0  # clock skew and the server's cleanup period, at most
+STATEMENT_WAIT_SECONDS = 60.0  # how long a repeat waits for an interrupted ALTER to end
+ONE_BLOCK_BYTES = 1 << 40  # squash a copied partition into one block, whatever its size
+OPTIMIZE_ON_INSERT = "optimize_on_insert"
+
+
+class AttachMarkedRun(StrategyRun):
+    strategy = "attach_marked"
+
+    def publish_pending(self, pending: list[PartitionManifest], record: PublishRecord,
+                        sealed: dict[str, bool]) -> None:
+        intended = record.intended
+        self.require_staged(pending, sealed, intended)
+        if intended:
+            self.wait_for_interrupted_statement()
+        self.set_target_merges("STOP")
+        try:
+            attached = self.decide([p for p in pending if p.partition_id in intended],
+                                   record.watermark or 0, sealed)
+            to_attach = [p for p in pending if p.partition_id not in attached]
+            if to_attach:
+                watermark = max_block_number(self.client, self.manifest.target_database,
+                                             self.manifest.target_table)
+                self.put_intent(to_attach, {*record.published, *attached},
+                                watermark=watermark)
+                self.attach(to_attach, watermark, sealed)
+                self.on_step(STEP_AFTER_ATTACH)
+        except InDoubtPublish:
+            self.set_target_merges("START")  # the evidence is in the error
+            raise
+        self.mark_published()
+        self.set_target_merges("START")
+
+    def attach(self, partitions: list[PartitionManifest], watermark: int,
+               sealed: dict[str, bool]) -> None:
+        """ATTACH ``partitions`` (named by the intent with ``watermark``) into the target,
+        past the clones an interrupted ATTACH left (``leftover_clone``): before each repeat,
+        the partitions the failed ALTER attached are decided as a repeat after a crash
+        decides them, and only the others are sent again."""
+        remaining = partitions
+
+        def attempt(repeat: bool) -> None:
+            nonlocal remaining
+            if repeat:
+                attached = self.decide(remaining, watermark, sealed)
+                remaining = [p for p in remaining if p.partition_id not in attached]
+            alter_in_chunks(self.client, self.target, self.from_staging("ATTACH", remaining),
+                            purpose="attach partitions into target", retry=False)
+
+        repeat_past_leftover_clones(attempt, self.target)

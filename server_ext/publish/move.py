@@ -1,0 +1,70 @@
+"""The ``move`` strategy: ``MOVE PARTITION ... TO TABLE`` (plain target, modern servers).
+
+The intent carries the target's block-number watermark; a repeat that finds an intended
+partition still staged decides it from the target's parts above the watermark (a MOVE is
+not atomic across a server crash), never re-sending the MOVE blindly. An empty staging
+partition the intent names was moved; one it does not name is lost data.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from server_ext.errors import ClickHouseError
+from server_ext.publish.publish_ledger import PublishRecord
+from server_ext.publish.publish_steps import STEP_AFTER_ATTACH, alter_in_chunks
+from server_ext.publish.strategy_run import StrategyRun
+from server_ext.sql import sql_string
+from server_ext.staging.manifest import PartitionManifest
+from server_ext.staging.seal import read_staged_with_watermark
+
+log = logging.getLogger(__name__)
+
+WINDOW_SETTING = "replicated_deduplication_window_seconds"
+WINDOW_MARGIN_SECONDS = 300.0  # clock skew and the server's cleanup period, at most
+STATEMENT_WAIT_SECONDS = 60.0  # how long a repeat waits for an interrupted ALTER to end
+ONE_BLOCK_BYTES = 1 << 40  # squash a copied partition into one block, whatever its size
+OPTIMIZE_ON_INSERT = "optimize_on_insert"
+
+
+class MoveRun(StrategyRun):
+    strategy = "move"
+    drops_staging = False
+    watermark: int | None = None  # the target's, read with the staged parts
+
+    def read_staged(self) -> dict[str, PartitionManifest]:
+        staged, self.watermark = read_staged_with_watermark(
+            self.client, self.manifest.staging_database, self.manifest.staging_table,
+            (self.manifest.target_database, self.manifest.target_table),
+            purpose="read staged parts and the target's block number before publish",
+        )
+        return staged
+
+    def publish_pending(self, pending: list[PartitionManifest], record: PublishRecord,
+                        sealed: dict[str, bool]) -> None:
+        intended = record.intended
+        self.require_staged(pending, sealed, intended)
+        # staged and intended: an interrupted MOVE that may have happened (module contract)
+        maybe_moved = [p for p in pending if sealed[p.partition_id] and p.partition_id in intended]
+        moved: set[str] = set()
+        if maybe_moved:
+            self.wait_for_interrupted_statement()
+            moved = self.decide(maybe_moved, record.watermark or 0, sealed)
+        # gone from staging (intended, by require_staged) or decided: moved earlier
+        moved |= {p.partition_id for p in pending if not sealed[p.partition_id]}
+        movable = [p for p in pending if p.partition_id not in moved]
+        if movable:  # staging holds rows, so the staged parts' read gave the watermark
+            self.put_intent(movable, {*record.published, *moved}, watermark=self.watermark)
+            try:
+                alter_in_chunks(
+                    self.client, self.staging,
+                    [f"MOVE PARTITION ID {sql_string(p.partition_id)} TO TABLE {self.target}"
+                     for p in movable],
+                    purpose="move partitions into target", retry=False,
+                )
+            except ClickHouseError as exc:
+                # the statement must not be re-sent, but the whole publish may be: it decides
+                exc.retryable = exc.retryable or exc.outcome_unknown
+                raise
+            self.on_step(STEP_AFTER_ATTACH)
+        self.mark_published()

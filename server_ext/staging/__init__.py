@@ -1,0 +1,66 @@
+"""A branch's staging table: its name and creation, the rows written into it within the
+bounds of one write, its seal and manifest, its rollback and sweep."""
+
+from server_ext.staging.insert_memory import memory_problem
+from server_ext.staging.manifest import Manifest, PartitionManifest, StagedPart
+from server_ext.staging.partition_bound import (
+    DEFAULT_LIMIT,
+    PartitionCounter,
+    check_partition_bound,
+    partition_bound_settings,
+)
+from server_ext.staging.seal import (
+    StagedRowsMismatch,
+    digested,
+    read_staged_partitions,
+    read_staged_tables,
+    seal,
+    staged_digests,
+)
+from server_ext.staging.staging_tables import (
+    STAGING_DATABASE,
+    StagingName,
+    UnsupportedTarget,
+    create_staging,
+    merges_at_insert,
+    parse_staging_table_name,
+    publish_problem,
+    rollback,
+    root_tag,
+    sink_key,
+    staging_qualified,
+    staging_table_name,
+)
+from server_ext.staging.sweeper import sweep
+from server_ext.staging.writer import BranchWriter
+
+__all__ = [
+    "STAGING_DATABASE",
+    "StagingName",
+    "UnsupportedTarget",
+    "create_staging",
+    "merges_at_insert",
+    "parse_staging_table_name",
+    "publish_problem",
+    "rollback",
+    "root_tag",
+    "sink_key",
+    "staging_qualified",
+    "staging_table_name",
+    "BranchWriter",
+    "StagedRowsMismatch",
+    "digested",
+    "read_staged_partitions",
+    "read_staged_tables",
+    "seal",
+    "staged_digests",
+    "Manifest",
+    "PartitionManifest",
+    "StagedPart",
+    "DEFAULT_LIMIT",
+    "PartitionCounter",
+    "check_partition_bound",
+    "partition_bound_settings",
+    "memory_problem",
+    "sweep",
+]
