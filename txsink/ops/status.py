@@ -27,8 +27,6 @@ from txsink.ops.status_report import SinkHealth, sink_health
 
 
 @dataclass(frozen=True)
-
-
 class OpenXid:
     """An open xid as ``status`` shows it: its state and age, its winners, and for an
     undecided one whether its writer lives (``coordinator/liveness.py``) and, when it is
