@@ -64,6 +64,9 @@ class WritePlan:
     # bad_rows=quarantine: the quarantine table (txsink/core/quarantine_share.py) and its strategy
     quarantine: server_ext.TargetTable | None = None
     quarantine_strategy: Strategy | None = None
+    # streaming through foreachBatch: the query id, read on the driver (the data source's
+    # tasks read it from their TaskContext); None: the tasks read it
+    stream_query: str | None = None
     # This write's own: two writes of one table in a transaction share the xid, and each
     # needs a pre-combined table of its own (txsink.core.combine)
     write_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
