@@ -41,7 +41,7 @@ from server_ext.ddl.create_table import (
 from server_ext.types.arrow_schema import type_problem
 from server_ext.types.chtypes import parse_type
 from server_ext.types.target_table import Column, TargetTable
-from txsink.core.plan import arrow_schema
+from txsink.core.spark_arrow import arrow_schema
 from txsink.core.target_setup import column_changes
 from txsink.options import OptionError, parse_options
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field, replace
 
-import pyarrow as pa
-
 import server_ext
 from server_ext.ddl import ViewNode
 from server_ext.publish import (
@@ -45,6 +43,9 @@ class WritePlan:
     # bad_rows=quarantine: the quarantine table (txsink/core/quarantine_share.py) and its strategy
     quarantine: server_ext.TargetTable | None = None
     quarantine_strategy: Strategy | None = None
+    # streaming through foreachBatch: the query id, read on the driver (the data source's
+    # tasks read it from their TaskContext); None: the tasks read it
+    stream_query: str | None = None
     # This write's own: two writes of one table in a transaction share the xid, and each
     # needs a pre-combined table of its own (txsink.core.combine)
     write_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
@@ -64,13 +65,6 @@ class WritePlan:
     @property
     def shard_layout(self) -> ShardLayout:
         return self.layout or single_server(self.options)
-
-
-def arrow_schema(spark_schema) -> pa.Schema:
-    """The Arrow schema Spark will hand the Arrow writer for ``spark_schema``."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    return to_arrow_schema(spark_schema, timezone="UTC")
 
 
 def send_columns(target, names: tuple[str, ...]) -> list:

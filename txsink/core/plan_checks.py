@@ -39,7 +39,8 @@ from server_ext.sharding import (
 )
 from server_ext.staging import memory_problem, publish_problem
 from txsink.core import connections
-from txsink.core.plan import arrow_schema, single_server
+from txsink.core.plan import single_server
+from txsink.core.spark_arrow import arrow_schema
 from txsink.options import OptionError, SinkOptions, insert_settings
 
 log = logging.getLogger(__name__)
