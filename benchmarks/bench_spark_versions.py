@@ -70,8 +70,15 @@ def servers() -> dict[str, str]:
 
 def variants_for(url: str) -> tuple[tuple[str, ...], dict[str, str]]:
     """The variants measured against ``url``, and those left out with the reason."""
-    chosen = ["write", "foreach_tx"]
+    import txsink
+
+    chosen: list[str] = []
     skipped: dict[str, str] = {}
+    for variant, function in (("write", "write"), ("foreach_tx", "foreach_batch")):
+        if hasattr(txsink, function):
+            chosen.append(variant)
+        else:
+            skipped[variant] = f"this txsink has no txsink.{function}"
     if has_data_source():
         chosen.append("tx")
     else:
@@ -96,7 +103,8 @@ def paired_ratio(rows: list[dict], variant: str, baseline: str, size: int) -> fl
     return round(statistics.median(ratios), 3) if ratios else None
 
 
-def run_server(spark, name: str, url: str, zookeeper: str, rounds: int) -> dict:
+def run_server(spark, name: str, url: str, zookeeper: str, rounds: int,
+               sizes: tuple[int, ...]) -> dict:
     variants, skipped = variants_for(url)
     for variant, why in skipped.items():
         log(f"{name}: skipping {variant}: {why}")
@@ -104,13 +112,13 @@ def run_server(spark, name: str, url: str, zookeeper: str, rounds: int) -> dict:
     bench = Bench(spark, scratch, jvm_pid(spark), log, server_native_port(url))
     try:
         bench.warm_up(variants)
-        rows = bench.rounds(f"versions-{name}", [Case(n, PARTITIONS) for n in SIZES],
+        rows = bench.rounds(f"versions-{name}", [Case(n, PARTITIONS) for n in sizes],
                             variants, rounds)
     finally:
         scratch.remove()
     ratios = [{"rows": size, "variant": v, "baseline": b,
                "paired_ratio": paired_ratio(rows, v, b, size)}
-              for size in SIZES for v, b in PAIRS]
+              for size in sizes for v, b in PAIRS]
     return {"url": url, "clickhouse": environment.sql(url, "SELECT version()").strip(),
             "variants": list(variants), "skipped": skipped, "rows": rows,
             "ratios": [r for r in ratios if r["paired_ratio"] is not None]}
@@ -138,6 +146,8 @@ def render(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)),
+                        help="comma-separated rows per write")
     parser.add_argument("--servers", default="ch18,ch26",
                         help="comma-separated subset of ch18,ch26")
     parser.add_argument("--zookeeper",
@@ -156,18 +166,19 @@ def main() -> None:
 
         txsink.register(spark)
     chosen = [s.strip() for s in args.servers.split(",") if s.strip()]
+    sizes = tuple(int(n) for n in args.sizes.split(",") if n.strip())
     results: dict = {}
     try:
         for name in chosen:
             log(f"== {name} (load {load():.1f})")
             results[name] = run_server(spark, name, servers()[name], args.zookeeper,
-                                       args.rounds)
+                                       args.rounds, sizes)
     finally:
         spark.stop()
     data = environment.run_record(
         "txsink's ways in on one PySpark", "bench_spark_versions.py", started, load_start,
         pyspark=pyspark.__version__, python_executable=sys.executable, spark=settings,
-        rounds=args.rounds, sizes=list(SIZES), partitions=PARTITIONS, servers=results)
+        rounds=args.rounds, sizes=list(sizes), partitions=PARTITIONS, servers=results)
     print("\n" + render(data))
     output = args.out / f"spark_versions-{pyspark.__version__}.json"
     print(environment.write_result(output, data, lambda _data, _folder: None))
