@@ -198,13 +198,16 @@ class SparkVenv:
             capture_output=True, text=True, check=True).stdout.strip()
 
     def pytest(self, args: Sequence[str]) -> int:
-        """Run pytest in the virtualenv from the checkout (``args`` default: the
-        ``every_spark`` tests of :func:`guarantee_files`); its exit status (5: none)."""
-        if not args:
+        """Run pytest in the virtualenv from the checkout; its exit status (5: no test).
+
+        ``args`` that name no test path (``tests/...``) are added to the default selection,
+        the ``every_spark`` tests of :func:`guarantee_files` (``-x``, ``-k name``)."""
+        args = list(args)
+        if not any(a.startswith("tests") for a in args):
             if not guarantee_files():
                 _say(f"PySpark {self.pin}: no test file names {MARKER}")
                 return 5
-            args = default_pytest_args()
+            args = [*default_pytest_args(), *args]
         paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
                "VIRTUAL_ENV": str(self.path)}
@@ -261,7 +264,7 @@ def run(minors: Sequence[str], pytest_args: Sequence[str]) -> int:
         outcome.status = venv.pytest(pytest_args)
         outcome.test_s = time.monotonic() - started
         if outcome.status == 5:
-            selection = " ".join(pytest_args) or f"-m {MARKER}"
+            selection = " ".join(["-m", MARKER, *pytest_args])
             _say(f"PySpark {venv.pin}: no test selected by {selection}")
     _say("summary:")
     for o in outcomes:
