@@ -1,8 +1,14 @@
 """txsink: exactly-once writes from Apache Spark into ClickHouse.
 
-Usage::
+Usage (every PySpark from 3.5)::
 
     import txsink
+    txsink.write(df, table="db.events", url=url, zookeeper="127.0.0.1:2181")
+    sdf.writeStream.foreachBatch(txsink.foreach_batch(table="db.events", url=url,
+                                                      zookeeper="127.0.0.1:2181")).start()
+
+or the data source (PySpark 4.0+; streaming 4.1+)::
+
     txsink.register(spark)   # only where Spark does not find "clickhouse_tx" by itself
     df.write.format("clickhouse_tx").option("url", url).option("table", "db.events") \\
         .option("zookeeper", "127.0.0.1:2181").mode("append").save()
@@ -20,6 +26,20 @@ def register(spark) -> None:
     _register(spark)
 
 
+def write(df, *, table: str, mode: str = "append", **options) -> None:
+    """See :func:`txsink.spark.job.write`."""
+    from txsink.spark.job import write as _write
+
+    _write(df, table=table, mode=mode, **options)
+
+
+def foreach_batch(*, table: str, **options):
+    """See :func:`txsink.spark.job.foreach_batch`."""
+    from txsink.spark.job import foreach_batch as _foreach_batch
+
+    return _foreach_batch(table=table, **options)
+
+
 def transaction(spark, **kwargs):
     """See :func:`txsink.spark.transaction.transaction`."""
     from txsink.spark.transaction import transaction as _transaction
@@ -27,4 +47,4 @@ def transaction(spark, **kwargs):
     return _transaction(spark, **kwargs)
 
 
-__all__ = ["register", "transaction", "__version__"]
+__all__ = ["register", "write", "foreach_batch", "transaction", "__version__"]

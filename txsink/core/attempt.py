@@ -488,7 +488,7 @@ def write_branch(
         _, _, owner = _task_identity()
         # Before anything is claimed, begun or staged: the sink's epochs must be this
         # query's micro-batches (StreamStateMismatch otherwise; coordinator/stream.py).
-        coord.own_stream(streaming_query_id(), epoch)
+        coord.own_stream(plan.stream_query or streaming_query_id(), epoch)
         generation = coord.claim(str(owner.get("run_id") or owner["host"]))
     try:
         return _write_branch(plan, coord, epoch, generation, batches)

@@ -1,12 +1,17 @@
 """Commit messages: what a task attempt hands the driver about its branch.
 
 They are plain picklable records, independent of how Spark carries them: the data source
-wraps each in its ``WriterCommitMessage`` (``txsink.spark.datasource``).
+wraps each in its ``WriterCommitMessage`` (``txsink.spark.datasource``); the ``mapInArrow``
+ways in (``txsink.spark.job``) carry each as one string column of one row, written and
+read only here (:func:`to_text` / :func:`from_text`): JSON with a ``format`` and a
+``kind``. A task and its driver run the same release, but a text of an unknown format or
+kind is refused by name, never guessed at.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass, fields
 
 
 @dataclass(frozen=True)
@@ -36,3 +41,38 @@ class SkippedMessage:
 
 #: What an attempt returns to the driver.
 TaskMessage = BranchMessage | SkippedMessage
+
+
+#: The format :func:`to_text` writes.
+FORMAT = 1
+
+
+class UnknownMessage(ValueError):
+    """A task's message this release cannot read."""
+
+
+_KINDS: dict[str, type[BranchMessage] | type[SkippedMessage]] = {
+    "branch": BranchMessage, "skipped": SkippedMessage}
+
+
+def to_text(message: TaskMessage) -> str:
+    """One task message as the text a ``mapInArrow`` task returns."""
+    kind = next(k for k, cls in _KINDS.items() if isinstance(message, cls))
+    return json.dumps({"format": FORMAT, "kind": kind, **asdict(message)})
+
+
+def from_text(text: str) -> TaskMessage:
+    """The message :func:`to_text` wrote; :class:`UnknownMessage` for any other text."""
+    try:
+        data = json.loads(text)
+        found = data.get("format"), data.get("kind")
+    except (ValueError, AttributeError):
+        raise UnknownMessage(f"not a task message: {text[:80]!r}") from None
+    if found[0] != FORMAT or found[1] not in _KINDS:
+        raise UnknownMessage(f"task message of format {found[0]!r}, kind {found[1]!r}: this "
+                             f"release reads format {FORMAT} ({', '.join(_KINDS)})")
+    cls = _KINDS[found[1]]
+    values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+    if "branch_ids" in values:
+        values["branch_ids"] = tuple(values["branch_ids"])
+    return cls(**values)

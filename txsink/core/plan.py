@@ -18,8 +18,6 @@ import uuid
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
-import pyarrow as pa
-
 import server_ext
 from server_ext.capabilities import (
     Strategy,
@@ -42,6 +40,7 @@ from server_ext.sharding import (
 from server_ext.staging import publish_problem
 from server_ext.views import ViewNode, ViewProblem, discover, tree_problem
 from txsink.core import connections
+from txsink.core.spark_arrow import arrow_schema
 from txsink.options import OptionError, SinkOptions, insert_settings, parse_options
 from txsink.options.target_name import note_default_database
 
@@ -65,6 +64,9 @@ class WritePlan:
     # bad_rows=quarantine: the quarantine table (txsink/core/quarantine_share.py) and its strategy
     quarantine: server_ext.TargetTable | None = None
     quarantine_strategy: Strategy | None = None
+    # streaming through foreachBatch: the query id, read on the driver (the data source's
+    # tasks read it from their TaskContext); None: the tasks read it
+    stream_query: str | None = None
     # This write's own: two writes of one table in a transaction share the xid, and each
     # needs a pre-combined table of its own (txsink.core.combine)
     write_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
@@ -84,13 +86,6 @@ class WritePlan:
     @property
     def shard_layout(self) -> ShardLayout:
         return self.layout or single_server(self.options)
-
-
-def arrow_schema(spark_schema) -> pa.Schema:
-    """The Arrow schema Spark will hand the Arrow writer for ``spark_schema``."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    return to_arrow_schema(spark_schema, timezone="UTC")
 
 
 def send_columns(target, names: tuple[str, ...]) -> list:

@@ -39,7 +39,8 @@ from server_ext.schema import type_problem
 from server_ext.sharding import parse_shard_urls
 from server_ext.sql import identifier_text
 from txsink.core import connections, distributed_target
-from txsink.core.plan import SHARDING_KEY_ALONE, arrow_schema
+from txsink.core.plan import SHARDING_KEY_ALONE
+from txsink.core.spark_arrow import arrow_schema
 from txsink.options import OptionError, SinkOptions
 from txsink.options.table_options import ADD_COLUMNS, IF_MISSING
 

@@ -4,6 +4,10 @@ Thin adapters from Spark's writer contract to :mod:`txsink.core.plan` (driver, b
 task), :mod:`txsink.core.attempt` (each task attempt) and :mod:`txsink.core.driver` (commit and
 abort). Spark pickles the writer object into every task and into ``commit``; only the
 immutable :class:`~txsink.core.plan.WritePlan` travels with it.
+
+Needs PySpark 4.0 (batch) or 4.1 (streaming: 4.0 has no Arrow stream writer, and its
+``streamWriter()`` refuses naming ``txsink.foreach_batch``); importing it on 3.5 fails, so
+only ``txsink.spark.registration`` imports it, after asking ``txsink.spark.versions``.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
     DataSourceStreamWriter,
     DataSourceWriter,
     WriterCommitMessage,
@@ -28,6 +31,12 @@ from txsink.core.messages import SkippedMessage, TaskMessage
 from txsink.core.plan import WritePlan, plan_write
 from txsink.options import OptionError
 from txsink.spark.refusal import reason_first
+from txsink.spark.versions import has_stream_arrow_writer, no_stream_arrow_writer
+
+if has_stream_arrow_writer():  # PySpark 4.1 and later
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
+else:  # 4.0: streamWriter() refuses (versions.no_stream_arrow_writer); never instantiated
+    _StreamWriterBase = DataSourceStreamWriter
 
 #: Spark hands a sink in complete mode the whole result each micro-batch, to replace the
 #: last one; update mode Spark itself refuses for every Python data source (PySpark 4.3).
@@ -53,6 +62,8 @@ class ClickHouseTxDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         with reason_first():
+            if not has_stream_arrow_writer():
+                raise OptionError(no_stream_arrow_writer())
             if overwrite:  # what Spark passes for outputMode('complete') (measured, 4.3)
                 raise OptionError(COMPLETE_MODE_REFUSED)
             return StreamWriter(plan_write(self.options, schema, overwrite, streaming=True))
@@ -92,7 +103,7 @@ class BatchWriter(DataSourceArrowWriter):
             driver.abort_epoch(self.plan, self.plan.epoch, _unwrapped(messages))
 
 
-class StreamWriter(DataSourceStreamArrowWriter):
+class StreamWriter(_StreamWriterBase):
     """One micro-batch = one xid whose epoch is the batch id (stable across restarts)."""
 
     def __init__(self, plan: WritePlan) -> None:

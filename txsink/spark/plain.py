@@ -17,7 +17,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
+    DataSourceStreamWriter,
     WriterCommitMessage,
 )
 from pyspark.sql.types import StructType
@@ -28,6 +28,12 @@ from txsink.core import connections
 from txsink.core.plan import check_target, send_columns
 from txsink.core.target_setup import prepare_target
 from txsink.options import OptionError, SinkOptions, parse_options
+from txsink.spark.versions import has_stream_arrow_writer, no_stream_arrow_writer
+
+if has_stream_arrow_writer():  # PySpark 4.1 and later; 4.0 refuses streamWriter()
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
+else:
+    _StreamWriterBase = DataSourceStreamWriter
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,9 @@ class PlainDataSource(DataSource):
         return PlainWriter(*self._plan(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> PlainStreamWriter:
+        if not has_stream_arrow_writer():
+            raise OptionError(no_stream_arrow_writer().replace("clickhouse_tx",
+                                                               "clickhouse_plain"))
         return PlainStreamWriter(*self._plan(schema))
 
 
@@ -82,7 +91,7 @@ class PlainWriter(DataSourceArrowWriter):
         return insert_directly(self.options, self.columns, iterator)
 
 
-class PlainStreamWriter(DataSourceStreamArrowWriter):
+class PlainStreamWriter(_StreamWriterBase):
     def __init__(self, options: SinkOptions, columns: tuple[str, ...]) -> None:
         self.options, self.columns = options, columns
 

@@ -6,8 +6,14 @@ import logging
 import os
 
 from txsink.options import CREDENTIAL_VARIABLES
+from txsink.spark.versions import has_data_source, no_data_source
 
 log = logging.getLogger(__name__)
+
+
+class DataSourceUnavailable(RuntimeError):
+    """This PySpark has no Python data source API (3.5): ``format("clickhouse_tx")``
+    cannot exist; the message names the forms that work."""
 
 
 def register(spark, *, credentials_as_options: bool = False) -> None:
@@ -30,8 +36,14 @@ def register(spark, *, credentials_as_options: bool = False) -> None:
     when the source is registered (measured with PySpark 4.3), so the variables must be
     set before this call. A Spark Connect client has no SparkContext to hand them to: it
     logs a WARNING naming the variables that stay behind, unless the caller passes them
-    as options itself (``credentials_as_options``, as ``txsink.transaction`` does).
+    as options itself (``credentials_as_options``).
+
+    PySpark 3.5 has no Python data source API: it raises :class:`DataSourceUnavailable`
+    naming ``txsink.write`` and ``txsink.foreach_batch``, which work there (and need no
+    registration).
     """
+    if not has_data_source():
+        raise DataSourceUnavailable(no_data_source())
     from txsink.spark.datasource import ClickHouseTxDataSource
     from txsink.spark.plain import PlainDataSource
 

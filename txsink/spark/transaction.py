@@ -1,7 +1,9 @@
 """``txsink.transaction()``: several DataFrame writes, one atomic commit.
 
-Each ``tx.write`` runs an ordinary Spark job through ``clickhouse_tx`` that stages its
-rows and *selects* its winning branches in the shared xid without deciding it. Leaving
+Each ``tx.write`` runs an ordinary Spark job that stages its rows and *selects* its
+winning branches in the shared xid without deciding it: the ``mapInArrow`` job of
+``txsink.write`` (``txsink.spark.job``), on every PySpark from 3.5, planned in the
+caller's process. Leaving
 the ``with`` block normally commits every selected branch of every table as one xid;
 an exception inside the block aborts all of them and re-raises. A write that failed
 fails the transaction even when the caller caught its exception: the transaction can
@@ -34,7 +36,7 @@ from coordinator import XidRecord
 from txsink.core import driver
 from txsink.core.metrics import EpochMetrics
 from txsink.core.payload import from_record, task_branches
-from txsink.core.plan import check_server_options
+from txsink.core.plan import check_server_options, plan_write
 from txsink.options import (
     TX_EPOCH,
     TX_GENERATION,
@@ -42,7 +44,7 @@ from txsink.options import (
     credentials_from,
     parse_options,
 )
-from txsink.spark.registration import register
+from txsink.spark import job
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +101,11 @@ class Transaction:
         if self.epoch is None:
             return
         try:
-            (df.write.format("clickhouse_tx").options(**self.options)
-                .option("table", table).option(TX_SINK_ID, self.sink_id)
-                .option(TX_EPOCH, str(self.epoch)).option(TX_GENERATION, str(self.generation))
-                .mode(mode).save())
+            raw = job.job_options(table, {**self.options, TX_SINK_ID: self.sink_id,
+                                          TX_EPOCH: self.epoch,
+                                          TX_GENERATION: self.generation}, internal=True)
+            plan = plan_write(raw, df.schema, job.overwrite_of(mode), streaming=False)
+            job.run_epoch(df, plan, self.epoch)
         except BaseException as exc:
             self.failed = f"its write to {table} failed ({type(exc).__name__})"
             raise
@@ -185,9 +188,8 @@ def transaction(spark: SparkSession, *, url: str, sink_id: str, zookeeper: str |
 
     Credentials from ``TXSINK_CLICKHOUSE_USER`` / ``TXSINK_CLICKHOUSE_PASSWORD`` are read
     here, in the caller's process, and passed to every write as options: Spark's workers
-    only see the environment the session started with (and what ``register`` hands them).
+    only see the environment the session started with.
     """
-    register(spark, credentials_as_options=True)  # passed as options below
     store = {"zookeeper": zookeeper} if zookeeper else {}  # none: coordinator=keepermap
     opts = {"url": url, **store, **credentials_from(os.environ),
             **{k: str(v) for k, v in options.items()}}

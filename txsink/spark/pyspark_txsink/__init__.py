@@ -19,13 +19,19 @@ write is planned.
 The at-least-once baseline ``clickhouse_plain`` is left out on purpose: it exists to be
 compared with, and a job should not get duplicates because it found it by a typo.
 ``txsink.register`` registers it.
+
+PySpark 3.5 has no data source API and never looks for this module; it still imports
+(its ``DefaultSource`` is then a plain class that nothing uses).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pyspark.sql.datasource import DataSource
+try:
+    from pyspark.sql.datasource import DataSource
+except ImportError:  # PySpark 3.5: no data source API, nothing looks for this module
+    DataSource = object  # type: ignore[assignment,misc]
 
 if TYPE_CHECKING:
     from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter
