@@ -7,8 +7,8 @@ rows (100k and 1M, 2 partitions), against the 18.16 server and the modern 26.x s
 - ``write`` — ``txsink.write`` (exactly-once through ``mapInArrow``, every PySpark);
 - ``tx`` — ``format("clickhouse_tx")``, the Python data source (only where the PySpark has
   ``pyspark.sql.datasource``: 4.0 and later);
-- ``foreach_tx`` — ``txsink.foreach_batch``, the exactly-once ``foreachBatch`` function,
-  called as Spark calls it for one micro-batch;
+- ``foreach_tx`` — one micro-batch of an exactly-once ``foreachBatch``: ``txsink.write``
+  with the batch id as ``txn_version`` (what ``txsink.foreach_batch`` does in a stream);
 - ``connect_executor`` — what Spark 3.5 users write today: ``foreachBatch`` with
   clickhouse-connect's ``insert_arrow`` from every task (``mapInArrow``), at-least-once;
   only on the server clickhouse-connect supports (26.x, not 18.16).
@@ -74,7 +74,7 @@ def variants_for(url: str) -> tuple[tuple[str, ...], dict[str, str]]:
 
     chosen: list[str] = []
     skipped: dict[str, str] = {}
-    for variant, function in (("write", "write"), ("foreach_tx", "foreach_batch")):
+    for variant, function in (("write", "write"), ("foreach_tx", "write")):
         if hasattr(txsink, function):
             chosen.append(variant)
         else:

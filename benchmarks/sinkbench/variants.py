@@ -17,8 +17,9 @@ are used in tables, JSON and plots:
 - ``tx`` — ``clickhouse_tx`` (the Python data source, PySpark 4.0 and later);
 - ``write`` — ``txsink.write``: the same exactly-once write through ``mapInArrow``, on
   every PySpark from 3.5;
-- ``foreach_tx`` — ``txsink.foreach_batch``: the exactly-once ``foreachBatch`` function,
-  called as Spark calls it for a micro-batch (each call the next batch id of its sink).
+- ``foreach_tx`` — the body of an exactly-once ``foreachBatch`` function: ``txsink.write``
+  with the micro-batch's id as ``txn_version`` (each call the next id of its sink), what
+  ``txsink.foreach_batch`` does inside a stream (it refuses to run outside one).
 
 Nothing here imports ``pyspark.sql.datasource`` at import time: PySpark 3.5 has none.
 """
@@ -113,7 +114,7 @@ def write_txsink(df, sink: Sink) -> None:
 def write_foreach_tx(df, sink: Sink) -> None:
     import txsink
 
-    txsink.foreach_batch(**sink.tx_options())(df, next(_batch_ids))
+    txsink.write(df, mode="append", txn_version=str(next(_batch_ids)), **sink.tx_options())
 
 
 def write_client_driver(df, sink: Sink) -> None:
