@@ -14,11 +14,19 @@ are used in tables, JSON and plots:
 - ``connect_driver`` / ``connect_executor`` — the same with clickhouse-connect's
   ``insert_arrow`` (``toArrow()`` on the driver, or ``mapInArrow`` in the tasks); only
   against servers clickhouse-connect supports (not 18.16, see :data:`CONNECT`);
-- ``tx`` — ``clickhouse_tx``.
+- ``tx`` — ``clickhouse_tx`` (the Python data source, PySpark 4.0 and later);
+- ``write`` — ``txsink.write``: the same exactly-once write through ``mapInArrow``, on
+  every PySpark from 3.5;
+- ``foreach_tx`` — the body of an exactly-once ``foreachBatch`` function: ``txsink.write``
+  with the micro-batch's id as ``txn_version`` (each call the next id of its sink), what
+  ``txsink.foreach_batch`` does inside a stream (it refuses to run outside one).
+
+Nothing here imports ``pyspark.sql.datasource`` at import time: PySpark 3.5 has none.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -30,7 +38,9 @@ from sinkbench.client_baseline import (
     foreach_batch_function,
 )
 from sinkbench.environment import sql
-from sinkbench.noop_source import NAME as NOOP_ARROW
+
+#: The batch ids ``foreach_tx`` hands its sinks: each call a new micro-batch.
+_batch_ids = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -82,7 +92,9 @@ def write_noop(df, sink: Sink) -> None:
 
 
 def write_arrow_noop(df, sink: Sink) -> None:
-    df.write.format(NOOP_ARROW).mode("append").save()
+    from sinkbench.noop_source import NAME
+
+    df.write.format(NAME).mode("append").save()
 
 
 def write_plain(df, sink: Sink) -> None:
@@ -91,6 +103,18 @@ def write_plain(df, sink: Sink) -> None:
 
 def write_tx(df, sink: Sink) -> None:
     df.write.format("clickhouse_tx").options(**sink.tx_options()).mode("append").save()
+
+
+def write_txsink(df, sink: Sink) -> None:
+    import txsink
+
+    txsink.write(df, mode="append", **sink.tx_options())
+
+
+def write_foreach_tx(df, sink: Sink) -> None:
+    import txsink
+
+    txsink.write(df, mode="append", txn_version=str(next(_batch_ids)), **sink.tx_options())
 
 
 def write_client_driver(df, sink: Sink) -> None:
@@ -118,11 +142,13 @@ VARIANTS: dict[str, Write] = {
     "connect_driver": write_connect_driver,
     "connect_executor": write_connect_executor,
     "tx": write_tx,
+    "write": write_txsink,
+    "foreach_tx": write_foreach_tx,
 }
 
 #: Variants whose rows land in ClickHouse (the target is recreated and counted).
 WRITES_TABLE = frozenset({"plain", "client_driver", "client_executor", "connect_driver",
-                          "connect_executor", "tx"})
+                          "connect_executor", "tx", "write", "foreach_tx"})
 
 #: Variants that need clickhouse-connect, hence a server it supports (not 18.16).
 CONNECT = ("connect_driver", "connect_executor")

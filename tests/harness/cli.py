@@ -5,6 +5,11 @@
         [--modern | --modern-only]      ... plus (or only) a modern ClickHouse 26.x (chdb)
     python -m tests.harness demo [--server modern]   the exactly-once demo under faults
         [--coordinator keepermap]       ... records in a KeeperMap table (--server modern)
+    python -m tests.harness spark-test [--spark 3.5]... [-- PYTEST ARGS]
+                                        pytest (default: -m every_spark) under other
+                                        PySparks, each in its cached virtualenv
+    python -m tests.harness spark-venv 3.5 [--bench]   make (or find) a version's
+                                        virtualenv (--bench: and the benchmark's clients)
 
 The harness is not part of the sink: a ``pip install txsink`` has none of it.
 """
@@ -102,6 +107,36 @@ def _demo(args: argparse.Namespace) -> int:
     return demo.main(args)
 
 
+def _spark_test(args: argparse.Namespace) -> int:
+    from tests.harness import spark_versions
+
+    minors = args.spark or list(spark_versions.every_run_versions())
+    if not minors:
+        print("spark-test: no PySpark version to run (TXSINK_SPARK_VERSIONS is empty)")
+        return 0
+    unknown = [m for m in minors if m not in spark_versions.VERSIONS]
+    if unknown:
+        print(f"spark-test: no PySpark {', '.join(unknown)}: choose among "
+              f"{', '.join(spark_versions.VERSIONS)}", file=sys.stderr)
+        return 2
+    return spark_versions.run(minors, args.pytest_args)
+
+
+def _spark_venv(args: argparse.Namespace) -> int:
+    from tests.harness import spark_versions
+
+    venv = spark_versions.SparkVenv(args.version)
+    try:
+        venv.ensure()
+        if args.bench:
+            venv.add_bench_packages()
+    except spark_versions.SparkVenvError as exc:
+        print(f"spark-venv: {exc}", file=sys.stderr)
+        return 1
+    print(venv.python)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tests.harness",
                                      description=__doc__.split("\n")[0])
@@ -151,6 +186,27 @@ def build_parser() -> argparse.ArgumentParser:
                       help="run clickhouse_tx alone, without the at-least-once comparison "
                            "through clickhouse_plain (half the time)")
     demo.set_defaults(func=_demo)
+
+    from tests.harness.spark_versions import EVERY_RUN, VERSIONS
+
+    versions = ", ".join(f"{minor} (= {pin})" for minor, pin in VERSIONS.items())
+    spark_test = sub.add_parser(
+        "spark-test", help="pytest under other PySparks, each in its cached virtualenv")
+    spark_test.add_argument(
+        "--spark", action="append", choices=list(VERSIONS), metavar="MINOR",
+        help=f"a PySpark to run under, repeatable: {versions} (default "
+             f"$TXSINK_SPARK_VERSIONS or {' '.join(EVERY_RUN)})")
+    spark_test.add_argument("pytest_args", nargs="*",
+                            help="pytest's arguments, after -- (default: -m every_spark)")
+    spark_test.set_defaults(func=_spark_test)
+
+    spark_venv = sub.add_parser("spark-venv",
+                                help="make (or find) a PySpark's virtualenv; prints its python")
+    spark_venv.add_argument("version", choices=list(VERSIONS))
+    spark_venv.add_argument("--bench", action="store_true",
+                            help="also install the benchmark's clients (clickhouse-connect, "
+                                 "clickhouse-driver) for benchmarks/bench_spark_versions.py")
+    spark_venv.set_defaults(func=_spark_venv)
     return parser
 
 
