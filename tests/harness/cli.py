@@ -8,7 +8,7 @@
     python -m tests.harness spark-test [--spark 3.5]... [-- PYTEST ARGS]
                                         pytest (default: -m every_spark) under other
                                         PySparks, each in its cached virtualenv
-    python -m tests.harness spark-venv 3.5 [--bench]   make (or find) a version's
+    python -m tests.harness spark-venv [3.5 ...] [--bench]   make (or find) a version's
                                         virtualenv (--bench: and the benchmark's clients)
 
 The harness is not part of the sink: a ``pip install txsink`` has none of it.
@@ -125,15 +125,16 @@ def _spark_test(args: argparse.Namespace) -> int:
 def _spark_venv(args: argparse.Namespace) -> int:
     from tests.harness import spark_versions
 
-    venv = spark_versions.SparkVenv(args.version)
-    try:
-        venv.ensure()
-        if args.bench:
-            venv.add_bench_packages()
-    except spark_versions.SparkVenvError as exc:
-        print(f"spark-venv: {exc}", file=sys.stderr)
-        return 1
-    print(venv.python)
+    for minor in args.version or spark_versions.every_run_versions():
+        venv = spark_versions.SparkVenv(minor)
+        try:
+            venv.ensure()
+            if args.bench:
+                venv.add_bench_packages()
+        except spark_versions.SparkVenvError as exc:
+            print(f"spark-venv: {exc}", file=sys.stderr)
+            return 1
+        print(venv.python)
     return 0
 
 
@@ -202,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     spark_venv = sub.add_parser("spark-venv",
                                 help="make (or find) a PySpark's virtualenv; prints its python")
-    spark_venv.add_argument("version", choices=list(VERSIONS))
+    spark_venv.add_argument("version", nargs="*", choices=list(VERSIONS),
+                            help="the versions (default: those ./run test runs)")
     spark_venv.add_argument("--bench", action="store_true",
                             help="also install the benchmark's clients (clickhouse-connect, "
                                  "clickhouse-driver) for benchmarks/bench_spark_versions.py")
