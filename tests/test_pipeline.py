@@ -127,16 +127,16 @@ def test_settle_does_nothing_after_a_committed_previous_epoch(memory_store):
 
 
 def test_a_commit_worker_that_spark_does_not_reuse_publishes_inline(monkeypatch):
-    options = parse_options(OPTIONS)
+    options = parse_options({**OPTIONS, "publish": "pipelined"})
     monkeypatch.delenv(pipeline.REUSE_VARIABLE, raising=False)
     assert pipeline.worker_mode(options) == INLINE
     monkeypatch.setenv(pipeline.REUSE_VARIABLE, "1")
     assert pipeline.worker_mode(options) == PIPELINED
 
 
-def test_publish_option_defaults_to_pipelined_and_refuses_other_values():
-    assert parse_options(OPTIONS).publish == PIPELINED
-    assert parse_options({**OPTIONS, "publish": "INLINE"}).publish == INLINE
+def test_publish_option_defaults_to_inline_and_refuses_other_values():
+    assert parse_options(OPTIONS).publish == INLINE
+    assert parse_options({**OPTIONS, "publish": "PIPELINED"}).publish == PIPELINED
     with pytest.raises(ValueError, match="publish='later'"):
         parse_options({**OPTIONS, "publish": "later"})
 

@@ -92,6 +92,27 @@ def open_stream(options: SinkOptions, sink_id: str) -> Coordinator:
     return coord
 
 
+def wait_published(options: SinkOptions, sink_id: str, timeout: float = 60.0) -> None:
+    """Return once every decided xid of the sink is ``Committed``: this process's
+    background publishes are waited for, another live publisher (a pipelined commit's
+    worker) for up to ``timeout`` seconds, and a decided xid nobody holds is published
+    here. What a stream's last epoch needs after ``query.stop()`` or
+    ``processAllAvailable()`` with ``publish=pipelined``; raises :class:`SinkBlocked`
+    if one cannot be finished."""
+    pipeline.wait_all(timeout)
+    coord = connections.coordinator(options, sink_id)
+    try:
+        with publisher_for(options, coord) as publisher:
+            report = coord.recover(publish=publisher.publish, rollback=publisher.rollback,
+                                   older_than_generation=0, wait_for_holders=timeout)
+    except RecoveryIncomplete as exc:
+        raise SinkBlocked.of(exc) from exc
+    still = [a for a in report.actions if a.action == "in_progress"]
+    if still:
+        raise TimeoutError(f"txsink sink={sink_id}: still being published after {timeout} s:"
+                           f" {'; '.join(map(str, still))}")
+
+
 def _recover(options: SinkOptions, coord: Coordinator, older_than_generation: int | None,
              leave_to: Callable[[str], bool] | None = None) -> None:
     try:

@@ -123,7 +123,7 @@ class SinkOptions:
     max_bad_rows: int = bad_rows_options.DEFAULT_MAX_BAD_ROWS  # per write (xid)
     # streaming: an epoch's publish after its decision (inline) or in the background
     # while the next micro-batch runs (pipelined, txsink/core/pipeline.py)
-    publish: str = "pipelined"  # one of PUBLISH_CHOICES
+    publish: str = "inline"  # one of PUBLISH_CHOICES
     tx_epoch: int | None = None
     tx_generation: int | None = None
 
@@ -370,7 +370,7 @@ def parse_options(
         raise OptionError(
             f"option replica_choice={choice!r} is not one of {', '.join(REPLICA_CHOICES)}")
     values["replica_choice"] = choice
-    publish = str(values.get("publish", PIPELINED)).lower()
+    publish = str(values.get("publish", INLINE)).lower()
     if publish not in PUBLISH_CHOICES:
         raise OptionError(f"option publish={publish!r} is not one of "
                           f"{', '.join(PUBLISH_CHOICES)}")
