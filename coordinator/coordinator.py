@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from kazoo.exceptions import NoAuthError, NoNodeError
@@ -278,6 +278,23 @@ class Coordinator:
                                                            rollback, metrics, known,
                                                            publish_group))
 
+    def decide(self, epoch: int, generation: int, winners: list[str] | None,
+               txn_version: int | None = None) -> XidRecord:
+        """Decide ``Committing`` with ``winners`` and return, leaving the publish to a
+        later :meth:`commit` of the same xid (which finishes the recorded decision), or
+        to recovery. A pipelined writer holds the xid's :meth:`publish_lease` across both,
+        so that nobody else starts its publish meanwhile. On a decided xid nothing is
+        written; ``Aborted`` raises :class:`XidAborted`."""
+        record, decided_now, _ = self._steps.decide_commit(epoch, generation, winners,
+                                                           txn_version)
+        if decided_now:
+            self._step(steps.COMMIT_AFTER_DECISION)
+        return record
+
+    def lease_holder(self, epoch: int) -> str | None:
+        """The identity of the live holder of the xid's publish lease (None: nobody)."""
+        return PublishLease(self.store, epoch, "").holder()
+
     def abort(self, epoch: int, generation: int, rollback: BranchCallback) -> XidRecord:
         """``Initialized → Aborting``, roll back every branch, ``Aborted``; idempotent.
 
@@ -294,8 +311,8 @@ class Coordinator:
     def recover(self, publish: BranchCallback, rollback: BranchCallback,
                 older_than_generation: int | None = None,
                 raise_on_failure: bool = True, wait_for_holders: float = 0.0,
-                abandoned: bool = False, unwatched_after: float | None = None
-                ) -> RecoveryReport:
+                abandoned: bool = False, unwatched_after: float | None = None,
+                leave_to: Callable[[str], bool] | None = None) -> RecoveryReport:
         """Finish what crashed writers left: roll every ``Committing`` xid forward, finish
         every ``Aborting`` one, roll back every ``Initialized`` xid of a generation older
         than ``older_than_generation`` (default: this writer's generation).
@@ -311,15 +328,26 @@ class Coordinator:
         starting right after a crash waits about a ZooKeeper session timeout, so that the
         dead driver's lease expires and recovery finishes its xid.
 
+        ``leave_to(holder identity)`` says which live holders not to wait for: a decided
+        xid held by one is reported ``in_progress`` at once (a pipelined writer's own
+        background publish, which its next decision waits for).
+
         Every xid is attempted; if some could not be finished, :class:`RecoveryIncomplete`
         carries the report (or, with ``raise_on_failure=False``, the report lists them).
         """
         generation = (self._own_generation if self._own_generation is not None
                       else self.generation())
         judged = self._judge(unwatched_after) if abandoned else None
-        recovery = Recovery(self.store, self._completion, self._abort_if_older,
-                            lambda epoch: self.publish_lease(epoch, generation,
-                                                             wait_for_holders), judged)
+        def lease_for(epoch: int) -> AbstractContextManager[PublishLease]:
+            wait = wait_for_holders
+            if wait and leave_to is not None:
+                holder = self.lease_holder(epoch)
+                if holder is not None and leave_to(holder):
+                    wait = 0.0
+            return self.publish_lease(epoch, generation, wait)
+
+        recovery = Recovery(self.store, self._completion, self._abort_if_older, lease_for,
+                            judged)
         try:
             report = recovery.run(generation, publish, rollback,
                                   generation if older_than_generation is None

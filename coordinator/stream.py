@@ -141,7 +141,8 @@ class StreamOwnership:
             owner = record.query_id if record is not None else None
             if owner is not None and owner != query_id and last is not None:
                 raise self._replaced_by_other(query_id, epoch, owner, last)
-            self._require_next(query_id, epoch, owner, last)
+            if not self._in_flight(epoch, last):
+                self._require_next(query_id, epoch, owner, last)
             if owner == query_id:
                 assert record is not None
                 return record
@@ -174,6 +175,18 @@ class StreamOwnership:
             return None
         except (NodeExistsError, BadVersionError):
             return None
+
+    def _in_flight(self, epoch: int, last: int | None) -> bool:
+        """Whether ``epoch`` follows an epoch that is decided but not yet ``Committed``
+        (a pipelined writer publishes it while this one's tasks run): then the sink's
+        state is one epoch ahead of ``last_committed``, which the next decision waits
+        for."""
+        previous = 0 if last is None else last + 1
+        if epoch != previous + 1:
+            return False
+        record = self.store.read_xid(previous)
+        return record is not None and record.state in (XidState.COMMITTING,
+                                                       XidState.COMMITTED)
 
     def _require_next(self, query_id: str, epoch: int, owner: str | None,
                       last: int | None) -> None:

@@ -67,6 +67,25 @@ def test_each_micro_batch_commits_its_rows_exactly_once(spark, server_url, strea
     assert SinkAdmin(Coordinator(zk, "events")).last_committed() == 2
 
 
+def test_pipelined_micro_batches_are_exactly_once_and_visible_after_waiting(
+        spark, server_url, stream_setup, zk):
+    """``publish=pipelined``: each commit returns after its decision and the next
+    decision waits for the previous publish; the last epoch is visible once
+    ``txsink.wait_published`` returns, and each epoch records its visibility lag."""
+    source, checkpoint, options, table = stream_setup
+    options = {**options, "publish": "pipelined"}
+    for n in range(3):
+        write_input_file(source, n, range(n * 100, n * 100 + 100))
+    run_stream(spark, source, checkpoint, options, table)
+    txsink.wait_published(options)
+    assert_exactly_once(server_url, table, range(300))
+    coord = Coordinator(zk, "events")
+    assert SinkAdmin(coord).last_committed() == 2
+    metrics = [coord.xid(epoch).metrics for epoch in range(3)]
+    assert {m.get("publish") for m in metrics} == {"pipelined"}
+    assert all(m["visibility_lag_ms"] >= 0 for m in metrics)
+
+
 def test_restarted_query_continues_without_duplicates(spark, server_url, stream_setup):
     source, checkpoint, options, table = stream_setup
     write_input_file(source, 0, range(0, 100))

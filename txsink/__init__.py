@@ -47,4 +47,17 @@ def transaction(spark, **kwargs):
     return _transaction(spark, **kwargs)
 
 
-__all__ = ["register", "write", "foreach_batch", "transaction", "__version__"]
+def wait_published(options, timeout: float = 60.0) -> None:
+    """Wait until every epoch a streaming sink decided is visible (``publish=pipelined``
+    publishes the last one in the background after ``processAllAvailable()`` or
+    ``query.stop()`` returned). ``options``: the sink's writer options (with its
+    ``sink_id`` or the query's ``checkpointLocation``)."""
+    from txsink.core.driver import wait_published as _wait
+    from txsink.options import parse_options
+
+    parsed = parse_options(options, require_table=False)
+    _wait(parsed, parsed.resolved_sink_id(streaming=True), timeout)
+
+
+__all__ = ["register", "write", "foreach_batch", "transaction", "wait_published",
+           "__version__"]

@@ -23,7 +23,7 @@ import signal
 from collections.abc import Iterable
 from pathlib import Path
 
-from txsink.core.crashpoints import CRASH_POINTS, HOOK_VARIABLE
+from txsink.core.crashpoints import ALL_POINTS, HOOK_VARIABLE
 
 HOOK = f"{__name__}:hit"
 
@@ -36,7 +36,7 @@ def arm_env(points: Iterable[str], mode: str = "group", once_dir: Path | None = 
             ) -> dict[str, str]:
     """The environment variables that arm ``points`` in a process started with them."""
     names = list(points)
-    unknown = set(names) - set(CRASH_POINTS)
+    unknown = set(names) - set(ALL_POINTS)
     if unknown:
         raise ValueError(f"unknown crash point(s): {', '.join(sorted(unknown))}")
     return {HOOK_VARIABLE: HOOK, "TXSINK_CRASH_AT": ",".join(names), "TXSINK_CRASH_MODE": mode,
@@ -45,7 +45,7 @@ def arm_env(points: Iterable[str], mode: str = "group", once_dir: Path | None = 
 
 def _armed() -> frozenset[str]:
     names = {n.strip() for n in os.environ.get("TXSINK_CRASH_AT", "").split(",") if n.strip()}
-    unknown = names - set(CRASH_POINTS)
+    unknown = names - set(ALL_POINTS)
     if unknown:
         raise ValueError(f"unknown crash point(s) in TXSINK_CRASH_AT: {', '.join(sorted(unknown))}")
     return frozenset(names)

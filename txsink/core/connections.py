@@ -158,18 +158,20 @@ def node_store(options: SinkOptions) -> NodeStore:
                      ca_file=options.zookeeper_ca_file, session_timeout=options.session_timeout)
 
 
-def coordinator(options: SinkOptions, sink_id: str) -> Coordinator:
+def coordinator(options: SinkOptions, sink_id: str, role: str = "driver") -> Coordinator:
     """The sink's coordinator; its commit and abort steps pass the named crash points.
 
     A sink whose records this session may not read (their ACL names other credentials)
     is refused here with :class:`AccessDenied`, before anything is claimed or staged; so
     is an existing tree that is damaged or, with ``zookeeper_auth``, not protected by
     this writer's credentials (``Coordinator.check_tree``), once per process and sink;
+    ``role`` names the holder of the publish leases it takes, for operators and recovery;
     with ``coordinator=keepermap``, a records table that cannot hold the records
     (:class:`RecordsUnusable`).
     """
     client = node_store(options)
-    coord = Coordinator(client, sink_id, root=options.zk_root, on_step=crashpoints.hit)
+    coord = Coordinator(client, sink_id, root=options.zk_root, on_step=crashpoints.hit,
+                        role=role)
     key = (options.root_identity, options.zookeeper_auth, options.zk_root, sink_id)
     if key not in _allowed:
         if not coord.readable():

@@ -24,8 +24,14 @@ BRANCH_AFTER_STAGING_WRITE = "branch.after_staging_write"  # task: rows staged, 
 BRANCH_AFTER_SEAL = "branch.after_seal"  # task: manifest built, not recorded
 BRANCH_AFTER_CONTRIBUTE = "branch.after_contribute"  # task: parts in pre-combined, not recorded
 BRANCH_AFTER_PREPARE = "branch.after_prepare"  # task: branch Prepared, no message yet
+#: a pipelined commit (``txsink.core.pipeline``): its commit returned with the xid decided
+#: (Committing, lease held), the background publish not begun
+PIPELINE_BEFORE_PUBLISH = "pipeline.before_publish"
+#: the next epoch's pipelined commit, before it waits for the previous epoch's publish
+#: (which may be in flight) and before its own decision
+PIPELINE_BEFORE_SETTLE = "pipeline.before_settle"
 
-#: Every crash point of the protocol, in the order an epoch passes them: the tasks' own,
+#: Every crash point a batch job passes, in the order an epoch passes them: the tasks' own,
 #: then those the coordinator and ``server_ext`` declare (their modules say what each
 #: means); ``publish.*`` are passed once per winner, the combined branch first.
 CRASH_POINTS: tuple[str, ...] = (
@@ -37,6 +43,14 @@ CRASH_POINTS: tuple[str, ...] = (
     *steps.COMMIT_STEPS[1:],
     *steps.ABORT_STEPS,
 )
+
+#: The points only a pipelined streaming commit passes (a batch job never does); the
+#: background publish then passes ``combine.*``, ``publish.*`` and ``commit.*`` after
+#: ``commit.after_decision`` as an inline one does.
+PIPELINE_POINTS: tuple[str, ...] = (PIPELINE_BEFORE_PUBLISH, PIPELINE_BEFORE_SETTLE)
+
+#: Every named point: what fault tests may arm.
+ALL_POINTS: tuple[str, ...] = (*CRASH_POINTS, *PIPELINE_POINTS)
 
 
 HOOK_VARIABLE = "TXSINK_STEP_HOOK"

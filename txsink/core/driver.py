@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 
 import server_ext
@@ -32,16 +32,17 @@ from coordinator import (
     UnknownXid,
     XidDecided,
     XidRecord,
+    XidState,
 )
 from server_ext.sharding import ShardingError
 from server_ext.sql import qualified_name
 from server_ext.staging import check_partition_bound
-from txsink.core import combine, connections, payload, quarantine_share
+from txsink.core import combine, connections, payload, pipeline, quarantine_share
 from txsink.core.messages import BranchMessage, SkippedMessage
 from txsink.core.metrics import EpochMetrics
 from txsink.core.plan import WritePlan
 from txsink.core.publisher import BranchPublisher, server_of
-from txsink.options import SinkOptions
+from txsink.options import INLINE, PIPELINED, SinkOptions
 
 log = logging.getLogger(__name__)
 
@@ -81,20 +82,45 @@ def open_stream(options: SinkOptions, sink_id: str) -> Coordinator:
     Nor can it check that the sink's epochs belong to this query's checkpoint: this
     process sees only the options (no query id, no batch id). The tasks do, before
     anything is claimed or staged (:meth:`Coordinator.own_stream` in ``txsink/core/attempt.py``).
+    A decided xid whose lease this driver's own pipelined publish holds is left to it
+    at once (the next decision waits for it, ``txsink.core.pipeline``); any other holder
+    is waited for, so that a restarted driver rolls forward what the dead one decided.
     """
     coord = connections.coordinator(options, sink_id)
     if options.recover_on_start:
-        _recover(options, coord, older_than_generation=0)
+        _recover(options, coord, older_than_generation=0, leave_to=pipeline.is_own)
     return coord
 
 
-def _recover(options: SinkOptions, coord: Coordinator, older_than_generation: int | None) -> None:
+def wait_published(options: SinkOptions, sink_id: str, timeout: float = 60.0) -> None:
+    """Return once every decided xid of the sink is ``Committed``: this process's
+    background publishes are waited for, another live publisher (a pipelined commit's
+    worker) for up to ``timeout`` seconds, and a decided xid nobody holds is published
+    here. What a stream's last epoch needs after ``query.stop()`` or
+    ``processAllAvailable()`` with ``publish=pipelined``; raises :class:`SinkBlocked`
+    if one cannot be finished."""
+    pipeline.wait_all(timeout)
+    coord = connections.coordinator(options, sink_id)
+    try:
+        with publisher_for(options, coord) as publisher:
+            report = coord.recover(publish=publisher.publish, rollback=publisher.rollback,
+                                   older_than_generation=0, wait_for_holders=timeout)
+    except RecoveryIncomplete as exc:
+        raise SinkBlocked.of(exc) from exc
+    still = [a for a in report.actions if a.action == "in_progress"]
+    if still:
+        raise TimeoutError(f"txsink sink={sink_id}: still being published after {timeout} s:"
+                           f" {'; '.join(map(str, still))}")
+
+
+def _recover(options: SinkOptions, coord: Coordinator, older_than_generation: int | None,
+             leave_to: Callable[[str], bool] | None = None) -> None:
     try:
         with publisher_for(options, coord) as publisher:
             report = coord.recover(publish=publisher.publish, rollback=publisher.rollback,
                                    older_than_generation=older_than_generation,
                                    wait_for_holders=options.session_timeout
-                                   + HOLDER_WAIT_MARGIN)
+                                   + HOLDER_WAIT_MARGIN, leave_to=leave_to)
     except RecoveryIncomplete as exc:
         raise SinkBlocked.of(exc) from exc
     if report.actions:
@@ -211,12 +237,14 @@ def generation_of(plan: WritePlan, coord: Coordinator, messages: Sequence[object
 
 
 def epoch_metrics(messages: Sequence[BranchMessage], commit_started: float,
-                  committed_at: float | None = None) -> EpochMetrics:
+                  committed_at: float | None = None,
+                  decided_at: float | None = None) -> EpochMetrics:
     """The epoch's figures, from its tasks' messages (``EpochMetrics`` says what each
-    timing spans); ``committed_at``: the xid's ``Committed`` write."""
+    timing spans); ``committed_at``: the xid's ``Committed`` write, ``decided_at`` its
+    decision."""
     return EpochMetrics.timed(
-        commit_started, committed_at or time.time(),
-        min((m.started_at for m in messages), default=commit_started),
+        commit_started, committed_at or time.time(), decided_at=decided_at,
+        began=min((m.started_at for m in messages), default=commit_started),
         rows=sum(m.rows for m in messages), bytes=sum(m.bytes for m in messages),
         branches=sum(len(m.branch_ids) for m in messages),
         partitions=sum(m.partitions for m in messages),
@@ -282,9 +310,19 @@ def _quarantined(plan: WritePlan, staged: payload.StagedBranch) -> bool:
                                   staged.manifest.target_table) == (table.database, table.name)
 
 
-def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> None:
-    """Decide and publish xid (sink, epoch) with the branches Spark authorised."""
-    coord = connections.coordinator(plan.options, plan.sink_id)
+def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object],
+                 publish: str | None = None) -> None:
+    """Decide and publish xid (sink, epoch) with the branches Spark authorised.
+
+    ``publish`` (default: the option of that name) is for streaming only: ``pipelined``
+    returns once the decision is durable and leaves the publish to this process's
+    background :class:`~txsink.core.pipeline.Pipeline`, after waiting for the previous
+    epoch to be ``Committed``; a batch job, a transaction's write and ``inline`` return
+    after the ``Committed`` write."""
+    pipelined = ((publish or plan.options.publish) == PIPELINED and plan.generation is None
+                 and not plan.options.in_transaction())
+    coord = connections.coordinator(plan.options, plan.sink_id,
+                                    role=pipeline.role() if pipelined else "driver")
     branch_messages = [m for m in messages if isinstance(m, BranchMessage)]
     if coord.is_committed(epoch):
         log.info("txsink sink=%s epoch=%d already committed; nothing to do", plan.sink_id, epoch)
@@ -292,7 +330,10 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> Non
         return
     started = time.time()
     generation = generation_of(plan, coord, messages)
-    with publisher_for(plan.options, coord, plan.tables) as publisher:
+    if pipelined:  # N+1's decision waits until N is Committed
+        pipeline.settle(plan.options, coord, epoch,
+                        lambda previous: _finish_decided(plan, coord, previous, generation))
+    with ExitStack() as held, publisher_for(plan.options, coord, plan.tables) as publisher:
         with taken_over_said(coord, generation):
             coord.begin(epoch, generation)  # a micro-batch with no task still gets its xid
             winners = [b for m in branch_messages for b in m.branch_ids]
@@ -306,17 +347,54 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> Non
             if plan.options.in_transaction():
                 coord.select(epoch, generation, winners)
                 return
+            if pipelined:
+                held.enter_context(coord.publish_lease(epoch, generation, coord.lease_wait))
+                decided = coord.decide(epoch, generation, winners, plan.options.txn_version)
+        if pipelined and decided.state is XidState.COMMITTING:
+            lease = held.pop_all()  # from here on the background publish releases it
+            pipeline.pipeline_for(plan.options, plan.sink_id).start(
+                epoch, lambda: _publish_in_background(plan, coord, epoch, generation, lease,
+                                                      branch_messages, started))
+            return
         final = decide(coord, epoch, generation, winners, publisher, plan.options.txn_version)
-    metrics = epoch_metrics(branch_messages, started, final.updated)
+    after_committed(plan, coord, epoch, final, branch_messages, started, INLINE)
+
+
+def _publish_in_background(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
+                           lease: ExitStack, messages: Sequence[BranchMessage],
+                           started: float) -> None:
+    """A pipelined epoch's publish, under the lease its commit took (released here)."""
+    with lease:
+        final = _finish_decided(plan, coord, epoch, generation)
+    after_committed(plan, coord, epoch, final, messages, started, PIPELINED)
+
+
+def _finish_decided(plan: WritePlan, coord: Coordinator, epoch: int,
+                    generation: int) -> XidRecord:
+    """Publish a ``Committing`` xid's recorded decision and mark it ``Committed`` (a
+    ``Committed`` one is returned as it is)."""
+    with publisher_for(plan.options, coord, plan.tables) as publisher:
+        return coord.commit(epoch, generation, None, publish=publisher.publish,
+                            rollback=publisher.rollback, publish_group=publisher.group)
+
+
+def after_committed(plan: WritePlan, coord: Coordinator, epoch: int, final: XidRecord,
+                    messages: Sequence[BranchMessage], started: float, publish: str) -> None:
+    """What a writer does once its xid is ``Committed``: its metrics on the record, and
+    the log line. Runs where the publish ran (the committing thread, or the background
+    publish of a pipelined epoch)."""
+    metrics = replace(epoch_metrics(messages, started, final.updated, final.decided_at),
+                      publish=publish)
     if plan.quarantine is not None:  # what status shows per epoch
-        metrics = replace(metrics, quarantined=sum(m.bad_rows for m in branch_messages))
+        metrics = replace(metrics, quarantined=sum(m.bad_rows for m in messages))
     coord.record_metrics(epoch, metrics.to_dict())
     log.info(
         "txsink sink=%s epoch=%d committed rows=%d branches=%d partitions=%d "
-        "stage_ms=%.0f seal_ms=%.0f commit_ms=%.0f cleanup_ms=%.0f latency_ms=%.0f",
+        "stage_ms=%.0f seal_ms=%.0f commit_ms=%.0f visibility_lag_ms=%.0f cleanup_ms=%.0f "
+        "latency_ms=%.0f publish=%s",
         plan.sink_id, epoch, metrics.rows, metrics.branches, metrics.partitions,
-        metrics.stage_ms, metrics.seal_ms, metrics.commit_ms, metrics.cleanup_ms,
-        metrics.latency_ms,
+        metrics.stage_ms, metrics.seal_ms, metrics.commit_ms, metrics.visibility_lag_ms or 0,
+        metrics.cleanup_ms, metrics.latency_ms, publish,
     )
 
 

@@ -51,7 +51,10 @@ class EpochMetrics:
     ``commit_ms`` runs from the start of the commit to the xid's ``Committed`` write
     (rows visible, decision final); ``cleanup_ms`` is what the commit spent afterwards;
     ``latency_ms`` runs from the first row written (a batch job) or the xid's begin
-    (``transaction()``) to the decision.
+    (``transaction()``) to the decision. ``decide_ms`` runs from the start of the commit
+    to the decision, ``visibility_lag_ms`` from the decision to the ``Committed`` write
+    (rows visible); ``publish`` says whether the commit returned after the decision
+    (``pipelined``: the lag is after Spark went on) or after ``Committed`` (``inline``).
     """
 
     rows: int | None = None
@@ -65,6 +68,9 @@ class EpochMetrics:
     commit_ms: float | None = None
     cleanup_ms: float | None = None
     latency_ms: float | None = None
+    decide_ms: float | None = None
+    visibility_lag_ms: float | None = None
+    publish: str | None = None  # inline | pipelined
     committed_at: float | None = None
     finished_by: str | None = None
     recovered_at: float | None = None
@@ -73,12 +79,17 @@ class EpochMetrics:
 
     @classmethod
     def timed(cls, commit_started: float, committed_at: float, began: float,
-              **figures: Any) -> EpochMetrics:
+              decided_at: float | None = None, **figures: Any) -> EpochMetrics:
         """A writer's metrics, timed now: ``committed_at`` is the xid's ``Committed``
-        write (clamped to [commit_started, now] against clock skew), ``began`` where its
+        write (clamped to [commit_started, now] against clock skew), ``decided_at`` its
+        decision (clamped to [commit_started, committed_at]), ``began`` where its
         latency starts."""
         now = time.time()
         committed_at = min(max(committed_at, commit_started), now)
+        if decided_at is not None:
+            decided_at = min(max(decided_at, commit_started), committed_at)
+            figures |= {"decide_ms": round((decided_at - commit_started) * 1000, 1),
+                        "visibility_lag_ms": round((committed_at - decided_at) * 1000, 1)}
         return cls(commit_ms=round((committed_at - commit_started) * 1000, 1),
                    cleanup_ms=round((now - committed_at) * 1000, 1),
                    latency_ms=round((committed_at - began) * 1000, 1),

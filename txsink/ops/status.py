@@ -3,6 +3,7 @@ commits with their metrics, operators' decisions and the health figures alerts r
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -134,13 +135,33 @@ def render(result: dict[str, Any]) -> str:
                       "no timings recorded (finished by an unknown actor)"
                       if m.get("finished_by") == "unknown" else
                       f"commit {m.get('commit_ms', '?')} ms, "
-                      f"latency {m.get('latency_ms', '?')} ms")
+                      f"latency {m.get('latency_ms', '?')} ms{_lag(m)}")
             kept = (f"{m['quarantined']} quarantined, " if m.get("quarantined") is not None
                     else "")
             lines.append(f"  epoch {m['epoch']}: {m.get('rows', '?')} rows, {kept}"
                          f"{m.get('branches', '?')} branches, {timing}")
+        lags = sorted(m["visibility_lag_ms"] for m in sink["recent"]
+                      if m.get("visibility_lag_ms") is not None)
+        if lags:
+            lines.append(f"  visibility lag over the last {len(lags)} epoch(s): "
+                         f"p50 {_percentile(lags, 0.5):.0f} ms, p99 {_percentile(lags, 0.99):.0f}"
+                         " ms (decision to rows visible)")
         lines += [f"  {line}" for line in _render_decisions(sink.get("operator_decisions", []))]
     return "\n".join(lines)
+
+
+def _lag(metrics: dict) -> str:
+    """An epoch's visibility lag as ``status`` shows it ("" when not recorded)."""
+    lag = metrics.get("visibility_lag_ms")
+    if lag is None:
+        return ""
+    return f", visible {lag} ms after its decision ({metrics.get('publish', 'inline')})"
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    """The nearest-rank percentile ``q`` of ascending values."""
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[rank - 1]
 
 
 def _render_health(health: SinkHealth) -> str:

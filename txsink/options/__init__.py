@@ -8,7 +8,10 @@ each own one family (``bad_rows``, ``distributed``, ``table``, ``insert_settings
 from txsink.options.sink_options import (
     CREDENTIAL_VARIABLES,
     DEFAULT_RECORDS_TABLE,
+    INLINE,
     KEEPERMAP,
+    PIPELINED,
+    PUBLISH_CHOICES,
     STORE_OPTIONS,
     TX_EPOCH,
     TX_GENERATION,
@@ -24,7 +27,8 @@ from txsink.options.sink_options import (
     root_identity,
 )
 
-__all__ = ["CREDENTIAL_VARIABLES", "DEFAULT_RECORDS_TABLE", "KEEPERMAP", "STORE_OPTIONS",
+__all__ = ["CREDENTIAL_VARIABLES", "DEFAULT_RECORDS_TABLE", "INLINE", "KEEPERMAP", "PIPELINED",
+           "PUBLISH_CHOICES", "STORE_OPTIONS",
            "TX_EPOCH", "TX_GENERATION", "TX_SINK_ID", "ZOOKEEPER", "ZOOKEEPER_CA_FILE_VARIABLE",
            "OptionError", "SinkOptions", "credentials_from", "is_one_off", "parse_options",
            "require_file", "root_identity"]

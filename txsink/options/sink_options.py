@@ -63,6 +63,13 @@ STORE_OPTIONS = {ZOOKEEPER: ("zookeeper", "zookeeper_auth", "zookeeper_ca_file")
                  KEEPERMAP: ("records_url", "records_table")}
 
 
+#: The option ``publish``: a streaming epoch's publish runs before its commit returns
+#: (inline), or in the background while the next micro-batch runs (pipelined).
+INLINE = "inline"
+PIPELINED = "pipelined"
+PUBLISH_CHOICES = (PIPELINED, INLINE)
+
+
 class OptionError(ValueError):
     """An option is missing, unknown or has a value that cannot be used."""
 
@@ -114,6 +121,9 @@ class SinkOptions:
     bad_rows: str = "fail"  # or "quarantine"
     quarantine_table: str | None = None  # database.table of the quarantined rows
     max_bad_rows: int = bad_rows_options.DEFAULT_MAX_BAD_ROWS  # per write (xid)
+    # streaming: an epoch's publish after its decision (inline) or in the background
+    # while the next micro-batch runs (pipelined, txsink/core/pipeline.py)
+    publish: str = "inline"  # one of PUBLISH_CHOICES
     tx_epoch: int | None = None
     tx_generation: int | None = None
 
@@ -189,7 +199,7 @@ PUBLIC_OPTIONS = (
     "recover_on_start", "shards",
     "sharding_key", "replica_choice", "txn_version", "compression", "ca_file",
     "zookeeper_ca_file", "materialized_views", "max_partitions_per_job", "coordinator",
-    "records_url", "records_table", *table_options.OPTION_NAMES,
+    "records_url", "records_table", "publish", *table_options.OPTION_NAMES,
     *distributed_options.OPTION_NAMES, *bad_rows_options.OPTION_NAMES,
 )
 
@@ -360,6 +370,11 @@ def parse_options(
         raise OptionError(
             f"option replica_choice={choice!r} is not one of {', '.join(REPLICA_CHOICES)}")
     values["replica_choice"] = choice
+    publish = str(values.get("publish", INLINE)).lower()
+    if publish not in PUBLISH_CHOICES:
+        raise OptionError(f"option publish={publish!r} is not one of "
+                          f"{', '.join(PUBLISH_CHOICES)}")
+    values["publish"] = publish
     views = str(values.get("materialized_views", "stage")).lower()
     if views not in VIEW_CHOICES:
         raise OptionError(f"option materialized_views={views!r} is not one of "

@@ -25,7 +25,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from txsink.core import driver
+from txsink.core import driver, pipeline
 from txsink.core.attempt import streaming_epoch, write_branch
 from txsink.core.messages import SkippedMessage, TaskMessage
 from txsink.core.plan import WritePlan, plan_write
@@ -113,7 +113,10 @@ class StreamWriter(_StreamWriterBase):
         return AttemptMessage(write_branch(self.plan, streaming_epoch(), iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        driver.commit_epoch(self.plan, batchId, _unwrapped(messages))
+        # publish=pipelined: the background publish lives in this commit worker, which
+        # Spark reuses for the next micro-batch's commit (txsink.core.pipeline)
+        driver.commit_epoch(self.plan, batchId, _unwrapped(messages),
+                            publish=pipeline.worker_mode(self.plan.options))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         driver.abort_epoch(self.plan, batchId, _unwrapped(messages))

@@ -40,6 +40,9 @@ from tests.harness.chaos.pipeline import (
 )
 
 ABORT_PREFIX = "abort."
+#: seconds a pipelined run waits, after Spark recorded the batch, for its background
+#: publish to reach the armed point
+PIPELINED_GRACE = 15.0
 
 
 @dataclass(frozen=True)
@@ -169,10 +172,19 @@ class CrashPointRun:
     def _wait_for_death(self, timeout: float, expect_commit: bool) -> bool:
         """True once the driver has died; False if the epoch committed without dying."""
         deadline = time.monotonic() + timeout
+        recorded_at: float | None = None
         while time.monotonic() < deadline:
             if not self.driver.alive():
                 return True
             if expect_commit and committed_batches(self.checkpoint) >= self.files:
-                return False
+                # publish=pipelined: Spark records the batch at its decision, and the
+                # background publish passes its points after that
+                recorded_at = recorded_at or time.monotonic()
+                if not self.pipelined or time.monotonic() - recorded_at > PIPELINED_GRACE:
+                    return False
             time.sleep(0.05)
         return False
+
+    @property
+    def pipelined(self) -> bool:
+        return self.options.get("publish") == "pipelined"

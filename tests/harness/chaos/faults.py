@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tests.harness.crash_arming import arm_env
 from tests.harness.services import ClickHouse, Services, ZooKeeper, port_open
-from txsink.core.crashpoints import CRASH_POINTS
+from txsink.core.crashpoints import ALL_POINTS
 
 SERVER_KINDS = ("clickhouse", "zookeeper")
 DISARMED = "disarmed"  # marker content written by CrashArming; a fired point's is empty
@@ -191,16 +191,16 @@ class CrashArming:
 
     def env(self) -> dict[str, str]:
         """Environment for a driver that may be crashed at any named point."""
-        return arm_env(CRASH_POINTS, "group", self.once_dir)
+        return arm_env(ALL_POINTS, "group", self.once_dir)
 
     def _marker(self, name: str) -> Path:
-        if name not in CRASH_POINTS:
+        if name not in ALL_POINTS:
             raise ValueError(f"unknown crash point {name!r}")
         return self.once_dir / f"{name}.fired"
 
     def disarm_all(self) -> None:
         self.once_dir.mkdir(parents=True, exist_ok=True)
-        for name in CRASH_POINTS:
+        for name in ALL_POINTS:
             self.disarm(name)
 
     def arm(self, name: str) -> None:
@@ -220,7 +220,7 @@ class CrashArming:
 
     def armed(self) -> list[str]:
         """Points armed and not yet fired (no marker)."""
-        return [n for n in CRASH_POINTS if not self._marker(n).exists()]
+        return [n for n in ALL_POINTS if not self._marker(n).exists()]
 
 
 def fired_markers(once_dir: Path) -> set[str]:
