@@ -7,7 +7,10 @@ other worker, which finishes and is authorised to commit. The stalled attempt th
 writes its rows too. Only the authorised attempt may become visible, and after
 ``txsink gc`` no staging of the job may remain. The same through ``txsink.write``
 (``mapInArrow``: Spark keeps one attempt's result per partition, and only its message
-reaches the commit), on every PySpark from 3.5.
+reaches the commit). Not an ``every_spark`` test: under PySpark 3.5 the stalled attempt
+never registered a branch (measured: only the winning copy's branch of partition 0
+exists, also with the stall after the rows and small insert blocks), so the test would
+prove nothing there.
 """
 
 from __future__ import annotations
@@ -75,8 +78,7 @@ def standalone_cluster(tmp_path_factory):
             proc.wait()
 
 
-@pytest.mark.parametrize("way", ["datasource",
-                                 pytest.param("write", marks=pytest.mark.every_spark)])
+@pytest.mark.parametrize("way", ["datasource", "write"])
 def test_speculative_loser_is_never_published(
     standalone_cluster, clickhouse_url, ch_db, zk_hosts, zk_chroot, zk, way
 ):
