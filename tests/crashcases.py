@@ -87,20 +87,23 @@ def cases(mode: str) -> list:
             for server, points in POINTS.items() for p in points[mode]]
 
 
-def crash_point_run(request, tmp_path_factory, zk_hosts: str, mode: str
+def crash_point_run(request, tmp_path_factory, zk_hosts: str, mode: str,
+                    way: str = "datasource", points: int | None = None
                     ) -> Iterator[CrashPointRun]:
-    """One long-lived pipeline (``mode`` batch or stream) on the server ``request.param``
-    names, in a fresh database and ZooKeeper chroot; both are removed afterwards."""
+    """One long-lived pipeline (``mode`` batch or stream, written the pipeline's ``way``)
+    on the server ``request.param`` names, in a fresh database and ZooKeeper chroot; both
+    are removed afterwards. ``points``: how many points it will run (default: the
+    server's of ``mode``)."""
     url = request.getfixturevalue(URL_FIXTURES[request.param])
     db, chroot = f"t_{uuid.uuid4().hex[:10]}", f"/tests/{uuid.uuid4().hex[:10]}"
-    points = len(POINTS[request.param][mode])
+    points = points if points is not None else len(POINTS[request.param][mode])
     options = dict(SHORT_SESSION)  # a restart waits for the dead driver's lease to expire
     if request.param == "km26":  # the records in KeeperMap, the sink given no ZooKeeper
         request.getfixturevalue("records_table")
         options |= {"coordinator": "keepermap", "records_table": f"{RECORDS_DATABASE}.records",
                     "zk_root": chroot}  # a root of its own in the shared records table
     run = CrashPointRun(tmp_path_factory.mktemp(f"crash-{mode}-{request.param}"), url,
-                        zk_hosts + chroot, f"{db}.events", mode=mode,
+                        zk_hosts + chroot, f"{db}.events", mode=mode, way=way,
                         points=points,  # no more warm standbys booted than restarts left
                         options=options)
     admin = KazooClient(hosts=zk_hosts)

@@ -1,5 +1,5 @@
-"""``./run demo``'s options (``--coordinator``, ``--without-plain``): the choices, how they
-reach the sink, what the demo prints (fast tier).
+"""``./run demo``'s options (``--coordinator``, ``--without-plain``, ``--way``): the
+choices, how they reach the sink, what the demo prints (fast tier).
 
 Nothing here starts a server or Spark; the demo's runs themselves are in
 ``tests/test_demo_modern.py``.
@@ -90,3 +90,31 @@ def test_demo_with_plain_shows_both_columns_and_plain_duplicates() -> None:
                         "clickhouse_plain": report("clickhouse_plain", duplicates=3)})
     assert text.splitlines()[0].split() == ["clickhouse_tx", "clickhouse_plain"]
     assert "clickhouse_plain: 3 duplicated rows from the same faults" in text
+
+
+def test_demo_way_defaults_to_the_data_source_where_pyspark_streams_through_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert harness_cli.build_parser().parse_args(["demo"]).way is None
+    monkeypatch.setattr("txsink.spark.versions.has_stream_arrow_writer", lambda: True)
+    assert demo.default_way() == "datasource"
+    monkeypatch.setattr("txsink.spark.versions.has_stream_arrow_writer", lambda: False)
+    assert demo.default_way() == "foreach_batch"
+
+
+def test_demo_refuses_the_data_source_way_on_a_pyspark_without_its_stream_writer(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    started: list[object] = []
+    monkeypatch.setattr(demo, "main", started.append)
+    monkeypatch.setattr("txsink.spark.versions.has_stream_arrow_writer", lambda: False)
+    assert harness_cli.main(["demo", "--way", "datasource"]) == 2
+    assert not started
+    assert "use --way foreach_batch" in capsys.readouterr().err
+
+
+def test_demo_through_foreach_batch_names_both_foreach_batch_writers() -> None:
+    text = demo.render({"clickhouse_tx": report("clickhouse_tx"),
+                        "clickhouse_plain": report("clickhouse_plain", duplicates=3)},
+                       "foreach_batch")
+    assert text.splitlines()[0].split() == ["txsink.foreach_batch", "plain_foreach_batch"]
+    assert "txsink.foreach_batch: EXACTLY ONCE" in text
+    assert "plain_foreach_batch: 3 duplicated rows from the same faults" in text

@@ -5,7 +5,12 @@ workers (one core each) on their own loopback addresses, and runs the driver as 
 process. Partition 0's first attempt stalls; Spark launches a speculative copy on the
 other worker, which finishes and is authorised to commit. The stalled attempt then
 writes its rows too. Only the authorised attempt may become visible, and after
-``txsink gc`` no staging of the job may remain.
+``txsink gc`` no staging of the job may remain. The same through ``txsink.write``
+(``mapInArrow``: Spark keeps one attempt's result per partition, and only its message
+reaches the commit). Not an ``every_spark`` test: under PySpark 3.5 the stalled attempt
+never registered a branch (measured: only the winning copy's branch of partition 0
+exists, also with the stall after the rows and small insert blocks), so the test would
+prove nothing there.
 """
 
 from __future__ import annotations
@@ -73,14 +78,15 @@ def standalone_cluster(tmp_path_factory):
             proc.wait()
 
 
+@pytest.mark.parametrize("way", ["datasource", "write"])
 def test_speculative_loser_is_never_published(
-    standalone_cluster, clickhouse_url, ch_db, zk_hosts, zk_chroot, zk
+    standalone_cluster, clickhouse_url, ch_db, zk_hosts, zk_chroot, zk, way
 ):
     table = create_events(clickhouse_url, ch_db)
     zookeeper = zk_hosts + zk_chroot
     job = subprocess.run(
         [sys.executable, "-m", "tests.jobs.speculative_batch", standalone_cluster,
-         clickhouse_url, zookeeper, table],
+         clickhouse_url, zookeeper, table, way],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
         env=driver_env(**jvm.java_env(executors=True)),
     )

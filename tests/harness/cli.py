@@ -5,6 +5,7 @@
         [--modern | --modern-only]      ... plus (or only) a modern ClickHouse 26.x (chdb)
     python -m tests.harness demo [--server modern]   the exactly-once demo under faults
         [--coordinator keepermap]       ... records in a KeeperMap table (--server modern)
+        [--way foreach_batch]           ... through writeStream.foreachBatch (PySpark 3.5+)
     python -m tests.harness spark-test [--spark 3.5]... [-- PYTEST ARGS]
                                         pytest (default: -m every_spark) under other
                                         PySparks, each in its cached virtualenv
@@ -94,6 +95,14 @@ def demo_problem(args: argparse.Namespace) -> str | None:
     if args.coordinator == "keepermap" and args.server != "modern":
         return (f"--coordinator keepermap needs --server modern: ClickHouse {args.server} "
                 "has no KeeperMap table engine to keep the coordinator's records in")
+    if args.way == "datasource":
+        from txsink.spark.versions import has_stream_arrow_writer
+
+        if not has_stream_arrow_writer():
+            import pyspark
+
+            return (f"--way datasource needs PySpark 4.1 or later to stream through the data "
+                    f"source (this is {pyspark.__version__}): use --way foreach_batch")
     return None
 
 
@@ -186,6 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--without-plain", action="store_true",
                       help="run clickhouse_tx alone, without the at-least-once comparison "
                            "through clickhouse_plain (half the time)")
+    demo.add_argument("--way", choices=("datasource", "foreach_batch"), default=None,
+                      help="how the stream reaches the sink: its data source (format("
+                           "'clickhouse_tx'), PySpark 4.1+) or foreach_batch "
+                           "(writeStream.foreachBatch(txsink.foreach_batch(...)) against a "
+                           "plain foreachBatch insert; every PySpark from 3.5). Default: the "
+                           "data source where this PySpark streams through it")
     demo.set_defaults(func=_demo)
 
     from tests.harness.spark_versions import EVERY_RUN, VERSIONS

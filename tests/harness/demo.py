@@ -24,6 +24,12 @@ What it shows, in a few minutes:
 4. The independent checker counts every id in each target over plain HTTP and the
    audit verifier (``txsink verify``) reads the transaction history.
 
+With ``--way foreach_batch`` both go through ``writeStream.foreachBatch`` instead of a
+data source: ``txsink.foreach_batch`` against the plain insert of
+``txsink.spark.plain_batches`` (at-least-once, as ``clickhouse_plain``). Nothing of
+``pyspark.sql.datasource`` is then used, so the demo runs on every PySpark from 3.5 (the
+default way where the PySpark has no Arrow stream writer, i.e. before 4.1).
+
 Exit code 0 iff ``clickhouse_tx`` shows no duplicate and no loss.
 """
 
@@ -38,11 +44,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import requests
-from tqdm import tqdm
 
 from tests.harness.chaos import jvm
 from tests.harness.chaos.checker import CheckerError, count_in_range
 from tests.harness.chaos.faults import private_services
+from tests.harness.chaos.pipeline import DATASOURCE, FOREACH_BATCH
 from tests.harness.chaos.schedule import ChaosRun, Fault, RunReport
 from tests.harness.services import Services
 from txsink.ops.cli import create_records_table
@@ -52,6 +58,13 @@ PORT_BASE = 28100
 #: ``--server`` choices: the Debian ClickHouse 18.16, or the modern 26.x from chdb.
 SERVER_LABELS = {"18.16": "ClickHouse 18.16", "modern": "the modern ClickHouse 26.x (chdb)"}
 SINKS = ("clickhouse_tx", "clickhouse_plain")
+#: ``--way`` choices: the stream reaches the sink through its data source (PySpark 4.1+)
+#: or through ``writeStream.foreachBatch`` (every PySpark from 3.5).
+WAYS = (DATASOURCE, FOREACH_BATCH)
+#: What each sink's run is called in the demo's output, per way.
+LABELS = {DATASOURCE: {"clickhouse_tx": "clickhouse_tx", "clickhouse_plain": "clickhouse_plain"},
+          FOREACH_BATCH: {"clickhouse_tx": "txsink.foreach_batch",
+                          "clickhouse_plain": "plain_foreach_batch"}}
 WRITING, PUBLISHING = "writing", "publishing"
 #: The demo's faults and the moment of their epoch at which each strikes:
 #: ``writing``: the epoch's first rows have reached the server (``clickhouse_tx``:
@@ -118,7 +131,43 @@ def prepare_store(services: Services, coordinator: str) -> str:
             f"{services.zookeeper.hosts}; clickhouse_tx is given no ZooKeeper)")
 
 
-def _show(bar: tqdm, value: int) -> None:
+def default_way() -> str:
+    """The data source where this PySpark can stream through it (4.1+), else
+    ``foreach_batch``."""
+    from txsink.spark.versions import has_stream_arrow_writer
+
+    return DATASOURCE if has_stream_arrow_writer() else FOREACH_BATCH
+
+
+class _LineBar:
+    """The few calls of ``tqdm`` the demo makes, as plain lines, where tqdm is missing
+    (a PySpark virtualenv made for the tests has no tqdm)."""
+
+    def __init__(self, total: int, unit: str, desc: str) -> None:
+        self.n, self.total, self.unit, self.desc = 0, total, unit, desc
+
+    def __enter__(self) -> _LineBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def refresh(self) -> None:
+        print(f"{self.desc}: {self.n}/{self.total} {self.unit}s", flush=True)
+
+    def write(self, line: str) -> None:
+        print(line, flush=True)
+
+
+def progress_bar(total: int):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _LineBar(total, "epoch", "epochs committed")
+    return tqdm(total=total, unit="epoch", desc="epochs committed")
+
+
+def _show(bar, value: int) -> None:
     if bar.n != value:
         bar.n = value
         bar.refresh()
@@ -137,7 +186,7 @@ def _rows_on_server(run: ChaosRun, epoch: int, moment: str) -> int:
     return rows
 
 
-def _wait_for_moment(run: ChaosRun, planned: DemoFault, bar: tqdm, offset: int) -> None:
+def _wait_for_moment(run: ChaosRun, planned: DemoFault, bar, offset: int) -> None:
     """Return as soon as the planned moment of the epoch has come (or the epoch is done).
 
     The server is polled every few milliseconds so that the fault lands inside the
@@ -160,7 +209,7 @@ def _wait_for_moment(run: ChaosRun, planned: DemoFault, bar: tqdm, offset: int) 
         time.sleep(0.003)
 
 
-def run_one(run: ChaosRun, plan: list[DemoFault], bar: tqdm, offset: int,
+def run_one(run: ChaosRun, plan: list[DemoFault], bar, offset: int,
             next_run: ChaosRun | None = None) -> RunReport:
     """Feed ``run.epochs`` epochs through one sink with the demo's faults; check it.
 
@@ -179,7 +228,7 @@ def run_one(run: ChaosRun, plan: list[DemoFault], bar: tqdm, offset: int,
                 time.sleep(0.05)
             if run.blocked:
                 break
-            bar.write(f"  [{time.monotonic() - run.started:5.0f}s] {run.sink}: "
+            bar.write(f"  [{time.monotonic() - run.started:5.0f}s] {LABELS[run.way][run.sink]}: "
                       f"{planned.describe()}")
         drained = _drain(run, bar, offset)
     except BaseException:
@@ -189,7 +238,7 @@ def run_one(run: ChaosRun, plan: list[DemoFault], bar: tqdm, offset: int,
     return run.finish(drained)
 
 
-def _drain(run: ChaosRun, bar: tqdm, offset: int, timeout: float = 240.0) -> bool:
+def _drain(run: ChaosRun, bar, offset: int, timeout: float = 240.0) -> bool:
     deadline = time.monotonic() + timeout
     while run.files < (run.epochs or 0) or run.committed < run.files:
         if time.monotonic() > deadline or run.blocked:
@@ -200,10 +249,11 @@ def _drain(run: ChaosRun, bar: tqdm, offset: int, timeout: float = 240.0) -> boo
     return run.drain(timeout=max(10.0, deadline - time.monotonic()))
 
 
-def render(reports: dict[str, RunReport]) -> str:
+def render(reports: dict[str, RunReport], way: str = DATASOURCE) -> str:
     """The table of both runs' figures (``clickhouse_tx``'s alone without the comparison),
-    the verifier's finding and the verdict."""
+    the verifier's finding and the verdict; the runs named as ``way`` wrote them."""
     tx, plain = reports["clickhouse_tx"], reports.get("clickhouse_plain")
+    tx_name, plain_name = LABELS[way]["clickhouse_tx"], LABELS[way]["clickhouse_plain"]
     rows = [
         ("rows expected", lambda r: r.result.expected if r.result else "?"),
         ("rows found", lambda r: r.result.found_rows if r.result else "?"),
@@ -213,22 +263,22 @@ def render(reports: dict[str, RunReport]) -> str:
         ("driver (re)starts", lambda r: r.driver_starts),
         ("epochs committed", lambda r: r.epochs_committed),
     ]
-    lines = [f"{'':<20}{'clickhouse_tx':>16}" + (f"{'clickhouse_plain':>20}" if plain else ""),
-             f"{'':<20}{'(exactly-once)':>16}" + (f"{'(at-least-once)':>20}" if plain else "")]
+    lines = [f"{'':<20}{tx_name:>22}" + (f"{plain_name:>22}" if plain else ""),
+             f"{'':<20}{'(exactly-once)':>22}" + (f"{'(at-least-once)':>22}" if plain else "")]
     for label, get in rows:
-        lines.append(f"{label:<20}{get(tx)!s:>16}" + (f"{get(plain)!s:>20}" if plain else ""))
+        lines.append(f"{label:<20}{get(tx)!s:>22}" + (f"{get(plain)!s:>22}" if plain else ""))
     lines.append("")
-    lines.append(f"txsink verify (clickhouse_tx history): {tx.verifier}")
+    lines.append(f"txsink verify ({tx_name} history): {tx.verifier}")
     verdict = "EXACTLY ONCE" if tx.exactly_once else "NOT EXACTLY ONCE"
-    lines.append(f"clickhouse_tx: {verdict}")
+    lines.append(f"{tx_name}: {verdict}")
     if plain and plain.result and plain.result.duplicates:
-        lines.append(f"clickhouse_plain: {plain.result.duplicates} duplicated rows "
+        lines.append(f"{plain_name}: {plain.result.duplicates} duplicated rows "
                      "from the same faults")
     if tx.blocked:
-        lines.append("clickhouse_tx stopped: every restart failed on the same xid "
+        lines.append(f"{tx_name} stopped: every restart failed on the same xid "
                      "(an in-doubt publish: see `txsink status`, resolve with `txsink recover`)")
     if not tx.exactly_once and tx.last_error:
-        lines.append(f"last clickhouse_tx driver error: {tx.last_error[:300]}")
+        lines.append(f"last {tx_name} driver error: {tx.last_error[:300]}")
     return "\n".join(lines)
 
 
@@ -247,11 +297,14 @@ def main(args: argparse.Namespace) -> int:
     server = getattr(args, "server", "18.16")
     coordinator = getattr(args, "coordinator", ZOOKEEPER)
     sinks = SINKS[:1] if getattr(args, "without_plain", False) else SINKS
+    way = getattr(args, "way", None) or default_way()
+    names = LABELS[way]
     workdir = Path(tempfile.mkdtemp(prefix="txsink-demo-"))
     services = private_services(workdir / "services", PORT_BASE, server,
                                 keeper=coordinator == KEEPERMAP)
-    through = ("clickhouse_tx and then clickhouse_plain under the same faults" if len(sinks) > 1
-               else "clickhouse_tx under injected faults (no at-least-once comparison)")
+    through = (f"{names['clickhouse_tx']} and then {names['clickhouse_plain']} under the same "
+               "faults" if len(sinks) > 1 else
+               f"{names['clickhouse_tx']} under injected faults (no at-least-once comparison)")
     print(f"demo (seed {seed}) against {SERVER_LABELS[server]}: {epochs} epochs x "
           f"{rows} rows, through {through}")
     print(f"starting a private ClickHouse ({services.clickhouse.url}) and ZooKeeper "
@@ -266,8 +319,8 @@ def main(args: argparse.Namespace) -> int:
         print(prepare_store(services, coordinator))
         if jvm.ensure_archive(quiet=False) is None:
             print("fast Spark driver start-up unavailable: drivers start the slow way")
-        with tqdm(total=epochs * len(sinks), unit="epoch", desc="epochs committed") as bar:
-            runs = [ChaosRun(workdir / sink, services, sink=sink,
+        with progress_bar(epochs * len(sinks)) as bar:
+            runs = [ChaosRun(workdir / sink, services, sink=sink, way=way,
                              table=f"demo.events_{sink.split('_')[1]}",
                              rows_per_epoch=rows, epochs=epochs, seed=seed,
                              options=sink_options(sink, coordinator),
@@ -282,5 +335,5 @@ def main(args: argparse.Namespace) -> int:
         services.down()
         shutil.rmtree(workdir, ignore_errors=True)
     print()
-    print(render(reports))
+    print(render(reports, way))
     return 0 if reports["clickhouse_tx"].exactly_once else 1

@@ -1,7 +1,9 @@
 """A batch job whose partition 0 is slow on its first attempt, so Spark speculates.
 
 Run as its own driver process against a standalone master (speculation never starts
-with ``local[...]``): ``python -m tests.jobs.speculative_batch MASTER URL ZK TABLE``.
+with ``local[...]``): ``python -m tests.jobs.speculative_batch MASTER URL ZK TABLE [WAY]``,
+through ``clickhouse_tx`` (``WAY`` ``datasource``, the default) or ``txsink.write``
+(``write``: every PySpark from 3.5).
 Prints the speculative attempts it saw, as JSON on the last line.
 """
 
@@ -27,7 +29,7 @@ def slow_first_attempt(batches):
     yield from batches
 
 
-def main(master: str, url: str, zookeeper: str, table: str) -> None:
+def main(master: str, url: str, zookeeper: str, table: str, way: str = "datasource") -> None:
     spark = (
         SparkSession.builder.master(master).appName("txsink-speculation")
         .config("spark.ui.enabled", "false")
@@ -40,17 +42,20 @@ def main(master: str, url: str, zookeeper: str, table: str) -> None:
         .config("spark.cores.max", "2")
         .getOrCreate()
     )
-    txsink.register(spark)
     df = spark.range(0, ROWS, numPartitions=4).selectExpr(
         "id", "date_add(DATE'2026-01-01', CAST(id % 90 AS INT)) AS day",
         "concat('event-', CAST(id AS STRING)) AS name", "CAST(id AS DOUBLE) AS value",
     )
     slow = df.mapInArrow(slow_first_attempt, df.schema)
-    (slow.write.format("clickhouse_tx").option("url", url).option("zookeeper", zookeeper)
-        .option("table", table).option("sink_id", "speculation").mode("append").save())
+    if way == "write":
+        txsink.write(slow, table=table, url=url, zookeeper=zookeeper, sink_id="speculation")
+    else:
+        txsink.register(spark)
+        (slow.write.format("clickhouse_tx").option("url", url).option("zookeeper", zookeeper)
+            .option("table", table).option("sink_id", "speculation").mode("append").save())
     spark.stop()
     print(json.dumps({"rows": ROWS}))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])

@@ -5,7 +5,8 @@ target with no staging, no ZooKeeper and no commit protocol: what loading ClickH
 Spark usually looks like. A retried task or a replayed micro-batch writes its rows again,
 and a failed job leaves the rows its finished tasks inserted. Never use it where
 exactly-once matters; it exists to measure what the transaction layer costs and to show
-what it prevents.
+what it prevents. The same inserts as a ``foreachBatch`` function, on every PySpark:
+``txsink.spark.plain_batches``.
 """
 
 from __future__ import annotations
@@ -22,13 +23,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-import server_ext
-from server_ext.sql import qualified_name
-from txsink.core import connections
-from txsink.core.plan import send_columns
-from txsink.core.plan_checks import check_target
-from txsink.core.target_setup import prepare_target
-from txsink.options import OptionError, SinkOptions, parse_options
+from txsink.options import OptionError, SinkOptions
+from txsink.spark.plain_batches import insert_rows, plan_plain
 from txsink.spark.versions import has_stream_arrow_writer, no_stream_arrow_writer
 
 if has_stream_arrow_writer():  # PySpark 4.1 and later; 4.0 refuses streamWriter()
@@ -44,19 +40,7 @@ class RowsWritten(WriterCommitMessage):
 
 def insert_directly(options: SinkOptions, columns: tuple[str, ...],
                     batches: Iterator[pa.RecordBatch]) -> RowsWritten:
-    client = connections.clickhouse(options)
-    target = server_ext.describe_table(client, options.table)
-    writer = server_ext.BranchWriter(
-        client, target, qualified_name(target.database, target.name),
-        server_ext.detect_capabilities(client), block_rows=options.insert_block_rows,
-        target_columns=send_columns(target, columns),
-        extra_settings=dict(options.insert_settings), encoding=options.compression,
-    )
-    for batch in batches:
-        if batch.num_rows:
-            writer.write(batch)
-    writer.flush()
-    return RowsWritten(writer.rows_sent)
+    return RowsWritten(insert_rows(options, columns, batches))
 
 
 class PlainDataSource(DataSource):
@@ -65,14 +49,7 @@ class PlainDataSource(DataSource):
         return "clickhouse_plain"
 
     def _plan(self, schema: StructType) -> tuple[SinkOptions, tuple[str, ...]]:
-        raw = {**self.options}
-        raw.setdefault("zookeeper", "unused")
-        options = parse_options(raw)
-        if options.bad_rows != "fail":  # never ignored silently
-            raise OptionError("option bad_rows=quarantine is clickhouse_tx's: "
-                              "clickhouse_plain fails the write on a bad value")
-        options = prepare_target(options, schema)  # create_table, …: as clickhouse_tx
-        return options, check_target(options, schema, views=False).columns
+        return plan_plain({**self.options}, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> PlainWriter:
         return PlainWriter(*self._plan(schema))

@@ -73,6 +73,7 @@ class CrashPointRun:
     zookeeper: str
     table: str
     mode: str = "stream"
+    way: str = "datasource"  # the pipeline's --way (foreach_batch, write: every PySpark)
     rows_per_epoch: int = 300
     timeout: float = 120.0
     setup_timeout: float = 300.0  # the first driver boots cold
@@ -97,7 +98,7 @@ class CrashPointRun:
         self.arming.disarm_all()
         spec = PipelineSpec(
             source=self.workdir / "input", checkpoint=self.checkpoint, table=self.table,
-            url=self.url, zookeeper=self.zookeeper, mode=self.mode,
+            url=self.url, zookeeper=self.zookeeper, mode=self.mode, way=self.way,
             interval="200 milliseconds", sink_id=f"crash-{self.mode}",
             fail_flag=self.fail_flag, options=dict(self.options),
         )

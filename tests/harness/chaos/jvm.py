@@ -129,15 +129,20 @@ def _build(path: Path) -> bool:
 
 
 def _workload() -> None:
-    """Session, a Python data source write, mapInArrow and a streaming JSON query."""
+    """Session, mapInArrow (into a Python data source where PySpark has them) and a
+    streaming JSON query."""
     import tempfile
 
-    from tests.harness.chaos.pipeline import SCHEMA, WarmUpDataSource, spark_session
+    from tests.harness.chaos.pipeline import SCHEMA, WARM_UP_SOURCE, spark_session, warm_up_source
+    from txsink.spark.versions import has_data_source
 
-    spark = spark_session("local[2,3]")
-    spark.dataSource.register(WarmUpDataSource)
+    spark = spark_session("local[2,3]", register=has_data_source())
     df = spark.range(4, numPartitions=2).mapInArrow(lambda it: it, "id long")
-    df.write.format(WarmUpDataSource.name()).mode("append").save()
+    if has_data_source():
+        spark.dataSource.register(warm_up_source())
+        df.write.format(WARM_UP_SOURCE).mode("append").save()
+    else:
+        df.collect()
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "source").mkdir()
         Path(tmp, "source", "0.json").write_text('{"id": 1}\n')

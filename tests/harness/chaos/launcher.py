@@ -41,6 +41,7 @@ class PipelineSpec:
     zookeeper: str
     sink: str = "clickhouse_tx"
     mode: str = "stream"
+    way: str = "datasource"  # the pipeline's --way: datasource, foreach_batch or write
     trigger: str = "processing-time"
     interval: str = "1 second"
     sink_id: str | None = None
@@ -57,7 +58,8 @@ class PipelineSpec:
         argv = [sys.executable, "-m", "tests.harness.chaos.pipeline", "--source", str(self.source),
                 "--checkpoint", str(self.checkpoint), "--table", self.table,
                 "--url", self.url, "--zookeeper", self.zookeeper, "--sink", self.sink,
-                "--mode", self.mode, "--trigger", self.trigger, "--interval", self.interval,
+                "--mode", self.mode, "--way", self.way, "--trigger", self.trigger,
+                "--interval", self.interval,
                 "--zk-root", self.zk_root, "--master", self.master]
         if self.sink_id:
             argv += ["--sink-id", self.sink_id]

@@ -5,7 +5,8 @@ Run directly::
     python -m tests.harness.chaos.pipeline --source DIR --checkpoint DIR --table db.events \\
         --sink clickhouse_tx --url http://127.0.0.1:8123 --zookeeper 127.0.0.1:2181 \\
         [--trigger available-now|processing-time] [--interval "1 second"] \\
-        [--option timeout=10 ...] [--fail-flag FILE] [--mode stream|batch]
+        [--option timeout=10 ...] [--fail-flag FILE] [--mode stream|batch] \\
+        [--way datasource|foreach_batch|write]
 
 ``stream`` (default) reads uniquely keyed JSON event files, one file per micro-batch
 (``maxFilesPerTrigger=1``), and writes them with ``writeStream`` from the checkpoint;
@@ -14,6 +15,14 @@ restarted from the same checkpoint it continues where Spark's commit log says.
 recovers the sink as an operator would (``txsink recover``), then skips every file whose
 ids are all visible, re-runs every file with none visible, and fails loudly on a file
 that is partly visible (a job that was not atomic).
+
+``--way`` is how the job reaches the sink: ``datasource`` (default: ``format(--sink)``,
+PySpark 4.0+, streams 4.1+), ``foreach_batch`` (streams:
+``writeStream.foreachBatch(txsink.foreach_batch(...))``) or ``write`` (batch jobs:
+``txsink.write(df, ...)``). With ``--sink clickhouse_plain`` these two are the
+at-least-once baseline's ``foreachBatch`` insert (``txsink.spark.plain_batches``). Any way
+but ``datasource`` imports nothing of ``pyspark.sql.datasource`` and registers nothing,
+so the pipeline runs on every PySpark from 3.5.
 
 :class:`tests.harness.chaos.launcher.DriverProcess` starts this program in a session of its own,
 so that its driver, JVM and Python workers can be killed at once, like a lost machine.
@@ -33,7 +42,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import requests
-from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
 from tests.harness.chaos import checker
 from tests.harness.chaos.faults import fired_markers, kill_session
@@ -46,6 +54,11 @@ EVENTS_DDL = (
     "ENGINE = {engine} PARTITION BY toYYYYMM(day) ORDER BY id"
 )
 SINKS = ("clickhouse_tx", "clickhouse_plain")
+#: The ways in (``--way``): the data source, or the ``mapInArrow`` forms of every PySpark.
+DATASOURCE, FOREACH_BATCH, WRITE = "datasource", "foreach_batch", "write"
+WAYS = (DATASOURCE, FOREACH_BATCH, WRITE)
+#: The ways each mode can take.
+MODE_WAYS = {"stream": (DATASOURCE, FOREACH_BATCH), "batch": (DATASOURCE, WRITE)}
 EXIT_FAILED = 1          # the query or a job raised
 EXIT_NOT_ATOMIC = 3      # batch mode found an input file partly visible
 RUNNING_LINE = "query started"    # progress lines the driver prints (see _say)
@@ -131,8 +144,9 @@ def committed_batches(checkpoint: Path) -> int:
     return sum(1 for p in commits.iterdir() if p.name.isdigit())
 
 
-def spark_session(master: str):
-    """The pipeline driver's Spark session, with the sink and its data sources registered."""
+def spark_session(master: str, register: bool = True):
+    """The pipeline driver's Spark session; ``register``: with the sink's data sources
+    registered (the data source way in: PySpark 4.0+)."""
     from pyspark.sql import SparkSession
 
     spark = (
@@ -146,9 +160,10 @@ def spark_session(master: str):
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    import txsink
+    if register:
+        import txsink
 
-    txsink.register(spark)
+        txsink.register(spark)
     return spark
 
 
@@ -173,31 +188,59 @@ def _fail_while(flag: str):
     return fn
 
 
-class WarmUpDataSource(DataSource):
-    """Writes nothing; a standby runs one job through it to start Python workers.
+WARM_UP_SOURCE = "txsink_chaos_warmup"
+
+
+def warm_up_source():
+    """A data source that writes nothing; a standby runs one job through it to start
+    Python workers. Made on call: ``pyspark.sql.datasource`` is PySpark 4's.
 
     It imports the sink's modules where the real sink will need them (planner, tasks),
     so a promoted standby pays neither process start-up nor imports, and it never
     touches ClickHouse or ZooKeeper (a standby must not fence the sink).
     """
+    from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
-    @classmethod
-    def name(cls) -> str:
-        return "txsink_chaos_warmup"
+    class NullWriter(DataSourceArrowWriter):
+        def write(self, iterator) -> WriterCommitMessage:
+            import txsink.spark.datasource  # noqa: F401 - the import is the warm-up
 
-    def writer(self, schema, overwrite: bool) -> DataSourceArrowWriter:
-        import txsink.spark.datasource  # noqa: F401 - the import is the warm-up
+            for _ in iterator:
+                pass
+            return WriterCommitMessage()
 
-        return _NullWriter()
+    class WarmUpDataSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return WARM_UP_SOURCE
+
+        def writer(self, schema, overwrite: bool) -> DataSourceArrowWriter:
+            import txsink.spark.datasource  # noqa: F401 - the import is the warm-up
+
+            return NullWriter()
+
+    return WarmUpDataSource
 
 
-class _NullWriter(DataSourceArrowWriter):
-    def write(self, iterator) -> WriterCommitMessage:
-        import txsink.spark.datasource  # noqa: F401 - the import is the warm-up
+def _import_the_tasks(batches):
+    """A ``mapInArrow`` function of the standby's warm-up under the ``mapInArrow`` ways:
+    the tasks' modules imported in the Python workers, nothing written."""
+    import txsink.core.attempt  # noqa: F401 - the import is the warm-up
+    import txsink.spark.job  # noqa: F401
 
-        for _ in iterator:
-            pass
-        return WriterCommitMessage()
+    yield from batches
+
+
+def _warm_up(spark, way: str) -> None:
+    """Start the Python workers and import what the way in will need there."""
+    if way == DATASOURCE:
+        source = warm_up_source()
+        spark.dataSource.register(source)
+        spark.range(4, numPartitions=2).write.format(WARM_UP_SOURCE).mode("append").save()
+        return
+    import txsink.spark.job  # noqa: F401 - the planner, in this driver
+
+    spark.range(4, numPartitions=2).mapInArrow(_import_the_tasks, "id long").collect()
 
 
 def _say(message: str) -> None:
@@ -206,14 +249,13 @@ def _say(message: str) -> None:
           flush=True)
 
 
-def _stand_by(spark, go_file: Path, stop_file: Path) -> bool:
+def _stand_by(spark, way: str, go_file: Path, stop_file: Path) -> bool:
     """Warm up (JVM, Python workers), then wait for ``go_file``; False if told to stop.
 
     A standby driver has not read the checkpoint nor reached the sink yet, so promoting
     it is the same as starting a fresh driver, minus the JVM's start-up time.
     """
-    spark.dataSource.register(WarmUpDataSource)
-    spark.range(4, numPartitions=2).write.format(WarmUpDataSource.name()).mode("append").save()
+    _warm_up(spark, way)
     _say(STANDBY_LINE)
     while not go_file.exists():
         if stop_file.exists():
@@ -270,6 +312,37 @@ def store_options(options: Mapping[str, str]) -> dict[str, str]:
     return {name: options[name] for name in STORE_OPTION_NAMES if name in options}
 
 
+def _function_options(args: argparse.Namespace) -> dict[str, str]:
+    """The sink's options as keyword arguments of a function way in (no ``table``)."""
+    options = _sink_options(args)
+    del options["table"]
+    return options
+
+
+def foreach_batch_function(args: argparse.Namespace):
+    """The ``foreachBatch`` function of ``--way foreach_batch``: the sink's, or the
+    at-least-once baseline's plain insert."""
+    if args.sink == "clickhouse_plain":
+        from txsink.spark.plain_batches import plain_foreach_batch
+
+        return plain_foreach_batch(table=args.table, **_function_options(args))
+    import txsink
+
+    return txsink.foreach_batch(table=args.table, **_function_options(args))
+
+
+def write_batch(df, args: argparse.Namespace) -> None:
+    """One batch job of ``--mode batch``, appended the way ``--way`` names."""
+    if args.way == DATASOURCE:
+        df.write.format(args.sink).options(**_sink_options(args)).mode("append").save()
+    elif args.sink == "clickhouse_plain":
+        foreach_batch_function(args)(df, 0)  # a plain insert, as the data source's
+    else:
+        import txsink
+
+        txsink.write(df, table=args.table, mode="append", **_function_options(args))
+
+
 def _store_args(args: argparse.Namespace) -> dict[str, str]:
     """The operator's arguments for the store the sink's options name."""
     return store_options(_sink_options(args))
@@ -281,8 +354,11 @@ def _run_stream(spark, args: argparse.Namespace) -> None:
     df = df.repartition(WRITE_TASKS)
     if args.fail_flag:
         df = df.mapInArrow(_fail_while(args.fail_flag), df.schema)
-    writer = (df.writeStream.format(args.sink).options(**_sink_options(args))
-              .option("checkpointLocation", args.checkpoint))
+    if args.way == FOREACH_BATCH:
+        writer = df.writeStream.foreachBatch(foreach_batch_function(args))
+    else:
+        writer = df.writeStream.format(args.sink).options(**_sink_options(args))
+    writer = writer.option("checkpointLocation", args.checkpoint)
     if args.trigger == "available-now":
         writer = writer.trigger(availableNow=True)
     else:
@@ -335,7 +411,6 @@ def _in_progress(report: dict) -> bool:
 def _run_batch(spark, args: argparse.Namespace) -> int:
     if not args.sink_id:
         raise SystemExit("--mode batch needs --sink-id (the restarted job must be the same sink)")
-    options = _sink_options(args)
     _recover_sink(args)
     stop_file = Path(args.checkpoint + ".stop")
     commits = Path(args.checkpoint) / "commits"
@@ -356,7 +431,7 @@ def _run_batch(spark, args: argparse.Namespace) -> int:
                 df = spark.read.schema(SCHEMA).json(str(path)).repartition(WRITE_TASKS)
                 if args.fail_flag:
                     df = df.mapInArrow(_fail_while(args.fail_flag), df.schema)
-                df.write.format(args.sink).options(**options).mode("append").save()
+                write_batch(df, args)
                 _say(f"{path.name} written")
             done.add(path)
             (commits / str(len(done) - 1)).touch()
@@ -376,6 +451,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--zk-root", default="/txsink")
     p.add_argument("--sink-id", default=None)
     p.add_argument("--mode", choices=("stream", "batch"), default="stream")
+    p.add_argument("--way", choices=WAYS, default=DATASOURCE,
+                   help="how the job reaches the sink: the data source (PySpark 4.0+), "
+                        "foreach_batch (streams) or write (batch jobs), on every PySpark")
     p.add_argument("--trigger", choices=("available-now", "processing-time"),
                    default="processing-time")
     p.add_argument("--interval", default="1 second")
@@ -388,12 +466,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.way not in MODE_WAYS[args.mode]:
+        parser.error(f"--mode {args.mode} takes --way {' or '.join(MODE_WAYS[args.mode])}")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = spark_session(args.master)
+    spark = spark_session(args.master, register=args.way == DATASOURCE)
     try:
         stop_file = Path(args.checkpoint + ".stop")
-        if args.go_file and not _stand_by(spark, Path(args.go_file), stop_file):
+        if args.go_file and not _stand_by(spark, args.way, Path(args.go_file), stop_file):
             return 0
         once_dir = os.environ.get("TXSINK_CRASH_ONCE_DIR")
         if once_dir and os.environ.get("TXSINK_CRASH_MODE", "group") == "group":

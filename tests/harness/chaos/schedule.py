@@ -216,6 +216,7 @@ class ChaosRun:
     workdir: Path
     services: Services
     sink: str = "clickhouse_tx"
+    way: str = "datasource"             # the pipeline's --way (foreach_batch: every PySpark)
     table: str = "chaos.events"
     rows_per_epoch: int = 2000
     epochs: int | None = None           # stop feeding after this many input files
@@ -284,8 +285,8 @@ class ChaosRun:
         spec = PipelineSpec(
             source=self.workdir / "input", checkpoint=self.checkpoint, table=self.table,
             url=f"http://{self.ch_proxy.address}", zookeeper=self.zk_proxy.address,
-            sink=self.sink, sink_id=self.sink_id, fail_flag=self.workdir / "fail.flag",
-            options=self.options,
+            sink=self.sink, way=self.way, sink_id=self.sink_id,
+            fail_flag=self.workdir / "fail.flag", options=self.options,
         )
         env = self.arming.env() if self.sink == "clickhouse_tx" else None
         self.driver = DriverProcess(spec, self.workdir / "logs", env, standby=self.standby)
