@@ -16,7 +16,6 @@ import pytest
 from kazoo.client import KazooClient
 
 from coordinator import Coordinator
-from coordinator.sink_admin import SinkAdmin
 from server_ext.client.http_client import ClickHouseClient
 from server_ext.staging.staging_tables import (
     STAGING_DATABASE,
@@ -278,8 +277,8 @@ def foreign_entry(result: dict, table: str) -> dict | None:
 
 def test_gc_keeps_and_reports_live_staging_of_another_root(
         clickhouse_url, sink, stage, root_a, root_b) -> None:
-    SinkAdmin(root_b).xids(sink, open=[1])
-    SinkAdmin(root_a).xids(sink, aborted=[1])  # the same sink id and epoch, finished under root A
+    root_b.xids(sink, open=[1])
+    root_a.xids(sink, aborted=[1])  # the same sink id and epoch, finished under root A
     theirs = stage(root_b.staging(sink, 1))
     result = root_a.gc(clickhouse_url)
     assert exists(clickhouse_url, theirs)
@@ -291,7 +290,7 @@ def test_gc_keeps_and_reports_live_staging_of_another_root(
 
 def test_gc_drops_its_own_roots_staging_of_finished_and_unknown_xids(
         clickhouse_url, sink, stage, root_a) -> None:
-    SinkAdmin(root_a).xids(sink, aborted=[1], committed=[2], open=[3])
+    root_a.xids(sink, aborted=[1], committed=[2], open=[3])
     aborted, committed, live, unknown_epoch, unknown_sink = (
         stage(root_a.staging(sink, 1)), stage(root_a.staging(sink, 2)),
         stage(root_a.staging(sink, 3)), stage(root_a.staging(sink, 4)),
