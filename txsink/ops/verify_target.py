@@ -30,8 +30,11 @@ It does not judge (and says why) a partition that:
   exactly what was committed (judged before the merges; more rows are extra rows
   whatever the engine, as merges only take rows away), on a server that cannot be read,
   or whose replicas disagree;
-- any sink under the root may have written in a committed xid whose record is gone
-  (retention pruned it, or a winner's record is missing): what it wrote is unknown.
+- any sink under the root may have written in a committed xid whose record is gone and
+  that the sink's summary does not hold (pruned before summaries existed, declared
+  committed by ``txsink reset``, or a winner's record missing): what it wrote is unknown.
+  Pruned xids the summary holds (``txsink.core.history_summary``) count as one
+  contribution per partition, judged by content like the retained ones.
   Exception: a dynamic overwrite of the partition by that same sink after its last
   pruned epoch makes the earlier history irrelevant. And when one sink alone wrote the
   partition and its pruned epochs all precede the retained ones, fewer rows than the
