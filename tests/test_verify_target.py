@@ -342,6 +342,19 @@ def test_an_xid_read_while_retention_folds_it_is_counted_once(
     assert (target["anomalies"], target["partitions_ok"]) == ([], 1)
 
 
+def test_status_shows_the_retained_window_and_the_summary(
+        ops: Operations, writer: Writer) -> None:
+    writer.commit({"2026-01": range(0, 100), "2026-02": range(100, 150)})
+    prune_with_summary(writer)
+    writer.commit({"2026-02": range(150, 180)})
+    (sink,) = ops.status(SINK)["sinks"]
+    assert sink["retention"] == {
+        "retained_xids": 1, "oldest_retained": 1, "pruned_committed": [[0, 0]],
+        "pruned_aborted": [], "summary_partitions": 2, "summary_folded": [[0, 0]]}
+    assert "history: 1 xid(s) retained (oldest epoch 1); 1 committed epoch(s) pruned, 1 of " \
+        "them in the summary (2 partition(s))" in render("status", {"sinks": [sink]})
+
+
 def test_a_lost_winner_record_fails_the_command_naming_the_xid(
         writer: Writer, zk: KazooClient, clickhouse_url: str, zk_address: str,
         capsys: pytest.CaptureFixture) -> None:
