@@ -14,6 +14,8 @@ process's RSS. A store runs until ``--epochs`` or ``--seconds``, whichever comes
     python benchmarks/bench_retention.py [--stores zookeeper,keepermap] [--epochs 100000]
         [--seconds 600] [--retention 30] [--log-retain 60] [--branches 2]
         [--zookeeper 127.0.0.1:2181] [--url http://127.0.0.1:8124]
+    python benchmarks/bench_retention.py --stream 300 [--retention 30]
+        [--stream-url http://127.0.0.1:8123]   # a 1 s-trigger stream instead (Spark)
 
 Prints the samples; writes ``benchmarks/results/retention_<store>.json`` and plots them
 (``benchmarks/results/retention.png``).
@@ -203,6 +205,74 @@ def plot(results: list[dict[str, Any]], out: Path) -> Path:
     return out
 
 
+def stream(args: argparse.Namespace) -> dict[str, Any]:
+    """A rate-source stream at a 1 s trigger for ``--stream`` seconds into a plain table
+    (records in ZooKeeper, ``retention`` = ``--retention``): the sink's tree sampled, then
+    every row counted once and ``txsink verify`` run."""
+    import requests
+    from kazoo.client import KazooClient
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    import txsink
+    from txsink.ops.commands import Operations
+
+    def sql(statement: str) -> str:
+        answer = requests.post(args.stream_url, data=statement.encode(), timeout=120)
+        answer.raise_for_status()
+        return answer.text.strip()
+
+    db, root, sink = f"bench_{uuid.uuid4().hex[:8]}", f"/bench-stream-{uuid.uuid4().hex[:6]}", \
+        "bench-stream"
+    sql(f"CREATE DATABASE `{db}`")
+    sql(f"CREATE TABLE `{db}`.`events` (id UInt64, day Date, name String) ENGINE = "
+        "MergeTree() PARTITION BY toYYYYMM(day) ORDER BY id")
+    spark = (SparkSession.builder.master("local[2]").appName("bench-retention-stream")
+             .config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    txsink.register(spark)
+    rows = (spark.readStream.format("rate").option("rowsPerSecond", args.stream_rate)
+            .option("numPartitions", 2).load()
+            .select(F.col("value").alias("id"),
+                    F.expr("date_add(date'2026-01-01', cast(value % 60 as int))").alias("day"),
+                    F.concat(F.lit("e"), F.col("value").cast("string")).alias("name")))
+    query = (rows.writeStream.format("clickhouse_tx").option("url", args.stream_url)
+             .option("table", f"{db}.events").option("zookeeper", args.zookeeper)
+             .option("zk_root", root).option("sink_id", sink)
+             .option("retention", str(args.retention))
+             .option("checkpointLocation", f"/tmp/{db}-checkpoint")
+             .trigger(processingTime="1 second").start())
+    zk = KazooClient(hosts=args.zookeeper)
+    zk.start(timeout=15)
+    samples = []
+    started = time.monotonic()
+    path = f"{root}/sinks/{sink}"
+    while time.monotonic() - started < args.stream:
+        time.sleep(args.sample_every)
+        if zk.exists(path):
+            nodes, size = walk(zk, path)
+            epochs = json.loads(zk.get(f"{path}/last_committed")[0]).get("epoch")
+            samples.append({"t": round(time.monotonic() - started, 1), "epochs": epochs,
+                            "nodes": nodes, "bytes": size,
+                            "retained": len(zk.get_children(f"{path}/xids"))})
+            print(json.dumps(samples[-1]), flush=True)
+    query.stop()
+    spark.stop()
+    count, distinct = sql(f"SELECT count(), uniqExact(id) FROM `{db}`.`events`").split()
+    ops = Operations(args.zookeeper, zk_root=root, url=args.stream_url)
+    (report,) = ops.verify(sink)["sinks"]
+    ops.close()
+    zk.stop()
+    result = {"rows": int(count), "distinct": int(distinct), "samples": samples,
+              "verify_anomalies": report["anomalies"],
+              "verify_not_judged": report["target"]["not_judged"],
+              "partitions_ok": report["target"]["partitions_ok"],
+              "partitions_ok_by_count": report["target"]["partitions_ok_by_count"]}
+    sql(f"DROP DATABASE `{db}`")
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stores", default="zookeeper,keepermap")
@@ -215,8 +285,17 @@ def main() -> None:
     parser.add_argument("--zookeeper", default="127.0.0.1:2181")
     parser.add_argument("--url", default="http://127.0.0.1:8124")
     parser.add_argument("--plot-only", action="store_true")
+    parser.add_argument("--stream", type=float, default=0,
+                        help="seconds of a 1 s-trigger stream instead (needs Spark)")
+    parser.add_argument("--stream-rate", type=int, default=1000)
+    parser.add_argument("--stream-url", default="http://127.0.0.1:8123")
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
+    if args.stream:
+        result = stream(args)
+        (RESULTS / "retention_stream.json").write_text(json.dumps(result, indent=1))
+        print(json.dumps({k: v for k, v in result.items() if k != "samples"}))
+        return
     results = []
     for store_kind in args.stores.split(","):
         path = RESULTS / f"retention_{store_kind}.json"
