@@ -124,6 +124,9 @@ def drive(store_kind: str, args: argparse.Namespace) -> dict[str, Any]:
         return None
 
     while epoch < args.epochs and time.monotonic() - started < args.seconds:
+        # one coordinator per epoch, as the driver makes one per commit (its record
+        # caches live as long as it does)
+        coord = Coordinator(client, sink, root=root)
         coord.begin(epoch, generation)
         winners = []
         for b in range(args.branches):
