@@ -59,10 +59,17 @@ def mntr(hosts: str) -> dict[str, str]:
 
 
 def walk(client: Any, path: str) -> tuple[int, int]:
-    """(nodes, bytes of names and data) of the tree under ``path``."""
-    data, _ = client.get(path)
+    """(nodes, bytes of names and data) of the tree under ``path``; a node that retention
+    deletes during the walk counts as gone."""
+    from kazoo.exceptions import NoNodeError
+
+    try:
+        data, _ = client.get(path)
+        children = client.get_children(path)
+    except NoNodeError:
+        return 0, 0
     nodes, size = 1, len(path.rsplit("/", 1)[1]) + len(data)
-    for child in client.get_children(path):
+    for child in children:
         n, b = walk(client, f"{path}/{child}")
         nodes, size = nodes + n, size + b
     return nodes, size
