@@ -31,7 +31,14 @@ from enum import StrEnum
 from coordinator.nodes import NodeStore
 from coordinator.paths import SinkLayout
 from coordinator.records import BranchRecord, XidRecord
-from coordinator.retention import Ranges, Retention, add_to_ranges
+from coordinator.retention import (
+    DecidedXid,
+    Ranges,
+    Retention,
+    Summary,
+    add_to_ranges,
+    in_ranges,
+)
 from coordinator.states import BranchState, XidState
 from coordinator.store import SinkStore, default_retry
 
@@ -165,40 +172,31 @@ def _row_count(sink_id: str, epoch: int, record: XidRecord | None,
 
 
 @dataclass(frozen=True)
-class DecidedXid:
-    """A ``Committing`` or ``Committed`` xid with the records of its winners.
-
-    ``missing`` lists winners without a record (a hand edit, or retention deleting the
-    xid while it was being read): what they published is unknown.
-    """
-
-    record: XidRecord
-    winners: tuple[BranchRecord, ...]
-    missing: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class SinkHistory:
     """What a sink's retained records say it made visible.
 
-    ``decided`` are the retained ``Committing``/``Committed`` xids in epoch order;
-    ``pruned_committed`` the ``[first, last]`` ranges of committed epochs whose records
-    retention deleted (what they wrote is no longer known); ``states`` every retained
-    xid's state when read, for :func:`changed_since`.
+    ``decided`` are the retained ``Committing``/``Committed`` xids in epoch order (none
+    that ``summary`` holds already); ``pruned_committed`` the ``[first, last]`` ranges of
+    committed epochs whose records retention deleted; ``summary`` what retention folded
+    of them (an epoch pruned and not in ``summary.folded``: what it wrote is unknown);
+    ``states`` every retained xid's state when read, for :func:`changed_since`.
     """
 
     sink_id: str
     decided: tuple[DecidedXid, ...]
     pruned_committed: Ranges
     states: dict[int, XidState]
+    summary: Summary = Summary()
 
 
 def read_history(client: NodeStore, root: str, sink_id: str,
                  epochs: list[int] | None = None) -> SinkHistory:
-    """The decided xids of ``sink_id`` (only ``epochs`` when given) and its pruned ranges.
+    """The decided xids of ``sink_id`` (only ``epochs`` when given), its pruned ranges and
+    its summary.
 
-    The pruned ranges are read *after* the records: retention records an epoch as pruned
-    before deleting it, so an xid deleted while this runs is either read or in the ranges.
+    The pruned ranges and the summary are read *after* the records: retention records an
+    epoch as pruned (and folded) before deleting it, so an xid deleted while this runs is
+    either read or in the ranges; one both read and folded is counted by the summary only.
     """
     store = SinkStore(client, SinkLayout(root, sink_id), default_retry(client))
     wanted = store.run(store.epochs, False) if epochs is None else epochs
@@ -211,8 +209,12 @@ def read_history(client: NodeStore, root: str, sink_id: str,
         decided.append(DecidedXid(
             record, tuple(found[b] for b in record.winners if b in found),
             tuple(b for b in record.winners if b not in found)))
-    return SinkHistory(sink_id, tuple(decided), Retention(store).ranges()["committed"],
-                       {r.epoch: r.state for r in records})
+    retention = Retention(store)
+    pruned = retention.ranges()["committed"]
+    summary = retention.summary()
+    decided = [d for d in decided if not in_ranges(summary.folded, d.record.epoch)]
+    return SinkHistory(sink_id, tuple(decided), pruned,
+                       {r.epoch: r.state for r in records}, summary)
 
 
 def read_all_branches(client: NodeStore, root: str, sink_id: str

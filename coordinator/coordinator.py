@@ -69,7 +69,7 @@ from coordinator.paths import SinkLayout
 from coordinator.publish_lease import PublishLease, actor_identity
 from coordinator.records import BranchRecord, StreamRecord, XidRecord
 from coordinator.recovery import ROLLED_FORWARD, Recovery, RecoveryReport
-from coordinator.retention import Retention
+from coordinator.retention import PASS_XIDS, Fold, Pass, Retention
 from coordinator.states import XidState
 from coordinator.store import SinkStore, default_retry
 from coordinator.stream import StreamOwnership
@@ -87,8 +87,9 @@ class Coordinator:
 
     ``on_step(name)`` is called at every crash point of commit and abort
     (``commit.after_decision``, ``commit.after_branch_published``, ``commit.after_publish``,
-    ``commit.after_committed``, ``abort.after_decision``, ``abort.after_rollback``); a
-    fault test makes it raise to simulate a crash at exactly that step.
+    ``commit.after_committed``, ``abort.after_decision``, ``abort.after_rollback``) and of
+    a retention pass (``retain.after_fold``, ``retain.after_delete``); a fault test makes
+    it raise to simulate a crash at exactly that step.
     """
 
     def __init__(self, client: NodeStore, sink_id: str, root: str = "/txsink",
@@ -365,6 +366,15 @@ class Coordinator:
             if action.action == ROLLED_FORWARD:
                 self.record_metrics(action.epoch, {"finished_by": "recovery",
                                                    "recovered_at": round(time.time(), 3)})
+
+    def retain(self, max_age_seconds: float, fold: Fold | None,
+               limit: int = PASS_XIDS) -> Pass:
+        """One bounded retention pass (``coordinator/retention.py``): finished xids not
+        updated for ``max_age_seconds`` folded by ``fold`` into the sink's summary, added
+        to ``pruned`` and deleted, at most ``limit`` of them. For a writer, after its own
+        ``Committed`` write; safe beside other writers, operators and a crash at any of
+        its steps (``retain.after_fold``, ``retain.after_delete``)."""
+        return Retention(self.store, fold, self._step).step(max_age_seconds, limit)
 
     # -- reads -----------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ One sink's tree (``root`` defaults to ``/txsink``; a kazoo chroot may sit above 
       last_committed  {"epoch": 41, "at": ...}
       next_epoch      {"next": 42}            batch epoch allocation
       pruned          {"committed": [[0, 30]], "aborted": [[12, 12]]}
+      summary         {"folded": [[0, 30]], "partitions": {...}}  what pruned xids wrote
       stream          {"query_id": "...", ...}  streaming query owning the epochs (stream.py)
       txn_version     {"version": 7, "at": ...}  highest committed txn_version (epochs.py)
       open/<epoch>    (empty) index of unfinished xids: all that recovery reads
@@ -21,8 +22,8 @@ znode name; epochs are zero-padded to 20 digits so that child order is epoch ord
 Records are plain persistent znodes; the ephemeral nodes are the publish lease and the
 writers' liveness holders, which must die with their holder's session. ``live`` is
 created on first use (trees made before it existed lack it), so it is not part of
-:meth:`SinkLayout.initial`. No containers or TTL nodes: ClickHouse Keeper serves
-the same tree.
+:meth:`SinkLayout.initial`; nor is ``summary``, written by the first retention pass.
+No containers or TTL nodes: ClickHouse Keeper serves the same tree.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class SinkLayout:
         self.stream = f"{self.sink}/stream"  # absent until a streaming query writes
         self.txn_version = f"{self.sink}/txn_version"  # absent until a versioned commit
         self.live = f"{self.sink}/live"  # absent until a writer holds an xid (liveness.py)
+        self.summary = f"{self.sink}/summary"  # absent until retention folds (retention.py)
 
     def xid(self, epoch: int) -> str:
         return f"{self.xids}/{epoch_name(epoch)}"

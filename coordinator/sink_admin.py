@@ -33,7 +33,7 @@ from coordinator.liveness import Liveness, Verdict, judge
 from coordinator.multi import Multi, MultiFailed
 from coordinator.nodes import NodeStore
 from coordinator.records import XidRecord
-from coordinator.retention import Retention
+from coordinator.retention import Fold, Retention, Summary
 from coordinator.states import XidState
 from coordinator.store import list_sinks
 from coordinator.stream import ResetOutcome, StreamReset
@@ -127,11 +127,16 @@ class SinkAdmin:
         return StreamReset(self.store, Generation(self.store)).run(forget_epochs,
                                                                    committed_through, by)
 
-    def prune(self, max_age_seconds: float) -> list[int]:
+    def prune(self, max_age_seconds: float, fold: Fold | None = None) -> list[int]:
         """Remove finished xids last updated more than ``max_age_seconds`` ago; returns
         their epochs. ``last_committed``, the epoch counter and ``is_committed`` answers
-        survive (pruned epochs are remembered as ranges)."""
-        return Retention(self.store).prune(max_age_seconds)
+        survive (pruned epochs are remembered as ranges), and with ``fold`` what the
+        committed ones wrote (the sink's summary, ``coordinator/retention.py``)."""
+        return Retention(self.store, fold, self.coordinator.on_step).prune(max_age_seconds)
+
+    def summary(self) -> Summary:
+        """What retention folded of the pruned committed xids (``Summary``)."""
+        return Retention(self.store).summary()
 
     def forget_sink(self, max_age_seconds: float) -> float | None:
         """Delete this whole sink when nothing is open and nothing changed for

@@ -10,7 +10,10 @@ COMMIT_AFTER_PUBLISH = "commit.after_publish"  # every winner published, xid Com
 COMMIT_AFTER_COMMITTED = "commit.after_committed"  # xid Committed, non-winners not dropped
 ABORT_AFTER_DECISION = "abort.after_decision"  # xid Aborting, staging not dropped
 ABORT_AFTER_ROLLBACK = "abort.after_rollback"  # staging dropped, xid not yet Aborted
+RETAIN_AFTER_FOLD = "retain.after_fold"  # old xids folded into pruned/summary, none deleted
+RETAIN_AFTER_DELETE = "retain.after_delete"  # one folded xid deleted (passed per xid)
 
 COMMIT_STEPS = (COMMIT_AFTER_DECISION, COMMIT_AFTER_BRANCH_PUBLISHED, COMMIT_AFTER_PUBLISH,
                 COMMIT_AFTER_COMMITTED)
 ABORT_STEPS = (ABORT_AFTER_DECISION, ABORT_AFTER_ROLLBACK)
+RETAIN_STEPS = (RETAIN_AFTER_FOLD, RETAIN_AFTER_DELETE)

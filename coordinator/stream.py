@@ -359,6 +359,9 @@ class StreamReset:
                        last_version, label=LAST_COMMITTED)
         multi.set_data(layout.pruned, encode({"committed": committed, "aborted": aborted},
                                              "pruned"), pruned_version, label="pruned")
+        summary = store.read_json(layout.summary) if forget_epochs else None
+        if summary is not None:  # what forgotten epochs wrote is forgotten with them
+            multi.delete(layout.summary, summary[1], label="summary")
         current = read_stream(store)
         base = current or StreamRecord(store.sink_id, None)
         new = base.handed_to(None, None, {

@@ -23,7 +23,9 @@ behind: prepared branches of a generation the replay must not commit), ``Committ
 with nothing published (``commit.after_decision``), ``Committing`` with rows visible but
 not marked published (``publish.after_attach``), ``Committed`` before its clean-up
 (``commit.after_committed``: the replay must not write again) and ``Aborting``
-(``abort.after_decision``). Every step between them is tried in the batch suite.
+(``abort.after_decision``). Every step between them is tried in the batch suite, the
+retention's (``retain.*``, after ``Committed``: the pipelines run with a retention of 1 s,
+so each commit removes the epochs before it) among them.
 
 Why the modern subset is sound. The store, the strategy and the mode are separate
 layers, and each is tried where it can differ:
@@ -98,6 +100,7 @@ def crash_point_run(request, tmp_path_factory, zk_hosts: str, mode: str,
     db, chroot = f"t_{uuid.uuid4().hex[:10]}", f"/tests/{uuid.uuid4().hex[:10]}"
     points = points if points is not None else len(POINTS[request.param][mode])
     options = dict(SHORT_SESSION)  # a restart waits for the dead driver's lease to expire
+    options["retention"] = "1"  # every commit's retention pass removes the earlier epochs
     if request.param == "km26":  # the records in KeeperMap, the sink given no ZooKeeper
         request.getfixturevalue("records_table")
         options |= {"coordinator": "keepermap", "records_table": f"{RECORDS_DATABASE}.records",

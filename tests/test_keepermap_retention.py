@@ -75,6 +75,19 @@ def test_entries_below_a_snapshot_older_than_the_retention_are_deleted(table) ->
     assert tree(KeeperMapNodes(table)) == tree(writer)
 
 
+def test_a_snapshot_stored_below_the_trimmed_window_is_deleted_by_a_later_trim(table) -> None:
+    """A writer paused past a trim stores its snapshot late, below where trims go on."""
+    writer = store(table)
+    write(writer, 40)
+    late = {k: v for k, v in table.rows.items() if k.startswith(f"snap:{SINK}:{10:020d}")}
+    time.sleep(RETAIN * 1.5)
+    write(writer, 40)
+    table.rows.update(late)  # stored again, after the trim that deleted it
+    time.sleep(RETAIN * 1.5)
+    write(writer, 20)
+    assert not any(k.startswith(f"snap:{SINK}:{10:020d}") for k in table.rows)
+
+
 def test_entries_within_the_retention_are_kept(table) -> None:
     writer = store(table)
     write(writer, 80)

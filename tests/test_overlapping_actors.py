@@ -38,6 +38,7 @@ import txsink.core.crashpoints
 from coordinator import Coordinator, Fenced, SinkTakenOver, XidDecided, XidState
 from coordinator.keepermap import CLOCK_MARGIN
 from coordinator.nodes import NodeStore
+from coordinator.steps import RETAIN_STEPS
 from tests.conftest import RECORDS_DATABASE, kazoo_client, run_sql
 from tests.harness.chaos.pipeline import create_fed_view, fed_table
 from tests.sinkutil import SHORT_SESSION, assert_exactly_once, id_counts, staging_tables
@@ -115,6 +116,15 @@ class Sink:
                          **self.store_args())
         try:
             return ops.recover(self.options["sink_id"])
+        finally:
+            ops.close()
+
+    def prune(self) -> dict:
+        """``txsink gc --prune-older-than 1``: its own session, as the command has."""
+        ops = Operations(self.zk_hosts, zk_root=self.options["zk_root"], url=self.url,
+                         **self.store_args())
+        try:
+            return ops.gc(grace_seconds=3600, prune_older_than=1.0)
         finally:
             ops.close()
 
@@ -297,6 +307,29 @@ def test_a_task_taken_over_between_its_register_and_its_staging_drops_that_stagi
 
 
 # -- free-running: recover loop and second drivers against committing jobs ----------------
+
+@pytest.mark.parametrize("step", RETAIN_STEPS)
+def test_an_operators_prune_while_a_jobs_retention_pass_is_at_step_keeps_rows_and_evidence(
+        sink: Sink, hold_at, step: str) -> None:
+    """The job's retention pass (after its ``Committed`` write) removes the first job's
+    xid while ``txsink gc --prune-older-than`` prunes the same: every row once, and
+    ``verify`` judges every partition by content, none left for pruned history."""
+    sink.options["retention"] = "1"
+    sink.run_job(0)
+    time.sleep(1.5)
+    pruned = hold_at(step, sink.prune)
+    sink.run_job(TASKS * ROWS_PER_TASK)
+    sink.assert_exactly_once(range(2 * TASKS * ROWS_PER_TASK))
+    assert len(pruned) == 1, "the job's retention pass never reached the step"
+    ops = Operations(sink.zk_hosts, zk_root=sink.options["zk_root"], url=sink.url,
+                     **sink.store_args())
+    try:
+        (report,) = ops.verify(sink.options["sink_id"])["sinks"]
+    finally:
+        ops.close()
+    assert (report["anomalies"], report["target"]["not_judged"]) == ([], [])
+    assert report["target"]["partitions_ok_by_count"] == 0
+
 
 RACE_JOBS = int(os.environ.get("TXSINK_RACE_JOBS", "4"))  # more for a long run by hand
 

@@ -20,11 +20,14 @@ from kazoo.client import KazooClient
 import server_ext
 from coordinator import Coordinator
 from coordinator.sink_admin import SinkAdmin
+from coordinator.steps import RETAIN_AFTER_FOLD
 from server_ext.client.http_client import ClickHouseClient
 from server_ext.staging import staging_qualified
 from server_ext.target_rows import table_rows
 from tests.conftest import run_sql
 from tests.harness.services import SECRET_USER
+from tests.test_coordinator_support import Crash, crash_at
+from txsink.core.history_summary import fold_into
 from txsink.core.publisher import BranchPublisher
 from txsink.ops import cli
 from txsink.ops.commands import Operations, render
@@ -257,7 +260,7 @@ def test_a_dropped_partition_is_a_loss_that_fails_the_command(
     assert result["sinks"][0]["target"]["partitions_ok"] == 1
 
 
-def test_a_partition_with_pruned_history_is_not_judged(
+def test_a_partition_pruned_without_a_summary_is_not_judged(
         ops: Operations, writer: Writer, table: str, clickhouse_url: str) -> None:
     writer.commit({"2026-01": range(0, 100), "2026-02": range(100, 150)})
     time.sleep(0.3)
@@ -268,12 +271,88 @@ def test_a_partition_with_pruned_history_is_not_judged(
     assert sink["anomalies"] == []
     unjudged = {n["partition_id"]: n["reason"] for n in sink["target"]["not_judged"]}
     assert sorted(unjudged) == ["202601", "202602"]
-    no_record = "no record: pruned by retention, or declared committed by txsink reset"
+    no_record = ("no record: pruned without a summary (by an older release, or its record "
+                 "was unreadable), or declared committed by txsink reset")
     assert f"{SINK} epochs 0 ({no_record})" in unjudged["202602"]
     assert sink["target"]["unknown_history"] == [
         {"first": 0, "last": 0, "reason": no_record}]
     text = render("verify", {"sinks": [sink]})
     assert text.splitlines()[0] == f"{SINK}: no anomaly found, but 2 target partition(s) not judged"
+
+
+def prune_with_summary(writer: Writer) -> list[int]:
+    """Retention as the writers run it: what the pruned xids wrote folded into the summary."""
+    time.sleep(0.3)
+    return SinkAdmin(writer.coord).prune(0.2, fold_into(writer.url))
+
+
+def test_after_retention_every_partition_is_judged_by_content(
+        ops: Operations, writer: Writer) -> None:
+    writer.commit({"2026-01": range(0, 100), "2026-02": range(100, 150)})
+    writer.commit({"2026-02": range(150, 180)})
+    assert prune_with_summary(writer) == [0, 1]
+    writer.commit({"2026-02": range(180, 200)})
+    sink = target_report(ops, writers="exclusive")
+    assert sink["anomalies"] == []
+    assert (sink["target"]["partitions_ok"], sink["target"]["partitions_ok_by_count"],
+            sink["target"]["not_judged"], sink["target"]["unknown_history"]) == (2, 0, [], [])
+
+
+def test_a_duplicate_of_a_summarized_xid_is_found_by_content(
+        ops: Operations, writer: Writer, table: str, clickhouse_url: str) -> None:
+    writer.commit({"2026-01": range(0, 100)})
+    prune_with_summary(writer)
+    run_sql(clickhouse_url, f"INSERT INTO {table} SELECT * FROM {table}")
+    (finding,) = target_report(ops, writers="exclusive")["target"]["anomalies"]
+    assert (finding["kind"], finding["rows"], finding["expected"], finding["judged_by"]) == (
+        "duplicate_rows", 200, 100, "content")
+    assert f"{SINK}/0..0 (pruned, summarized)" in finding["detail"]
+
+
+def test_rows_changed_in_a_summarized_partition_are_altered_rows(
+        ops: Operations, writer: Writer, table: str, clickhouse_url: str) -> None:
+    writer.commit({"2026-01": range(0, 100)})
+    prune_with_summary(writer)
+    mutate(clickhouse_url, table, "UPDATE name = 'changed' WHERE id = 7")
+    (finding,) = target_report(ops, writers="exclusive")["target"]["anomalies"]
+    assert (finding["kind"], finding["partition_id"]) == ("altered_rows", "202601")
+
+
+def test_an_overwrite_folded_into_the_summary_replaces_what_came_before(
+        ops: Operations, writer: Writer) -> None:
+    writer.commit({"2026-01": range(0, 100)})
+    writer.commit({"2026-01": range(500, 540)}, overwrite=True)
+    writer.commit({"2026-01": range(600, 610)})
+    prune_with_summary(writer)
+    target = target_report(ops, writers="exclusive")["target"]
+    assert (target["partitions_ok"], target["not_judged"]) == (1, [])
+
+
+def test_an_xid_read_while_retention_folds_it_is_counted_once(
+        ops: Operations, writer: Writer, zk: KazooClient) -> None:
+    """The summary holds the epoch and its record is still there (a pass crashed between
+    its fold and its delete, or a reader read the record before the fold)."""
+    writer.commit({"2026-01": range(0, 100)})
+    time.sleep(0.3)
+    crashing = Coordinator(zk, SINK, root=ROOT, on_step=crash_at(RETAIN_AFTER_FOLD))
+    with pytest.raises(Crash):
+        crashing.retain(0.2, fold_into(writer.url))
+    assert writer.coord.xid(0) is not None
+    target = target_report(ops, writers="exclusive")["target"]
+    assert (target["anomalies"], target["partitions_ok"]) == ([], 1)
+
+
+def test_status_shows_the_retained_window_and_the_summary(
+        ops: Operations, writer: Writer) -> None:
+    writer.commit({"2026-01": range(0, 100), "2026-02": range(100, 150)})
+    prune_with_summary(writer)
+    writer.commit({"2026-02": range(150, 180)})
+    (sink,) = ops.status(SINK)["sinks"]
+    assert sink["retention"] == {
+        "retained_xids": 1, "oldest_retained": 1, "pruned_committed": [[0, 0]],
+        "pruned_aborted": [], "summary_partitions": 2, "summary_folded": [[0, 0]]}
+    assert "history: 1 xid(s) retained (oldest epoch 1); 1 committed epoch(s) pruned, 1 of " \
+        "them in the summary (2 partition(s))" in render("status", {"sinks": [sink]})
 
 
 def test_a_lost_winner_record_fails_the_command_naming_the_xid(
@@ -292,7 +371,7 @@ def test_a_lost_winner_record_fails_the_command_naming_the_xid(
     assert len(result["sinks"][0]["target"]["unknown_history"]) == 1
 
 
-def test_a_sink_whose_whole_history_is_pruned_is_not_reported_ok(
+def test_a_sink_whose_whole_history_is_pruned_without_a_summary_is_not_reported_ok(
         ops: Operations, writer: Writer) -> None:
     writer.commit({"2026-01": range(0, 100)})
     writer.commit({"2026-02": range(100, 150)})

@@ -103,8 +103,17 @@ class Snapshots:
             logger.warning("snapshot of %s at entry %d not stored or not trimmed: %s",
                            log.root, log.seq, exc)
 
+    def _snapshots_below(self, root: str, upto: int) -> list[str]:
+        """Every key of the snapshots of ``root`` below ``upto``, chunks before heads (none
+        left headless). Listed, not derived from the trimmed window: a snapshot stored
+        late, by a writer paused past an earlier trim, is below every later window."""
+        prefix = self.keys.snapshot(root, None)
+        below = [k for k in call_table(self.table.keys_with_prefix, prefix)
+                 if int(k[len(prefix):].split(":")[0]) < upto]
+        return sorted(below, key=lambda k: (":" not in k[len(prefix):], k))
+
     def trim(self, log: Log) -> None:
-        """Delete the entries, and the snapshots, below the newest snapshot older than
+        """Delete the entries, and every snapshot, below the newest snapshot older than
         the retention; at most :data:`TRIM_BATCH` entries at a time."""
         floor = self.keys.floor(log.root)
         if log.trimmed is None:
@@ -119,9 +128,7 @@ class Snapshots:
         if not old:
             return
         upto = max(old)
-        doomed = [key for seq, head in found.items() if seq < upto
-                  for key in (*(f"{heads[seq]}:{i:04d}" for i in range(head["chunks"])),
-                              heads[seq])]  # chunks before their head: none left headless
+        doomed = self._snapshots_below(log.root, upto)
         doomed += [self.keys.entry(log.root, seq) for seq in range(log.trimmed + 1, upto + 1)]
         call_table(self.table.delete, doomed)
         call_table(self.table.put, floor, str(upto))

@@ -33,7 +33,8 @@ PIPELINE_BEFORE_SETTLE = "pipeline.before_settle"
 
 #: Every crash point a batch job passes, in the order an epoch passes them: the tasks' own,
 #: then those the coordinator and ``server_ext`` declare (their modules say what each
-#: means); ``publish.*`` are passed once per winner, the combined branch first.
+#: means); ``publish.*`` are passed once per winner, the combined branch first;
+#: ``retain.*`` after a ``Committed`` write, by the pass that removes older finished xids.
 CRASH_POINTS: tuple[str, ...] = (
     BRANCH_AFTER_REGISTER, BRANCH_AFTER_VIEWS, BRANCH_AFTER_STAGING_WRITE, BRANCH_AFTER_SEAL,
     BRANCH_AFTER_CONTRIBUTE, BRANCH_AFTER_PREPARE,
@@ -42,6 +43,7 @@ CRASH_POINTS: tuple[str, ...] = (
     *PUBLISH_STEPS["attach_marked"],
     *steps.COMMIT_STEPS[1:],
     *steps.ABORT_STEPS,
+    *steps.RETAIN_STEPS,
 )
 
 #: The points only a pipelined streaming commit passes (a batch job never does); the

@@ -38,6 +38,7 @@ from server_ext.sharding import ShardingError
 from server_ext.sql import qualified_name
 from server_ext.staging import check_partition_bound
 from txsink.core import combine, connections, payload, pipeline, quarantine_share
+from txsink.core.history_summary import retain_after_commit
 from txsink.core.messages import BranchMessage, SkippedMessage
 from txsink.core.metrics import EpochMetrics
 from txsink.core.plan import WritePlan
@@ -396,6 +397,7 @@ def after_committed(plan: WritePlan, coord: Coordinator, epoch: int, final: XidR
         metrics.stage_ms, metrics.seal_ms, metrics.commit_ms, metrics.visibility_lag_ms or 0,
         metrics.cleanup_ms, metrics.latency_ms, publish,
     )
+    retain_after_commit(plan.options, coord)  # after Committed: off the decision's path
 
 
 def finish_clean_up(plan: WritePlan, coord: Coordinator, epoch: int) -> None:

@@ -11,6 +11,7 @@ from coordinator import (
 from coordinator.recovery import ROLLED_BACK
 from coordinator.sink_admin import SinkAdmin
 from server_ext.staging import StagingName, root_tag, sink_key, sweep
+from txsink.core.history_summary import fold_into
 from txsink.core.publisher import (
     BranchPublisher,
 )
@@ -71,7 +72,8 @@ class GcCommand(Session):
         pruned: dict[str, list[int]] = {}
         if prune_older_than is not None:
             for sink_id in self._sinks(None):
-                pruned[sink_id] = self._admin(sink_id).prune(prune_older_than)
+                pruned[sink_id] = self._admin(sink_id).prune(prune_older_than,
+                                                             fold_into(self.url))
         forgotten: dict[str, float] = {}
         if forget_one_off_after is not None:
             for sink_id in filter(is_one_off, self._sinks(None)):

@@ -14,6 +14,7 @@ from coordinator import (
     XidState,
 )
 from coordinator.liveness import Verdict
+from coordinator.sink_admin import SinkAdmin
 from txsink.core.metrics import UNKNOWN, WRITER, EpochMetrics
 from txsink.core.payload import from_record, task_branches
 from txsink.ops.session import (
@@ -106,6 +107,7 @@ class StatusCommand(Session):
                 "damaged": admin.damage(),
                 "recent": [{"epoch": x.epoch, **_commit_metrics(coord, x)} for x in committed],
                 "operator_decisions": _decisions(open_xids, every_committed),
+                "retention": _retention(admin, records),
             })
         return {"sinks": sinks, **self._protected_note()}
 
@@ -119,6 +121,8 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"{sink['sink_id']}: generation {sink['generation']}, "
                      f"last committed epoch {shown_epoch(sink['last_committed'])}")
         lines.append(f"  {_render_health(SinkHealth.from_json(sink['health']))}")
+        if "retention" in sink:
+            lines.append(f"  {_render_retention(sink['retention'])}")
         lines += [f"  DAMAGED (every writer is refused): {problem}"
                   for problem in sink.get("damaged", [])]
         for x in sink["open"]:
@@ -162,6 +166,29 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     """The nearest-rank percentile ``q`` of ascending values."""
     rank = max(1, math.ceil(q * len(sorted_values)))
     return sorted_values[rank - 1]
+
+
+def _retention(admin: SinkAdmin, records: list[XidRecord]) -> dict[str, Any]:
+    """What the sink's store holds of its history: the retained xids, the pruned epochs'
+    ranges and the summary's partitions (``coordinator/retention.py``)."""
+    pruned = admin.store.run(admin.store.read_json, admin.layout.pruned)
+    ranges = pruned[0] if pruned else {}
+    summary = admin.summary()
+    return {"retained_xids": len(records),
+            "oldest_retained": records[0].epoch if records else None,
+            "pruned_committed": ranges.get("committed", []),
+            "pruned_aborted": ranges.get("aborted", []),
+            "summary_partitions": len(summary.partitions),
+            "summary_folded": summary.folded}
+
+
+def _render_retention(retention: dict[str, Any]) -> str:
+    committed = sum(hi - lo + 1 for lo, hi in retention["pruned_committed"])
+    folded = sum(hi - lo + 1 for lo, hi in retention["summary_folded"])
+    return (f"history: {retention['retained_xids']} xid(s) retained (oldest epoch "
+            f"{shown_epoch(retention['oldest_retained'])}); {committed} committed epoch(s) "
+            f"pruned, {folded} of them in the summary ({retention['summary_partitions']} "
+            "partition(s))")
 
 
 def _render_health(health: SinkHealth) -> str:

@@ -30,8 +30,11 @@ It does not judge (and says why) a partition that:
   exactly what was committed (judged before the merges; more rows are extra rows
   whatever the engine, as merges only take rows away), on a server that cannot be read,
   or whose replicas disagree;
-- any sink under the root may have written in a committed xid whose record is gone
-  (retention pruned it, or a winner's record is missing): what it wrote is unknown.
+- any sink under the root may have written in a committed xid whose record is gone and
+  that the sink's summary does not hold (pruned before summaries existed, declared
+  committed by ``txsink reset``, or a winner's record missing): what it wrote is unknown.
+  Pruned xids the summary holds (``txsink.core.history_summary``) count as one
+  contribution per partition, judged by content like the retained ones.
   Exception: a dynamic overwrite of the partition by that same sink after its last
   pruned epoch makes the earlier history irrelevant. And when one sink alone wrote the
   partition and its pruned epochs all precede the retained ones, fewer rows than the
@@ -55,20 +58,19 @@ from typing import Any, Literal
 import server_ext
 from coordinator import XidState
 from coordinator.audit import (
-    DecidedXid,
     SinkHistory,
     changed_since,
     read_all_branches,
     read_history,
 )
 from coordinator.nodes import NodeStore
+from coordinator.retention import DecidedXid, Ranges
 from coordinator.sink_admin import SinkAdmin
 from server_ext.client import SqlClient
 from server_ext.target_rows import TableRows, table_rows
 from server_ext.types import MODULUS, ContentDigest, digest_union
-from txsink.core.metrics import EpochMetrics
+from txsink.core.history_summary import SummaryEntry, Unreadable, summary_entries, xid_writes
 from txsink.core.payload import CombinedBranch, Payload, contributions, from_record
-from txsink.core.publisher import server_of
 
 Writers = Literal["exclusive", "unknown", "shared"]
 WRITERS: tuple[Writers, ...] = ("exclusive", "unknown", "shared")
@@ -93,10 +95,27 @@ class Contribution:
     rows: int
     overwrite: bool
     digest: ContentDigest | None = None  # None: a branch sealed without one
+    # a summary of pruned xids (``first``..``epoch``, decided until ``last_at``); None: one xid
+    first: int | None = None
+    last_at: float | None = None
 
     @property
     def xid(self) -> str:
+        if self.first is not None:
+            return f"{self.sink_id}/{self.first}..{self.epoch} (pruned, summarized)"
         return f"{self.sink_id}/{self.epoch}"
+
+    @property
+    def first_epoch(self) -> int:
+        return self.epoch if self.first is None else self.first
+
+    @classmethod
+    def of_summary(cls, sink_id: str, entry: SummaryEntry) -> Contribution:
+        """The pruned xids' writes to one partition, as a sink's summary holds them: placed
+        at the first of them (an overwrite, when ``overwrite``)."""
+        return cls(sink_id, entry.last, entry.first_at, entry.server, entry.database,
+                   entry.table, entry.partition_id, entry.value, entry.rows, entry.overwrite,
+                   entry.digest, entry.first, entry.last_at)
 
     @property
     def table_key(self) -> TableKey:
@@ -146,10 +165,6 @@ class _Group:
     @property
     def servers(self) -> list[str]:
         return sorted({t.server if isinstance(t, TableRows) else t[0][0] for t in self.tables})
-
-
-class _Unreadable(Exception):
-    """A winner's record does not say what it published."""
 
 
 def check_targets(zk: NodeStore, root: str, sinks: Iterable[str],
@@ -203,15 +218,18 @@ def _facts(history: SinkHistory, default_url: str | None, pruned: bool = True) -
     facts = _SinkFacts()
     read = {d.record.epoch for d in history.decided}
     if pruned:
-        for lo, hi in history.pruned_committed:
+        for lo, hi in _without(history.pruned_committed, history.summary.folded):
             # an xid pruned while it was being read is known after all
             if sum(lo <= e <= hi for e in read) < hi - lo + 1:
-                facts.unknown.append((lo, hi, "no record: pruned by retention, or declared "
-                                          "committed by txsink reset"))
+                facts.unknown.append((lo, hi, "no record: pruned without a summary (by an "
+                                      "older release, or its record was unreadable), or "
+                                      "declared committed by txsink reset"))
+        facts.committed += [Contribution.of_summary(history.sink_id, entry)
+                            for entry in summary_entries(history.summary)]
     for decided in history.decided:
         try:
             found = _contributions(decided, default_url)
-        except _Unreadable as exc:
+        except Unreadable as exc:
             epoch = decided.record.epoch
             facts.unknown.append((epoch, epoch, str(exc)))
             facts.damaged = True
@@ -223,37 +241,29 @@ def _facts(history: SinkHistory, default_url: str | None, pruned: bool = True) -
     return facts
 
 
+def _without(ranges: Ranges, removed: Ranges) -> Ranges:
+    """The epochs of ``ranges`` not in ``removed``, as ranges."""
+    left: Ranges = []
+    for lo, hi in ranges:
+        start = lo
+        for rlo, rhi in sorted(removed):
+            if rhi < start or rlo > hi:
+                continue
+            if rlo > start:
+                left.append([start, rlo - 1])
+            start = max(start, rhi + 1)
+        if start <= hi:
+            left.append([start, hi])
+    return left
+
+
 def _contributions(decided: DecidedXid, default_url: str | None) -> list[Contribution]:
     """What each winner of ``decided`` put where, one entry per (table, partition)."""
     record = decided.record
-    if decided.missing:
-        raise _Unreadable(f"winner {decided.missing[0]} has no record")
-    totals: dict[tuple[str, str, str, str], list[Any]] = {}
-    # partitions an operator gave up (txsink resolve --give-up) were never published
-    given_up = {(g.branch, g.partition) for g in EpochMetrics.from_dict(record.metrics).given_up}
-    for branch in decided.winners:
-        server = server_of(branch) or default_url
-        try:
-            found = from_record(branch.manifest)
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-            raise _Unreadable(f"winner {branch.branch_id} has no readable manifest") from exc
-        if found is None:
-            raise _Unreadable(f"winner {branch.branch_id} has no readable manifest")
-        if server is None:
-            raise _Unreadable(f"winner {branch.branch_id} names no server (pass --url)")
-        for share in contributions(found):
-            if (branch.branch_id, share.partition_id) in given_up:
-                continue
-            entry = totals.setdefault(
-                (server, share.database, share.table, share.partition_id),
-                [share.value, 0, found.overwrite, []])
-            entry[1] += share.rows
-            entry[3].append(share.digest)
     decided_at = record.decided_at or record.updated
-    return [Contribution(record.sink_id, record.epoch, decided_at, server, database, table,
-                         pid, value, rows, overwrite, digest_union(digests))
-            for (server, database, table, pid), (value, rows, overwrite, digests)
-            in totals.items()]
+    return [Contribution(record.sink_id, record.epoch, decided_at, w.server, w.database,
+                         w.table, w.partition_id, w.value, w.rows, w.overwrite, w.digest)
+            for w in xid_writes(decided, default_url)]
 
 
 def _read_table(client_for: Callable[[str | None], SqlClient], key: TableKey,
@@ -424,6 +434,10 @@ def _judge(g: _Group, facts: dict[str, _SinkFacts], writers: Writers,
     last_overwrite = max((i for i, c in enumerate(ordered) if c.overwrite), default=0)
     relevant = ordered[last_overwrite:]
     expected = sum(c.rows for c in relevant)
+    if _summary_spans_overwrite(ordered, last_overwrite):
+        return _not_judged(g, where, "a sink's summary of pruned xids spans another sink's "
+                           "overwrite of the partition: which of its rows the overwrite "
+                           "replaced is unknown", cause="by_design")
     lost = {s: f.unknown for s, f in facts.items() if f.unknown}
     if lost and not _history_covers(relevant, lost):
         if inexact:
@@ -521,6 +535,15 @@ def _unpublished_rows(content: _Content | None, g: _Group, unpublished: Unpublis
     return ""
 
 
+def _summary_spans_overwrite(ordered: list[Contribution], last_overwrite: int) -> bool:
+    """Whether a summary placed before the last overwrite holds writes decided after it
+    (two sinks writing one partition, one of them overwriting it)."""
+    if not ordered or not ordered[last_overwrite].overwrite:
+        return False
+    at = ordered[last_overwrite].decided_at
+    return any(c.last_at is not None and c.last_at > at for c in ordered[:last_overwrite])
+
+
 def _history_covers(relevant: list[Contribution], lost: dict[str, list]) -> bool:
     """Whether the unknown xids cannot matter: they all precede an overwrite, by their own
     sink, from which ``relevant`` counts (a sink publishes its xids in epoch order)."""
@@ -528,7 +551,7 @@ def _history_covers(relevant: list[Contribution], lost: dict[str, list]) -> bool
         return False
     first = relevant[0]
     return set(lost) == {first.sink_id} and \
-        max(hi for _, hi, _ in lost[first.sink_id]) < first.epoch
+        max(hi for _, hi, _ in lost[first.sink_id]) < first.first_epoch
 
 
 def _lower_bound_holds(ordered: list[Contribution], facts: dict[str, _SinkFacts]) -> bool:
@@ -540,7 +563,7 @@ def _lower_bound_holds(ordered: list[Contribution], facts: dict[str, _SinkFacts]
         return False
     (sink,) = sinks
     last = facts[sink].last_unknown
-    return last is not None and last < min(c.epoch for c in ordered)
+    return last is not None and last < min(c.first_epoch for c in ordered)
 
 
 def _xids(contributions: list[Contribution]) -> dict[str, Any]:

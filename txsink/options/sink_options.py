@@ -40,6 +40,9 @@ REPLICA_CHOICES = ("round_robin", "random")
 #: Bounds of the option ``session_timeout`` (seconds); a ZooKeeper server may narrow
 #: them further (its minSessionTimeout .. maxSessionTimeout).
 MIN_SESSION_TIMEOUT, MAX_SESSION_TIMEOUT = 2.0, 600.0
+#: The option ``retention`` (seconds): finished xids older than this are folded into the
+#: sink's summary and removed by the writers; 0 keeps them for ever.
+DEFAULT_RETENTION, MAX_RETENTION = 3600.0, 10 * 365 * 86_400.0
 #: What happens to the materialized views the target feeds: staged and published with
 #: the target's rows (``server_ext.ddl.views``), or left without them (logged at WARNING).
 VIEW_CHOICES = ("stage", "ignore")
@@ -105,6 +108,9 @@ class SinkOptions:
     materialized_views: str = "stage"  # one of VIEW_CHOICES
     # partitions one write's rows may span (server_ext.staging.partition_bound); 0: no bound
     max_partitions_per_job: int = DEFAULT_PARTITION_LIMIT
+    # seconds a finished xid's records stay before the writers fold and remove them
+    # (coordinator/retention.py); 0: kept for ever
+    retention: float = DEFAULT_RETENTION
     coordinator: str = ZOOKEEPER  # where the coordinator's records live: one of STORES
     records_url: str | None = None  # keepermap: the server of the records table (else url)
     records_table: str = DEFAULT_RECORDS_TABLE  # keepermap: database.table of the records
@@ -198,8 +204,8 @@ PUBLIC_OPTIONS = (
     "strategy", "insert_block_rows", "timeout", "retries", "session_timeout",
     "recover_on_start", "shards",
     "sharding_key", "replica_choice", "txn_version", "compression", "ca_file",
-    "zookeeper_ca_file", "materialized_views", "max_partitions_per_job", "coordinator",
-    "records_url", "records_table", "publish", *table_options.OPTION_NAMES,
+    "zookeeper_ca_file", "materialized_views", "max_partitions_per_job", "retention",
+    "coordinator", "records_url", "records_table", "publish", *table_options.OPTION_NAMES,
     *distributed_options.OPTION_NAMES, *bad_rows_options.OPTION_NAMES,
 )
 
@@ -357,6 +363,7 @@ def parse_options(
         ("tx_epoch", int, 0, 2**63 - 1),
         ("tx_generation", int, 0, 2**31 - 1), ("txn_version", int, 0, 2**63 - 1),
         ("max_partitions_per_job", int, 0, 2**31 - 1),
+        ("retention", float, 0.0, MAX_RETENTION),
     ):
         if name in values:
             values[name] = _number(name, str(values[name]), kind, minimum, maximum)

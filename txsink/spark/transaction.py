@@ -34,6 +34,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from coordinator import XidRecord
 from txsink.core import driver
+from txsink.core.history_summary import retain_after_commit
 from txsink.core.metrics import EpochMetrics
 from txsink.core.payload import from_record, task_branches
 from txsink.core.plan import plan_write
@@ -145,6 +146,7 @@ class Transaction:
                  "commit_ms=%.0f cleanup_ms=%.0f latency_ms=%.0f", self.sink_id, self.epoch,
                  ",".join(self.tables), metrics.rows, metrics.branches,
                  metrics.commit_ms, metrics.cleanup_ms, metrics.latency_ms)
+        retain_after_commit(self._parsed, self.coord)  # after Committed, bounded
 
     def _metrics(self, epoch: int, final: XidRecord, started: float) -> EpochMetrics:
         """The epoch's figures, as a batch job records them (``driver.epoch_metrics``):
