@@ -119,7 +119,7 @@ def _nullable(values: st.SearchStrategy) -> st.SearchStrategy:
 _TEXT = st.text(max_size=12)
 _FEW_WORDS = st.sampled_from(["red", "green", "blue", "", "ünïcode"])
 # What every server reads back (18.16's calendar ends 2105-12-31; the writer refuses more
-# there: tests/test_value_ranges.py), not the wider storage range.
+# there: tests/server_ext/test_value_ranges.py), not the wider storage range.
 _UTC_DATETIMES = st.datetimes(min_value=dt.datetime(1970, 1, 1),
                               max_value=dt.datetime(2105, 12, 31, 23, 59, 59),
                               timezones=st.just(dt.UTC))

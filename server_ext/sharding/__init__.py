@@ -26,7 +26,7 @@ ClickHouse engine embedded in ``chdb``. chdb is trusted to agree with an older s
 because ClickHouse keeps its hash functions stable (a changed hash would re-shard every
 existing cluster): cityHash64, intHash32/64, sipHash64, halfMD5, metroHash64 and
 murmurHash2_32 were compared between the 18.16 server and chdb (engine 26.9), see
-tests/test_sharding.py. Exceptions found: ``farmHash64`` changed after 18.16, and
+tests/server_ext/test_sharding.py. Exceptions found: ``farmHash64`` changed after 18.16, and
 ``xxHash64``/``javaHash`` do not exist on 18.16. Result *types* may differ too (18.16 types
 ``Int64 % 3`` as Int8, 26.9 as Int16); the router uses chdb's type, which gives the same
 shard whenever both types are at most 32 bits wide or both are 64 bits wide. Values may

@@ -75,7 +75,7 @@ def guarantee_files() -> list[str]:
     """The test files that name :data:`MARKER`. Only these are collected by default:
     other test modules may import what an older PySpark lacks at import time (4.x's
     ``pyspark.sql.datasource``, ``VariantType``) and would fail collection there."""
-    return sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tests").glob("test_*.py")
+    return sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tests").rglob("test_*.py")
                   if MARKER in path.read_text())
 
 

@@ -7,7 +7,7 @@ PySpark's own converter is private and its signature differs between minors (3.5
 ``(schema)``; 4.0/4.1: no ``timezone``; 4.3: ``timezone``), so this module builds it from
 the public ``pyspark.sql.types`` classes alone. Measured equal to what ``mapInArrow`` hands
 the tasks on PySpark 3.5.9, 4.0.5, 4.1.4 and 4.3.0 for every type below
-(``tests/test_spark_ways_in.py``). Timestamps carry the zone ``UTC``: the values are
+(``tests/spark/test_spark_ways_in.py``). Timestamps carry the zone ``UTC``: the values are
 instants, the zone Spark writes is the session's and changes no value.
 """
 
