@@ -90,17 +90,18 @@ def cases(mode: str) -> list:
 
 
 def crash_point_run(request, tmp_path_factory, zk_hosts: str, mode: str,
-                    way: str = "datasource", points: int | None = None
-                    ) -> Iterator[CrashPointRun]:
+                    way: str = "datasource", points: int | None = None,
+                    options_given: dict[str, str] | None = None) -> Iterator[CrashPointRun]:
     """One long-lived pipeline (``mode`` batch or stream, written the pipeline's ``way``)
     on the server ``request.param`` names, in a fresh database and ZooKeeper chroot; both
     are removed afterwards. ``points``: how many points it will run (default: the
-    server's of ``mode``)."""
+    server's of ``mode``); ``options_given``: the sink's, beside the suites' own."""
     url = request.getfixturevalue(URL_FIXTURES[request.param])
     db, chroot = f"t_{uuid.uuid4().hex[:10]}", f"/tests/{uuid.uuid4().hex[:10]}"
     points = points if points is not None else len(POINTS[request.param][mode])
     options = dict(SHORT_SESSION)  # a restart waits for the dead driver's lease to expire
     options["retention"] = "1"  # every commit's retention pass removes the earlier epochs
+    options |= options_given or {}
     if request.param == "km26":  # the records in KeeperMap, the sink given no ZooKeeper
         request.getfixturevalue("records_table")
         options |= {"coordinator": "keepermap", "records_table": f"{RECORDS_DATABASE}.records",
@@ -121,3 +122,15 @@ def crash_point_run(request, tmp_path_factory, zk_hosts: str, mode: str,
         admin.delete(chroot, recursive=True)
         admin.stop()
         admin.close()
+
+
+def assert_exactly_once_after(outcome, point: str, what: str = "the pipeline") -> None:
+    """The crash at ``point`` happened (a SIGKILL), left no duplicate or stray row, and the
+    restart or rerun ended with every id exactly once."""
+    assert outcome.fired, f"{what} never reached {point}: {outcome.explain()}"
+    assert outcome.exit_code == -9, outcome.explain()
+    assert outcome.after_crash is not None, outcome.explain()
+    assert outcome.after_crash.duplicates == 0, outcome.explain()
+    assert outcome.after_crash.unexpected == 0, outcome.explain()
+    assert outcome.after_restart is not None, outcome.explain()
+    assert outcome.after_restart.exactly_once, outcome.explain()

@@ -26,12 +26,6 @@ from server_ext.staging.manifest import PartitionManifest
 
 log = logging.getLogger(__name__)
 
-WINDOW_SETTING = "replicated_deduplication_window_seconds"
-WINDOW_MARGIN_SECONDS = 300.0  # clock skew and the server's cleanup period, at most
-STATEMENT_WAIT_SECONDS = 60.0  # how long a repeat waits for an interrupted ALTER to end
-ONE_BLOCK_BYTES = 1 << 40  # squash a copied partition into one block, whatever its size
-OPTIMIZE_ON_INSERT = "optimize_on_insert"
-
 
 class AttachMarkedRun(StrategyRun):
     strategy = "attach_marked"

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.crashcases import cases, crash_point_run
+from tests.crashcases import assert_exactly_once_after, cases, crash_point_run
 from tests.harness.chaos.crashrun import CrashPointRun
 
 
@@ -33,11 +33,4 @@ def test_job_killed_at_point_is_exactly_once_after_rerun(crash_run, point):
     other points depend neither on the strategy nor on the store, and a pipeline run per
     point is too slow to try them all twice in CI (``tests/crashcases.py`` gives the
     reasoning)."""
-    outcome = crash_run.run_point(point)
-    assert outcome.fired, f"the batch job never reached {point}: {outcome.explain()}"
-    assert outcome.exit_code == -9, outcome.explain()
-    assert outcome.after_crash is not None, outcome.explain()
-    assert outcome.after_crash.duplicates == 0, outcome.explain()
-    assert outcome.after_crash.unexpected == 0, outcome.explain()
-    assert outcome.after_restart is not None, outcome.explain()
-    assert outcome.after_restart.exactly_once, outcome.explain()
+    assert_exactly_once_after(crash_run.run_point(point), point, "the batch job")

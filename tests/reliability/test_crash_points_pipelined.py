@@ -1,29 +1,26 @@
 """A pipelined streaming driver killed at a point of its background publish recovers to
 exactly once.
 
-The same pipeline as ``tests/reliability/test_crash_points_streaming.py`` with ``publish=pipelined``
-(ClickHouse 18.16, records in ZooKeeper): each micro-batch's commit returns after its
-decision and a background thread publishes it while the next micro-batch runs. The
-points: the commit returned with the epoch decided and nothing published
-(``pipeline.before_publish``), the background publish with rows visible but not marked
-(``publish.after_attach``, passed in the background thread), ``Committed`` before its
-clean-up (``commit.after_committed``), and the next epoch's commit before it waits for
-the previous publish (``pipeline.before_settle``). The restarted driver rolls the
-decided epoch forward before its next decision; the checker counts every id once.
+The same pipeline as ``tests/reliability/test_crash_points_streaming.py`` with
+``publish=pipelined`` (ClickHouse 18.16, records in ZooKeeper): each micro-batch's
+commit returns after its decision and a background thread publishes it while the next
+micro-batch runs. The points: the commit returned with the epoch decided and nothing
+published (``pipeline.before_publish``), the background publish with rows visible but
+not marked (``publish.after_attach``, passed in the background thread), ``Committed``
+before its clean-up (``commit.after_committed``), and the next epoch's commit before it
+waits for the previous publish (``pipeline.before_settle``). The restarted driver rolls
+the decided epoch forward before its next decision; the checker counts every id once.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
-from kazoo.client import KazooClient
 
 from coordinator.steps import COMMIT_AFTER_COMMITTED
-from tests.conftest import run_sql
+from tests.crashcases import assert_exactly_once_after, crash_point_run
 from tests.harness.chaos.crashrun import CrashPointRun
-from tests.sinkutil import SHORT_SESSION
 from txsink.core.crashpoints import PIPELINE_BEFORE_PUBLISH, PIPELINE_BEFORE_SETTLE
 
 #: Killed at ``pipeline.before_publish`` after Spark recorded the batch, the restarted
@@ -36,33 +33,12 @@ POINTS = (pytest.param(PIPELINE_BEFORE_PUBLISH, marks=NO_REPLAY), "publish.after
           COMMIT_AFTER_COMMITTED, PIPELINE_BEFORE_SETTLE)
 
 
-@pytest.fixture(scope="module")
-def crash_run(tmp_path_factory, clickhouse_url: str, zk_hosts: str) -> Iterator[CrashPointRun]:
-    db, chroot = f"t_{uuid.uuid4().hex[:10]}", f"/tests/{uuid.uuid4().hex[:10]}"
-    run = CrashPointRun(tmp_path_factory.mktemp("crash-pipelined"), clickhouse_url,
-                        zk_hosts + chroot, f"{db}.events", mode="stream", points=len(POINTS),
-                        options={**SHORT_SESSION, "publish": "pipelined"})
-    admin = KazooClient(hosts=zk_hosts)
-    admin.start(timeout=15)
-    admin.ensure_path(chroot)
-    try:
-        run.setup()
-        yield run
-    finally:
-        run.close()
-        run_sql(clickhouse_url, f"DROP DATABASE IF EXISTS `{db}`")
-        admin.delete(chroot, recursive=True)
-        admin.stop()
-        admin.close()
+@pytest.fixture(scope="module", params=["ch18"])
+def crash_run(request, tmp_path_factory, zk_hosts: str) -> Iterator[CrashPointRun]:
+    yield from crash_point_run(request, tmp_path_factory, zk_hosts, "stream",
+                               points=len(POINTS), options_given={"publish": "pipelined"})
 
 
 @pytest.mark.parametrize("point", POINTS)
 def test_pipelined_micro_batch_killed_at_point_is_exactly_once_after_restart(crash_run, point):
-    outcome = crash_run.run_point(point)
-    assert outcome.fired, f"the micro-batch never reached {point}: {outcome.explain()}"
-    assert outcome.exit_code == -9, outcome.explain()
-    assert outcome.after_crash is not None, outcome.explain()
-    assert outcome.after_crash.duplicates == 0, outcome.explain()
-    assert outcome.after_crash.unexpected == 0, outcome.explain()
-    assert outcome.after_restart is not None, outcome.explain()
-    assert outcome.after_restart.exactly_once, outcome.explain()
+    assert_exactly_once_after(crash_run.run_point(point), point, "the micro-batch")

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.crashcases import cases, crash_point_run
+from tests.crashcases import assert_exactly_once_after, cases, crash_point_run
 from tests.harness.chaos.crashrun import CrashPointRun
 
 
@@ -32,11 +32,4 @@ def test_micro_batch_killed_at_point_is_exactly_once_after_restart(crash_run, po
     steps between them do not depend on the mode (the batch suite tries each) and a
     pipeline run per point is too slow to try them all twice in CI
     (``tests/crashcases.py`` gives the reasoning)."""
-    outcome = crash_run.run_point(point)
-    assert outcome.fired, f"the micro-batch never reached {point}: {outcome.explain()}"
-    assert outcome.exit_code == -9, outcome.explain()
-    assert outcome.after_crash is not None, outcome.explain()
-    assert outcome.after_crash.duplicates == 0, outcome.explain()
-    assert outcome.after_crash.unexpected == 0, outcome.explain()
-    assert outcome.after_restart is not None, outcome.explain()
-    assert outcome.after_restart.exactly_once, outcome.explain()
+    assert_exactly_once_after(crash_run.run_point(point), point, "the micro-batch")

@@ -34,7 +34,7 @@ import txsink
 from coordinator.steps import COMMIT_AFTER_DECISION
 from server_ext.publish.publish_steps import STEP_AFTER_ATTACH
 from tests.conftest import run_sql
-from tests.crashcases import crash_point_run
+from tests.crashcases import assert_exactly_once_after, crash_point_run
 from tests.harness.chaos.crashrun import CrashPointRun
 from tests.harness.chaos.pipeline import check_with_view, create_events_table, create_fed_view
 from tests.harness.crash_arming import arm_env
@@ -61,14 +61,7 @@ def foreach_batch_run(request, tmp_path_factory, zk_hosts: str) -> Iterator[Cras
 @pytest.mark.parametrize("point", STREAM_POINTS)
 def test_foreach_batch_stream_killed_at_point_is_exactly_once_after_restart(
         foreach_batch_run, point):
-    outcome = foreach_batch_run.run_point(point)
-    assert outcome.fired, f"the micro-batch never reached {point}: {outcome.explain()}"
-    assert outcome.exit_code == -9, outcome.explain()
-    assert outcome.after_crash is not None, outcome.explain()
-    assert outcome.after_crash.duplicates == 0, outcome.explain()
-    assert outcome.after_crash.unexpected == 0, outcome.explain()
-    assert outcome.after_restart is not None, outcome.explain()
-    assert outcome.after_restart.exactly_once, outcome.explain()
+    assert_exactly_once_after(foreach_batch_run.run_point(point), point, "the micro-batch")
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from server_ext.client.http_client import ClickHouseClient
 from server_ext.errors import ClickHouseError, InDoubtPublish, StagingChanged
 from server_ext.publish.attach_decision import max_block_number
 from server_ext.publish.overwrite import publish_overwrite
-from server_ext.publish.publish_branch import STATEMENT_WAIT_SECONDS, publish
+from server_ext.publish.publish_branch import publish
 from server_ext.publish.publish_ledger import MemoryLedger, resolve_partition
 from server_ext.publish.publish_steps import (
     PUBLISH_STEPS,
@@ -28,6 +28,7 @@ from server_ext.publish.publish_steps import (
     STEP_AFTER_INSERT_INTENT,
     STEP_AFTER_INTENT,
 )
+from server_ext.publish.strategy_run import STATEMENT_WAIT_SECONDS
 from server_ext.staging.manifest import Manifest
 from server_ext.staging.seal import seal
 from server_ext.staging.staging_tables import (
