@@ -29,10 +29,10 @@ import os
 import socket
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 from coordinator import Coordinator, XidState
 from txsink.core import crashpoints
+from txsink.core.xid_keeper import driver_pid
 from txsink.options import INLINE, PIPELINED, SinkOptions
 
 log = logging.getLogger(__name__)
@@ -46,25 +46,11 @@ ROLE = "pipelined publisher"
 REUSE_VARIABLE = "SPARK_REUSE_WORKER"
 
 
-def _spark_driver() -> int:
-    """The process the background publish belongs to: the nearest ``java`` ancestor (a
-    Spark worker's driver), else this process (a driver-resident adapter)."""
-    pid = os.getppid()
-    for _ in range(8):
-        if pid <= 1:
-            break
-        try:
-            if Path(f"/proc/{pid}/comm").read_text().strip() == "java":
-                return pid
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
-    return os.getpid()
-
-
 def role() -> str:
     """This process's lease role for a pipelined publish (its host and driver)."""
-    return f"{ROLE} {socket.gethostname()}/{_spark_driver()}"
+    # the Spark worker's driver (its nearest java ancestor), else this process: a
+    # driver-resident adapter's
+    return f"{ROLE} {socket.gethostname()}/{driver_pid(otherwise=os.getpid())}"
 
 
 def is_own(holder: str) -> bool:

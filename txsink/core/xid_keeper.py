@@ -52,8 +52,9 @@ def _stat(pid: int) -> list[str] | None:
     return raw.rsplit(")", 1)[1].split()
 
 
-def driver_pid() -> int:
-    """The Spark driver's process: the nearest ``java`` ancestor, else the parent."""
+def driver_pid(otherwise: int | None = None) -> int:
+    """The Spark driver's process: the nearest ``java`` ancestor, else ``otherwise`` (by
+    default the parent)."""
     pid = os.getppid()
     while pid > 1:
         try:
@@ -65,7 +66,7 @@ def driver_pid() -> int:
         if fields is None:
             break
         pid = int(fields[1])
-    return os.getppid()
+    return os.getppid() if otherwise is None else otherwise
 
 
 def _alive(pid: int, started: str | None) -> bool:
