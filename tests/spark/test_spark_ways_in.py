@@ -3,8 +3,9 @@
 
 The tests marked ``every_spark`` are the exactly-once guarantee; they use no
 ``pyspark.sql.datasource`` and also run under PySpark 3.5, 4.0 and 4.1
-(``pytest -m every_spark`` in a virtualenv of that PySpark). The data source's own forms
-are checked where the API exists and skipped where it does not.
+(``pytest -m every_spark`` in a virtualenv of that PySpark), each on both servers (ids
+``[ch18]``, ``[ch26]``). The data source's own forms are checked where the API exists
+and skipped where it does not.
 """
 
 from __future__ import annotations
@@ -28,21 +29,21 @@ every_spark = pytest.mark.every_spark
 
 
 @pytest.fixture
-def db(clickhouse_url: str) -> Iterator[str]:
+def db(server_url: str) -> Iterator[str]:
     name = f"t_{uuid.uuid4().hex[:10]}"
-    run_sql(clickhouse_url, f"CREATE DATABASE `{name}`")
+    run_sql(server_url, f"CREATE DATABASE `{name}`")
     yield name
-    run_sql(clickhouse_url, f"DROP DATABASE IF EXISTS `{name}`")
+    run_sql(server_url, f"DROP DATABASE IF EXISTS `{name}`")
 
 
 @pytest.fixture
-def options(clickhouse_url: str, zk_hosts: str, zk_chroot: str) -> dict[str, str]:
-    return {"url": clickhouse_url, "zookeeper": zk_hosts + zk_chroot, **SHORT_SESSION}
+def options(server_url: str, zk_hosts: str, zk_chroot: str) -> dict[str, str]:
+    return {"url": server_url, "zookeeper": zk_hosts + zk_chroot, **SHORT_SESSION}
 
 
 @pytest.fixture
-def target(clickhouse_url: str, db: str) -> str:
-    return create_events(clickhouse_url, db)
+def target(server_url: str, db: str) -> str:
+    return create_events(server_url, db)
 
 
 def count(url: str, table: str) -> int:
@@ -71,33 +72,33 @@ def fail_first_attempt_after(rows_before_failure: int):
 
 
 @every_spark
-def test_write_makes_every_row_visible_exactly_once(spark, clickhouse_url, options, target):
+def test_write_makes_every_row_visible_exactly_once(spark, server_url, options, target):
     txsink.write(events_df(spark, 0, 3000), table=target, **options)
-    assert_exactly_once(clickhouse_url, target, range(3000))
+    assert_exactly_once(server_url, target, range(3000))
 
 
 @every_spark
-def test_write_rerun_of_a_committed_txn_version_writes_nothing(spark, clickhouse_url, options,
+def test_write_rerun_of_a_committed_txn_version_writes_nothing(spark, server_url, options,
                                                                target):
     for _ in range(2):
         txsink.write(events_df(spark, 0, 500), table=target, sink_id="nightly",
                      txn_version=7, **options)
-    assert_exactly_once(clickhouse_url, target, range(500))
+    assert_exactly_once(server_url, target, range(500))
 
 
 @every_spark
-def test_write_overwrite_replaces_only_the_partitions_present(spark, clickhouse_url, options,
+def test_write_overwrite_replaces_only_the_partitions_present(spark, server_url, options,
                                                               target):
     txsink.write(events_df(spark, 0, 900), table=target, **options)  # January..March
     january = events_df(spark, 10_000, 3100).where("month(day) = 1")
     txsink.write(january, table=target, mode="overwrite", **options)
     kept = [i for i in range(900) if i % 90 >= 31]  # February and March of the first write
-    assert_exactly_once(clickhouse_url, target,
+    assert_exactly_once(server_url, target,
                         [*kept, *(i for i in range(10_000, 13_100) if i % 90 < 31)])
 
 
 @every_spark
-def test_write_task_retried_after_staging_publishes_each_row_once(spark, clickhouse_url,
+def test_write_task_retried_after_staging_publishes_each_row_once(spark, server_url,
                                                                   options, target):
     df = events_df(spark, 0, 4000)
     flaky = df.mapInArrow(fail_first_attempt_after(200), df.schema)
@@ -106,26 +107,26 @@ def test_write_task_retried_after_staging_publishes_each_row_once(spark, clickho
         txsink.write(flaky, table=target, insert_block_rows="100", **options)
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
-    assert_exactly_once(clickhouse_url, target, range(4000))
+    assert_exactly_once(server_url, target, range(4000))
 
 
 @every_spark
-def test_write_of_a_failing_job_leaves_nothing_visible(spark, clickhouse_url, options, target):
+def test_write_of_a_failing_job_leaves_nothing_visible(spark, server_url, options, target):
     doomed = events_df(spark, 0, 2000).withColumn(
         "value", F.when(F.col("id") == 1500, F.raise_error(F.lit("boom")))
         .otherwise(F.col("value")))
     with pytest.raises(Exception, match="boom"):
         txsink.write(doomed, table=target, insert_block_rows="100", **options)
-    assert count(clickhouse_url, target) == 0
+    assert count(server_url, target) == 0
 
 
 @every_spark
-def test_write_refuses_a_bad_input_before_anything_is_visible(spark, clickhouse_url, options,
+def test_write_refuses_a_bad_input_before_anything_is_visible(spark, server_url, options,
                                                               target):
     bad = events_df(spark, 0, 100).withColumn("extra", F.lit(1))
     with pytest.raises(Exception, match="extra"):
         txsink.write(bad, table=target, **options)
-    assert count(clickhouse_url, target) == 0
+    assert count(server_url, target) == 0
 
 
 @every_spark
@@ -135,14 +136,14 @@ def test_write_refuses_an_unknown_mode(spark, options, target):
 
 
 @every_spark
-def test_write_feeds_the_targets_materialized_view(spark, clickhouse_url, db, options, target):
-    run_sql(clickhouse_url, f"CREATE TABLE `{db}`.`names` (id UInt64, name String) "
+def test_write_feeds_the_targets_materialized_view(spark, server_url, db, options, target):
+    run_sql(server_url, f"CREATE TABLE `{db}`.`names` (id UInt64, name String) "
                             "ENGINE = MergeTree() ORDER BY id")
-    run_sql(clickhouse_url, f"CREATE MATERIALIZED VIEW `{db}`.`names_mv` TO `{db}`.`names` "
+    run_sql(server_url, f"CREATE MATERIALIZED VIEW `{db}`.`names_mv` TO `{db}`.`names` "
                             f"AS SELECT id, name FROM `{db}`.`events`")
     txsink.write(events_df(spark, 0, 1000), table=target, **options)
-    assert_exactly_once(clickhouse_url, target, range(1000))
-    assert_exactly_once(clickhouse_url, f"{db}.names", range(1000))
+    assert_exactly_once(server_url, target, range(1000))
+    assert_exactly_once(server_url, f"{db}.names", range(1000))
 
 
 # -- txsink.foreach_batch -------------------------------------------------------------------
@@ -167,16 +168,16 @@ def run_stream(spark, tmp_path, name: str, fn, first: int, count: int) -> None:
 
 @every_spark
 def test_foreach_batch_writes_each_micro_batch_once_across_a_restart(
-        spark, clickhouse_url, options, target, tmp_path):
+        spark, server_url, options, target, tmp_path):
     fn = txsink.foreach_batch(table=target, **options)
     run_stream(spark, tmp_path, "s", fn, 0, 300)
     run_stream(spark, tmp_path, "s", fn, 1000, 300)  # restarted from its checkpoint
-    assert_exactly_once(clickhouse_url, target, [*range(300), *range(1000, 1300)])
+    assert_exactly_once(server_url, target, [*range(300), *range(1000, 1300)])
 
 
 @every_spark
 def test_foreach_batch_replay_of_a_committed_batch_writes_nothing(
-        spark, clickhouse_url, options, target, tmp_path):
+        spark, server_url, options, target, tmp_path):
     """The run dies after the sink's commit of a batch, before Spark records it: the
     restart hands the same batch again."""
     fn = txsink.foreach_batch(table=target, **options)
@@ -191,12 +192,12 @@ def test_foreach_batch_replay_of_a_committed_batch_writes_nothing(
     with pytest.raises(Exception, match="driver lost"):
         run_stream(spark, tmp_path, "r", dies_after_first_commit, 0, 300)
     run_stream(spark, tmp_path, "r", fn, 1000, 100)  # replays batch 0, then the new file
-    assert_exactly_once(clickhouse_url, target, [*range(300), *range(1000, 1100)])
+    assert_exactly_once(server_url, target, [*range(300), *range(1000, 1100)])
 
 
 @every_spark
 def test_write_with_txn_version_in_a_users_foreach_batch_is_exactly_once(
-        spark, clickhouse_url, options, target, tmp_path):
+        spark, server_url, options, target, tmp_path):
     seen: list[int] = []
 
     def user_fn(batch_df, batch_id):
@@ -210,7 +211,7 @@ def test_write_with_txn_version_in_a_users_foreach_batch_is_exactly_once(
         run_stream(spark, tmp_path, "u", user_fn, 0, 200)
     run_stream(spark, tmp_path, "u", user_fn, 1000, 100)
     assert seen[:2] == [0, 0]  # the batch was handed again
-    assert_exactly_once(clickhouse_url, target, [*range(200), *range(1000, 1100)])
+    assert_exactly_once(server_url, target, [*range(200), *range(1000, 1100)])
 
 
 @every_spark
@@ -224,27 +225,27 @@ def test_foreach_batch_outside_a_stream_is_refused(spark, options, target):
 
 
 @every_spark
-def test_transaction_with_txn_version_writes_two_tables_once(spark, clickhouse_url, db,
+def test_transaction_with_txn_version_writes_two_tables_once(spark, server_url, db,
                                                              options):
-    facts, other = create_events(clickhouse_url, db), create_events(clickhouse_url, db, "other")
+    facts, other = create_events(server_url, db), create_events(server_url, db, "other")
     for _ in range(2):
         with txsink.transaction(spark, sink_id="two-tables", txn_version="3",
                                 **options) as tx:
             tx.write(events_df(spark, 0, 400), facts)
             tx.write(events_df(spark, 5000, 100), other)
-    assert_exactly_once(clickhouse_url, facts, range(400))
-    assert_exactly_once(clickhouse_url, other, range(5000, 5100))
+    assert_exactly_once(server_url, facts, range(400))
+    assert_exactly_once(server_url, other, range(5000, 5100))
 
 
 @every_spark
-def test_transaction_with_a_failed_write_leaves_nothing_visible(spark, clickhouse_url, db,
+def test_transaction_with_a_failed_write_leaves_nothing_visible(spark, server_url, db,
                                                                 options):
-    facts = create_events(clickhouse_url, db)
+    facts = create_events(server_url, db)
     with pytest.raises(Exception, match="extra"):
         with txsink.transaction(spark, sink_id="half", **options) as tx:
             tx.write(events_df(spark, 0, 400), facts)
             tx.write(events_df(spark, 0, 10).withColumn("extra", F.lit(1)), facts)
-    assert count(clickhouse_url, facts) == 0
+    assert count(server_url, facts) == 0
 
 
 # -- the data source, where this PySpark has it ---------------------------------------------
