@@ -134,6 +134,11 @@ def _spark_test(args: argparse.Namespace) -> int:
 def _spark_venv(args: argparse.Namespace) -> int:
     from tests.harness import spark_versions
 
+    unknown = [m for m in args.version if m not in spark_versions.VERSIONS]
+    if unknown:
+        print(f"spark-venv: no PySpark {', '.join(unknown)}: choose among "
+              f"{', '.join(spark_versions.VERSIONS)}", file=sys.stderr)
+        return 2
     for minor in args.version or spark_versions.every_run_versions():
         venv = spark_versions.SparkVenv(minor)
         try:
@@ -218,8 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     spark_venv = sub.add_parser("spark-venv",
                                 help="make (or find) a PySpark's virtualenv; prints its python")
-    spark_venv.add_argument("version", nargs="*", choices=list(VERSIONS),
-                            help="the versions (default: those ./run test runs)")
+    # no ``choices``: argparse checks an empty list against them (``_spark_venv`` checks)
+    spark_venv.add_argument("version", nargs="*", metavar="VERSION",
+                            help=f"of {', '.join(VERSIONS)} (default: those ./run test runs)")
     spark_venv.add_argument("--bench", action="store_true",
                             help="also install the benchmark's clients (clickhouse-connect, "
                                  "clickhouse-driver) for benchmarks/bench_spark_versions.py")

@@ -67,6 +67,7 @@ from tests.harness.processes import (
     ServiceError,
     _file_lock,
     _wait,
+    checkout_env,
     port_open,
 )
 
@@ -253,7 +254,7 @@ class ModernClickHouse:
         self.write_config()
         self.process.spawn(
             [sys.executable, "-m", "tests.harness.modern_server", str(self.config_file)],
-            cwd=self.dir,
+            cwd=self.dir, env=checkout_env(),
         )
 
     def wait_ready(self, timeout: float = 60.0) -> None:

@@ -68,12 +68,12 @@ class ManagedProcess:
             return None
         return None if state == "Z" else pid
 
-    def spawn(self, argv: list[str], cwd: Path) -> int:
+    def spawn(self, argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> int:
         self.home.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as out:
             proc = subprocess.Popen(
                 argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                stdin=subprocess.DEVNULL, start_new_session=True, env=env,
             )
         self.pid_file.write_text(str(proc.pid))
         return proc.pid
@@ -165,3 +165,14 @@ def _file_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+#: The checkout the harness runs from: its modules are not installed (the wheel has no
+#: ``tests``), so a child that runs one from another folder needs it on its path.
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def checkout_env() -> dict[str, str]:
+    """This process's environment with :data:`CHECKOUT` first on ``PYTHONPATH``."""
+    paths = [str(CHECKOUT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
