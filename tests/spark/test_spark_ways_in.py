@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 
 import pytest
 from pyspark.sql import functions as F
@@ -29,11 +27,8 @@ every_spark = pytest.mark.every_spark
 
 
 @pytest.fixture
-def db(server_url: str) -> Iterator[str]:
-    name = f"t_{uuid.uuid4().hex[:10]}"
-    run_sql(server_url, f"CREATE DATABASE `{name}`")
-    yield name
-    run_sql(server_url, f"DROP DATABASE IF EXISTS `{name}`")
+def db(server_db: str) -> str:
+    return server_db
 
 
 @pytest.fixture
