@@ -226,7 +226,8 @@ def _pip_lines(text: str) -> list[str]:
 
 
 def _say(line: str) -> None:
-    print(f"[spark-versions] {line}", flush=True)
+    """Progress, on stderr: ``spark-venv``'s stdout is the virtualenv's python alone."""
+    print(f"[spark-versions] {line}", file=sys.stderr, flush=True)
 
 
 @dataclass
