@@ -324,8 +324,9 @@ def test_a_view_into_a_table_its_staging_cannot_match_is_refused_naming_the_view
 
 
 def test_a_view_into_a_distributed_table_is_refused_without_offering_a_distributed_table(
-        spark, clickhouse_url, ch_db, zk_hosts, zk_chroot):
-    """18.16 only: the modern test server has no cluster for a Distributed table."""
+        spark, clickhouse_url, ch_db, zk_hosts, zk_chroot, cluster):
+    """18.16 only: the modern test server has no cluster for a Distributed table (the
+    ``cluster`` fixture defines ``txsink_cluster`` on the main server)."""
     table = create_events(clickhouse_url, ch_db)
     run_sql(clickhouse_url, f"CREATE TABLE `{ch_db}`.`ids` (id UInt64) ENGINE = MergeTree() "
                             "ORDER BY id")
