@@ -149,8 +149,11 @@ class Recovery:
         """Finish a decided xid under its lease, from a record read after taking it."""
         with self.lease_for(record.epoch) as lease:
             fresh = self.store.run(self.store.read_xid, record.epoch)
-            if fresh is None or not fresh.state.is_open:
-                return None  # its previous holder finished it
+            if (fresh is None or fresh.state not in (XidState.COMMITTING, XidState.ABORTING)
+                    or fresh.attempt != record.attempt):
+                # its previous holder finished it, and a newer writer may have begun a new
+                # attempt meanwhile: that attempt (Initialized) is not this one to finish
+                return None
             if fresh.state is XidState.COMMITTING:
                 self.completion.finish_commit(fresh, lease, generation, publish, rollback)
                 return self._action(fresh, ROLLED_FORWARD)

@@ -7,6 +7,8 @@ runs ``recover``. ``Target`` is shared by both, as the real target table would b
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from kazoo.client import KazooClient
 
@@ -14,10 +16,12 @@ from coordinator import (
     BranchRecord,
     BranchState,
     CallbackPolicy,
+    Coordinator,
     PublishFailed,
     RecoveryIncomplete,
     XidState,
 )
+from coordinator.recovery import Recovery
 from coordinator.sink_admin import SinkAdmin
 from tests.coordinator.test_coordinator_support import (
     SINK,
@@ -219,3 +223,27 @@ def test_recovery_only_reads_open_xids(zk: KazooClient) -> None:
     open_states = [XidState.INITIALIZED, XidState.COMMITTING]
     assert [r.epoch for r in SinkAdmin(driver).xids(open_states)] == [3]
     assert zk.get_children(f"/txsink/sinks/{SINK}/open") == [f"{3:020d}"]
+
+
+def test_recovery_that_read_an_abort_leaves_the_new_attempt_begun_before_its_lease(
+        zk: KazooClient) -> None:
+    """Recovery reads an ``Aborting`` xid, then takes its lease; meanwhile the writer that
+    decided the abort finished it and began the epoch's next attempt. Under the lease the
+    record is that new ``Initialized`` attempt: not the one recovery judged, so none of its
+    branches is rolled back and it is not aborted."""
+    first, old = new_coordinator(zk)
+    first.begin(EPOCH, old)
+    prepared_branches(first, EPOCH, old, 1, prefix="old")
+    second, new = new_coordinator(zk)
+    target = Target()
+    second.abort(EPOCH, new, target.rollback)  # attempt 1: Aborting, then Aborted
+    judged = replace(SinkAdmin(second).xids()[0], state=XidState.ABORTING)  # read then
+    second.begin(EPOCH, new)  # attempt 2
+    fresh = prepared_branches(second, EPOCH, new, 1, prefix="new")
+    operator = Coordinator(zk, SINK)
+    recovery = Recovery(operator.store, operator._completion, operator._abort_if_older,
+                        lambda epoch: operator.publish_lease(epoch, new, 0.0), None)
+    assert recovery._finish(judged, new, target.publish, target.rollback) is None
+    assert target.rollback_calls[fresh[0]] == 0
+    record = SinkAdmin(second).xids()[0]
+    assert (record.state, record.attempt) == (XidState.INITIALIZED, 2)
