@@ -35,6 +35,7 @@ from typing import Any
 RESULTS = Path(__file__).parent / "results"
 RECORDS = "txsink_bench.records"
 PARTITIONS = 4  # target partitions the epochs write, in turn
+MILESTONES = {100, 1_000, 10_000, 100_000}  # epochs sampled whatever the time
 
 
 def rss_mb() -> float:
@@ -148,7 +149,7 @@ def drive(store_kind: str, args: argparse.Namespace) -> dict[str, Any]:
         retain_after_commit(options, coord)
         epoch += 1
         elapsed = time.monotonic() - started
-        if elapsed >= next_sample:
+        if elapsed >= next_sample or epoch in MILESTONES:
             samples.append(sample(store_kind, args, client, coord, ops, sink, epoch, elapsed))
             print(json.dumps(samples[-1]), flush=True)
             next_sample = elapsed + args.sample_every

@@ -8,9 +8,10 @@ the pointer with its first log read, loads the snapshot and folds only the entri
 it. Both are safe to repeat and to race: the fold at a sequence number is deterministic
 and serialized canonically, so two writers store the same chunks (a chunk or head that
 exists already is the same); a head is written only after all its chunks, so a head
-found means a whole snapshot; and a pointer that a racing writer moves back to an older
-snapshot only makes readers fold more entries (or, if that snapshot is gone, list the
-heads and take the newest).
+found means a whole snapshot. Once the pointer names the new snapshot, the writer drops
+the chunks of every older one (their heads stay for the trim), so the table holds one
+snapshot of the tree, not one per ``compact_every`` entries; a reader that follows an
+older or moved-back pointer and finds chunks missing loads the newest whole snapshot.
 
 Retention. An existing key is what stops a writer with a stale copy of the tree from
 appending at a number already taken (a strict INSERT refuses only keys that exist), so an
@@ -23,7 +24,7 @@ trusted: the next read or write fetches the pointer with the entries and loads t
 snapshot if it is newer than the copy. Every entry deleted was written after such a
 copy was last current and at least a retention before the deletion, so a copy recent
 enough to be used never skips a deleted entry. A sink's log therefore holds the entries
-of about one retention (~1 MB of keys at a 1 s trigger) instead of growing for ever.
+of about one retention (~1 MB of keys at a 1 s trigger) and one snapshot.
 
 :class:`Snapshots` is called by the store under its lock: ``compact`` after an append at a
 multiple of ``compact_every``, ``load`` when a read finds a newer snapshot than its copy.
@@ -62,17 +63,26 @@ class Snapshots:
         return now - log.synced > self.retain / 2
 
     def load(self, log: Log, seq: int) -> None:
-        head = self.keys.snapshot(log.root, seq)
+        """Restore ``log`` from snapshot ``seq``, or from the newest whole snapshot if that
+        one's chunks were dropped (a pointer put back by a writer paused past a newer
+        snapshot, or a newer snapshot stored while this was read)."""
+        for head in (self.keys.snapshot(log.root, seq), None):
+            text = self._read(head or self.newest_head(log.root))
+            if text is not None:
+                log.restore(text)
+                return
+        raise ConnectionLoss(f"no whole snapshot of {log.root} could be read")
+
+    def _read(self, head: str) -> str | None:
         found = call_table(self.table.get_many, [head])
-        if head not in found:  # a pointer put back by a writer paused past the retention
-            head = self.newest_head(log.root)
-            found = call_table(self.table.get_many, [head])
+        if head not in found:
+            return None
         count = int(json.loads(found[head])["chunks"])
         chunks = [f"{head}:{i:04d}" for i in range(count)]
         found = call_table(self.table.get_many, chunks)
-        if any(key not in found for key in chunks):  # superseded long ago, deleted meanwhile
-            raise ConnectionLoss(f"snapshot {head} was deleted while it was read")
-        log.restore("".join(found[key] for key in chunks))
+        if any(key not in found for key in chunks):
+            return None
+        return "".join(found[key] for key in chunks)
 
     def newest_head(self, root: str) -> str:
         prefix = self.keys.snapshot(root, None)
@@ -98,10 +108,20 @@ class Snapshots:
             if self.stale(log, time.monotonic()):
                 return  # paused for long: a newer snapshot may be pointed at already
             call_table(self.table.put, self.keys.base(log.root), str(log.seq))
+            self.drop_superseded(log)
             self.trim(log)
         except Exception as exc:  # noqa: BLE001 - see the docstring
             logger.warning("snapshot of %s at entry %d not stored or not trimmed: %s",
                            log.root, log.seq, exc)
+
+    def drop_superseded(self, log: Log) -> None:
+        """Delete the chunks of every snapshot below the one just stored at ``log.seq``;
+        their heads stay until the trim, which needs their times. A reader that still
+        follows an older pointer finds its chunks gone and loads the newest snapshot."""
+        prefix = self.keys.snapshot(log.root, None)
+        call_table(self.table.delete, [
+            k for k in call_table(self.table.keys_with_prefix, prefix)
+            if ":" in k[len(prefix):] and int(k[len(prefix):].split(":")[0]) < log.seq])
 
     def _snapshots_below(self, root: str, upto: int) -> list[str]:
         """Every key of the snapshots of ``root`` below ``upto``, chunks before heads (none

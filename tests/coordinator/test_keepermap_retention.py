@@ -148,28 +148,49 @@ def test_a_pointer_to_a_deleted_snapshot_reads_the_newest_one(table) -> None:
     assert tree(KeeperMapNodes(table)) == tree(writer)
 
 
-def test_a_snapshot_deleted_while_it_is_read_is_a_retryable_loss(table) -> None:
-    """Its chunks gone between the head and the chunk read: ``ConnectionLoss``, which the
-    coordinator's retry policy retries, never a half-restored tree."""
+class LosingChunks(MemoryTable):
+    """The table, whose chunk reads find nothing the first ``losses`` times."""
+
+    def __init__(self, rows: dict[str, str], losses: int) -> None:
+        super().__init__()
+        self.rows, self.losses = rows, losses
+
+    def get_many(self, keys):
+        keys = list(keys)
+        if self.losses and any(k.startswith("snap:") and k.count(":") > 2 for k in keys):
+            self.losses -= 1
+            return {}
+        return super().get_many(keys)
+
+
+def test_a_snapshot_deleted_while_it_is_read_is_read_again_from_the_newest_head(
+        table) -> None:
     writer = store(table)
     write(writer, 25)
+    reader = KeeperMapNodes(LosingChunks(table.rows, losses=1))
+    assert tree(reader) == tree(writer)
 
-    class LosingChunks(MemoryTable):
-        lost = False
 
-        def get_many(self, keys):
-            keys = list(keys)
-            if not self.lost and any(k.startswith("snap:") and k.count(":") > 2 for k in keys):
-                self.lost = True
-                return {}
-            return super().get_many(keys)
-
-    losing = LosingChunks()
-    losing.rows = table.rows
-    reader = KeeperMapNodes(losing)
+def test_no_whole_snapshot_to_read_is_a_retryable_loss(table) -> None:
+    """Chunks gone at every try: ``ConnectionLoss``, which the coordinator's retry policy
+    retries, never a half-restored tree."""
+    writer = store(table)
+    write(writer, 25)
+    reader = KeeperMapNodes(LosingChunks(table.rows, losses=2))
     with pytest.raises(ConnectionLoss):
         reader.get(SINK)
     assert tree(reader) == tree(writer)
+
+
+def test_a_new_snapshot_drops_the_chunks_of_the_older_ones(table) -> None:
+    """The table holds one snapshot of the tree, whatever the retention of the log."""
+    writer = KeeperMapNodes(table, compact_every=10, retain=3600)
+    write(writer, 55)
+    chunks = {k.rsplit(":", 1)[0] for k in table.rows
+              if k.startswith("snap:") and k.count(":") > 2}
+    heads = [k for k in table.rows if k.startswith("snap:") and k.count(":") == 2]
+    assert chunks == {max(heads)} and len(heads) == 5
+    assert tree(KeeperMapNodes(table)) == tree(writer)
 
 
 def test_a_sink_deleted_whole_leaves_no_key_of_its_log(table) -> None:
