@@ -91,36 +91,47 @@ def manifest(epoch: int, branch: int) -> dict[str, Any]:
     return to_record(StagedBranch(found, "move", staging, "http://bench:8123", rows))
 
 
+def store_options(store_kind: str, args: argparse.Namespace, url: str,
+                  root: str) -> dict[str, str]:
+    """The sink's options for ``store_kind``; for KeeperMap, its records table made."""
+    raw = {"url": url, "zk_root": root, "retention": str(args.retention)}
+    if store_kind == "zookeeper":
+        return raw | {"zookeeper": args.zookeeper}
+    from server_ext.client import ClickHouseClient
+    from server_ext.ddl import KeeperMapTable
+
+    database, table = RECORDS.split(".")
+    KeeperMapTable(ClickHouseClient(url), database, table).create(f"/{database}/{table}")
+    return raw | {"coordinator": "keepermap", "records_table": RECORDS}
+
+
+def open_store(store_kind: str, args: argparse.Namespace, options: Any,
+               root: str) -> tuple[Any, Any]:
+    """(the node store, the operators' commands) of the sink's records; the KeeperMap
+    log's own retention shortened to ``--log-retain``."""
+    from txsink.core import connections
+    from txsink.ops.commands import Operations
+
+    client = connections.node_store(options)
+    if store_kind == "zookeeper":
+        return client, Operations(args.zookeeper, zk_root=root, url=options.url)
+    ops = Operations("", zk_root=root, url=options.url, coordinator="keepermap",
+                     records_url=options.url, records_table=RECORDS)
+    for store in (client, ops.zk):
+        store.snapshots.retain = args.log_retain
+    return client, ops
+
+
 def drive(store_kind: str, args: argparse.Namespace) -> dict[str, Any]:
     from coordinator import Coordinator
-    from txsink.core import connections
     from txsink.core.history_summary import retain_after_commit
-    from txsink.ops.commands import Operations
     from txsink.options import parse_options
 
     root = f"/bench-retention-{uuid.uuid4().hex[:6]}"
     sink = f"bench-{store_kind}"
-    raw = {"url": args.url, "table": "bench.events", "zk_root": root,
-           "retention": str(args.retention)}
-    if store_kind == "keepermap":
-        raw |= {"coordinator": "keepermap", "records_table": RECORDS}
-        from server_ext.client import ClickHouseClient
-        from server_ext.ddl import KeeperMapTable
-
-        database, table = RECORDS.split(".")
-        KeeperMapTable(ClickHouseClient(args.url), database, table).create(
-            f"/{database}/{table}")
-    else:
-        raw["zookeeper"] = args.zookeeper
-    options = parse_options(raw, env={})
-    client = connections.node_store(options)
-    if store_kind == "keepermap":
-        client.snapshots.retain = args.log_retain  # the log's own retention, shortened
-        ops = Operations("", zk_root=root, url=None, coordinator="keepermap",
-                         records_url=args.url, records_table=RECORDS)
-        ops.zk.snapshots.retain = args.log_retain
-    else:
-        ops = Operations(args.zookeeper, zk_root=root)
+    raw = store_options(store_kind, args, args.url, root)
+    options = parse_options(raw | {"table": "bench.events"}, env={})
+    client, ops = open_store(store_kind, args, options, root)
     coord = Coordinator(client, sink, root=root)
     generation = coord.claim(uuid.uuid4().hex)
     samples: list[dict[str, Any]] = []
@@ -150,11 +161,12 @@ def drive(store_kind: str, args: argparse.Namespace) -> dict[str, Any]:
         epoch += 1
         elapsed = time.monotonic() - started
         if elapsed >= next_sample or epoch in MILESTONES:
-            samples.append(sample(store_kind, args, client, coord, ops, sink, epoch, elapsed))
+            samples.append(sample(store_kind, args, client, coord.layout, ops, sink,
+                                  epoch, elapsed, args.url))
             print(json.dumps(samples[-1]), flush=True)
             next_sample = elapsed + args.sample_every
-    samples.append(sample(store_kind, args, client, coord, ops, sink, epoch,
-                          time.monotonic() - started))
+    samples.append(sample(store_kind, args, client, coord.layout, ops, sink, epoch,
+                          time.monotonic() - started, args.url))
     print(json.dumps(samples[-1]), flush=True)
     ops.close()
     return {"store": store_kind, "retention": args.retention, "branches": args.branches,
@@ -163,16 +175,16 @@ def drive(store_kind: str, args: argparse.Namespace) -> dict[str, Any]:
             "load": os.getloadavg(), "samples": samples}
 
 
-def sample(store_kind: str, args: argparse.Namespace, client: Any, coord: Any, ops: Any,
-           sink: str, epoch: int, elapsed: float) -> dict[str, Any]:
-    nodes, size = walk(client, coord.layout.sink)
+def sample(store_kind: str, args: argparse.Namespace, client: Any, layout: Any, ops: Any,
+           sink: str, epoch: int, elapsed: float, url: str) -> dict[str, Any]:
+    nodes, size = walk(client, layout.sink)
     t0 = time.perf_counter()
     ops.status(sink)
     status_ms = (time.perf_counter() - t0) * 1000
     found: dict[str, Any] = {"t": round(elapsed, 1), "epochs": epoch, "nodes": nodes,
                              "bytes": size, "status_ms": round(status_ms, 1),
                              "rss_mb": round(rss_mb(), 1),
-                             "retained": len(client.get_children(coord.layout.xids))}
+                             "retained": len(client.get_children(layout.xids))}
     if store_kind == "zookeeper":
         stats = mntr(args.zookeeper)
         found["zk_znodes"] = int(stats.get("zk_znode_count", -1))
@@ -181,8 +193,8 @@ def sample(store_kind: str, args: argparse.Namespace, client: Any, coord: Any, o
         import requests
 
         query = (f"SELECT count(), sum(length(k) + length(v)) FROM {RECORDS} "
-                 f"WHERE position(k, '{coord.layout.root}/') > 0 FORMAT TSV")
-        rows, size_km = requests.post(args.url, data=query.encode(),
+                 f"WHERE position(k, '{layout.root}/') > 0 FORMAT TSV")
+        rows, size_km = requests.post(url, data=query.encode(),
                                       timeout=60).text.split()
         found["km_rows"], found["km_bytes"] = int(rows), int(size_km)
     return found
@@ -216,25 +228,34 @@ def plot(results: list[dict[str, Any]], out: Path) -> Path:
     return out
 
 
-def stream(args: argparse.Namespace) -> dict[str, Any]:
-    """A rate-source stream at a 1 s trigger for ``--stream`` seconds into a plain table
-    (records in ZooKeeper, ``retention`` = ``--retention``): the sink's tree sampled, then
-    every row counted once and ``txsink verify`` run."""
+def stream(store_kind: str, args: argparse.Namespace) -> dict[str, Any]:
+    """A rate-source stream at a 1 s trigger for ``--stream`` seconds into a plain table,
+    its records in ``store_kind`` with ``retention`` = ``--retention`` (ZooKeeper: the
+    target on ``--stream-url``; KeeperMap: target and records on ``--url``): the sink's
+    state sampled as the coordinator run samples it, then every row counted once and
+    ``txsink verify`` run."""
     import requests
-    from kazoo.client import KazooClient
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
     import txsink
-    from txsink.ops.commands import Operations
+    from coordinator.paths import SinkLayout
+    from coordinator.records import decode
+    from txsink.options import parse_options
+
+    url = args.stream_url if store_kind == "zookeeper" else args.url
 
     def sql(statement: str) -> str:
-        answer = requests.post(args.stream_url, data=statement.encode(), timeout=120)
+        answer = requests.post(url, data=statement.encode(), timeout=120)
         answer.raise_for_status()
         return answer.text.strip()
 
-    db, root, sink = f"bench_{uuid.uuid4().hex[:8]}", f"/bench-stream-{uuid.uuid4().hex[:6]}", \
-        "bench-stream"
+    db, root, sink = (f"bench_{uuid.uuid4().hex[:8]}", f"/bench-stream-{uuid.uuid4().hex[:6]}",
+                      "bench-stream")
+    raw = store_options(store_kind, args, url, root) | {"table": f"{db}.events",
+                                                         "sink_id": sink}
+    client, ops = open_store(store_kind, args, parse_options(raw, env={}), root)
+    layout = SinkLayout(root, sink)
     sql(f"CREATE DATABASE `{db}`")
     sql(f"CREATE TABLE `{db}`.`events` (id UInt64, day Date, name String) ENGINE = "
         "MergeTree() PARTITION BY toYYYYMM(day) ORDER BY id")
@@ -248,34 +269,27 @@ def stream(args: argparse.Namespace) -> dict[str, Any]:
             .select(F.col("value").alias("id"),
                     F.expr("date_add(date'2026-01-01', cast(value % 60 as int))").alias("day"),
                     F.concat(F.lit("e"), F.col("value").cast("string")).alias("name")))
-    query = (rows.writeStream.format("clickhouse_tx").option("url", args.stream_url)
-             .option("table", f"{db}.events").option("zookeeper", args.zookeeper)
-             .option("zk_root", root).option("sink_id", sink)
-             .option("retention", str(args.retention))
-             .option("checkpointLocation", f"/tmp/{db}-checkpoint")
+    writer = rows.writeStream.format("clickhouse_tx")
+    for key, value in raw.items():
+        writer = writer.option(key, value)
+    query = (writer.option("checkpointLocation", f"/tmp/{db}-checkpoint")
              .trigger(processingTime="1 second").start())
-    zk = KazooClient(hosts=args.zookeeper)
-    zk.start(timeout=15)
     samples = []
     started = time.monotonic()
-    path = f"{root}/sinks/{sink}"
     while time.monotonic() - started < args.stream:
         time.sleep(args.sample_every)
-        if zk.exists(path):
-            nodes, size = walk(zk, path)
-            epochs = json.loads(zk.get(f"{path}/last_committed")[0]).get("epoch")
-            samples.append({"t": round(time.monotonic() - started, 1), "epochs": epochs,
-                            "nodes": nodes, "bytes": size,
-                            "retained": len(zk.get_children(f"{path}/xids"))})
+        if client.exists(layout.last_committed):
+            epochs = decode(client.get(layout.last_committed)[0]).get("epoch")
+            samples.append(sample(store_kind, args, client, layout, ops, sink, epochs,
+                                  time.monotonic() - started, url))
             print(json.dumps(samples[-1]), flush=True)
     query.stop()
     spark.stop()
     count, distinct = sql(f"SELECT count(), uniqExact(id) FROM `{db}`.`events`").split()
-    ops = Operations(args.zookeeper, zk_root=root, url=args.stream_url)
     (report,) = ops.verify(sink)["sinks"]
     ops.close()
-    zk.stop()
-    result = {"rows": int(count), "distinct": int(distinct), "samples": samples,
+    result = {"store": store_kind, "retention": args.retention, "seconds": args.stream,
+              "rows": int(count), "distinct": int(distinct), "samples": samples,
               "verify_anomalies": report["anomalies"],
               "verify_not_judged": report["target"]["not_judged"],
               "partitions_ok": report["target"]["partitions_ok"],
@@ -303,9 +317,11 @@ def main() -> None:
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     if args.stream:
-        result = stream(args)
-        (RESULTS / "retention_stream.json").write_text(json.dumps(result, indent=1))
-        print(json.dumps({k: v for k, v in result.items() if k != "samples"}))
+        for store_kind in args.stores.split(","):
+            result = stream(store_kind, args)
+            (RESULTS / f"retention_stream_{store_kind}.json").write_text(
+                json.dumps(result, indent=1))
+            print(json.dumps({k: v for k, v in result.items() if k != "samples"}))
         return
     results = []
     for store_kind in args.stores.split(","):
