@@ -28,12 +28,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import pyarrow as pa
 import pytest
 from kazoo.client import KazooClient
 from pyspark.sql.types import DateType, DoubleType, LongType, StringType, StructField, StructType
 
+import txsink
 import txsink.core.crashpoints
 from coordinator import Coordinator, Fenced, SinkTakenOver, XidDecided, XidState
 from coordinator.keepermap import CLOCK_MARGIN
@@ -44,10 +46,11 @@ from tests.coordinator.test_coordinator_session import expire_session
 from tests.harness.chaos.pipeline import create_fed_view, fed_table
 from tests.sinkutil import SHORT_SESSION, assert_exactly_once, id_counts, staging_tables
 from txsink.core import connections, driver
+from txsink.core.attempt import write_branch
 from txsink.core.plan_checks import check_target
 from txsink.ops.commands import Operations
 from txsink.options import parse_options
-from txsink.spark.datasource import ClickHouseTxDataSource
+from txsink.spark.datasource import ClickHouseTxDataSource, StreamWriter
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("day", DateType()),
                      StructField("name", StringType()), StructField("value", DoubleType())])
@@ -109,6 +112,26 @@ class Sink:
                     for t in range(TASKS)]
         writer.commit(messages)
         return writer.plan.epoch
+
+    def stream_writer(self) -> StreamWriter:
+        """A streaming query's writer of the sink with ``publish=pipelined`` (its plan:
+        fence + recovery, as at query start)."""
+        options = {**self.options, "publish": "pipelined"}
+        writer = ClickHouseTxDataSource(options).streamWriter(SCHEMA, False)
+        writer.plan = replace(writer.plan, stream_query=f"query-{self.options['sink_id']}")
+        return writer
+
+    def run_micro_batch(self, writer: StreamWriter, epoch: int, first_id: int) -> None:
+        """One micro-batch: TASKS task attempts, then the commit, which returns after the
+        decision and leaves the publish to the background."""
+        messages = [write_branch(writer.plan, epoch,
+                                 iter([task_batch(first_id + t * ROWS_PER_TASK,
+                                                  ROWS_PER_TASK)]))
+                    for t in range(TASKS)]
+        driver.commit_epoch(writer.plan, epoch, messages, publish="pipelined")
+
+    def wait_published(self) -> None:
+        txsink.wait_published(self.options)
 
     def recover(self) -> dict:
         """``txsink recover --sink S``: its own ZooKeeper session, as the command has."""
@@ -304,6 +327,69 @@ def test_a_task_taken_over_between_its_register_and_its_staging_drops_that_stagi
         writer.write(iter([task_batch(0, ROWS_PER_TASK)]))
     assert staging_tables(sink.url, sink.options) == []
     assert id_counts(sink.url, sink.table) == {} == id_counts(sink.url, fed_table(sink.table))
+
+
+# -- a second actor while a pipelined micro-batch is published in the background ---------
+
+#: The background publish's own point, two steps of the publish it runs, and the next
+#: micro-batch's commit before it waits for that publish.
+PIPELINED_STEPS = ["pipeline.before_publish", "publish.after_attach", "pipeline.before_settle"]
+
+
+@pytest.mark.parametrize("step", PIPELINED_STEPS)
+def test_txsink_recover_while_a_pipelined_publish_is_at_step_leaves_every_row_once(
+        sink: Sink, hold_at, step: str) -> None:
+    reports = hold_at(step, sink.recover)
+    writer = sink.stream_writer()
+    sink.run_micro_batch(writer, 0, 0)
+    sink.run_micro_batch(writer, 1, TASKS * ROWS_PER_TASK)
+    sink.wait_published()
+    sink.assert_exactly_once(range(2 * TASKS * ROWS_PER_TASK))
+    assert len(reports) == 1, "the micro-batches never reached the step"
+
+
+@pytest.mark.parametrize("step", PIPELINED_STEPS[:2])
+def test_second_driver_starting_while_a_pipelined_publish_is_at_step_leaves_every_row_once(
+        sink: Sink, hold_at, step: str) -> None:
+    """The micro-batch was decided before the fence: it is published once (by its
+    background publish or by the second driver's recovery); the fenced writer's next
+    decision is refused."""
+    held = hold_at(step, sink.second_driver)
+    writer = sink.stream_writer()
+    sink.run_micro_batch(writer, 0, 0)
+    with pytest.raises(Fenced):
+        sink.run_micro_batch(writer, 1, TASKS * ROWS_PER_TASK)
+    sink.wait_published()
+    sink.assert_exactly_once(range(TASKS * ROWS_PER_TASK))
+    assert len(held) == 1, "the micro-batch never reached the step"
+
+
+def test_pipelined_publish_whose_session_expired_yields_to_recover_and_rows_appear_once(
+        sink: Sink, hold_at) -> None:
+    """The background publish loses its session after its ``ATTACH``; ``txsink recover``
+    rolls the epoch forward, the background publish stops at its lost lease, and the
+    next micro-batch's commit finds the epoch ``Committed``."""
+    def expire_then_recover() -> dict:
+        if sink.keepermap:
+            store = connections.records(parse_options(sink.options))
+            store.suspend_heartbeat()
+            time.sleep(store.session_timeout + CLOCK_MARGIN + 0.5)
+        else:
+            expire_session(connections.zookeeper(sink.zk_hosts), sink.zk_hosts)
+        return sink.recover()
+
+    reports = hold_at("publish.after_attach", expire_then_recover)
+    writer = sink.stream_writer()
+    try:
+        sink.run_micro_batch(writer, 0, 0)
+        sink.run_micro_batch(writer, 1, TASKS * ROWS_PER_TASK)
+    finally:
+        if sink.keepermap:
+            connections.records(parse_options(sink.options)).resume_heartbeat()
+    sink.wait_published()
+    sink.assert_exactly_once(range(2 * TASKS * ROWS_PER_TASK))
+    (report,) = reports
+    assert any("rolled_forward" in a for a in report["sinks"][0]["actions"])
 
 
 # -- free-running: recover loop and second drivers against committing jobs ----------------
