@@ -35,6 +35,7 @@ from tests.reliability.test_overlapping_actors import (  # noqa: F401 - hold_at 
     hold_at,
     started_client,
 )
+from txsink.core import pipeline
 from txsink.core.publisher import publish_manifest
 from txsink.ops.commands import Operations
 
@@ -127,6 +128,32 @@ def test_clickhouse_killed_at_step_ends_exactly_once_and_never_stuck(
         sink.run_job(0)  # nothing visible: the operator reruns the job
     assert counts(sink) == (expected, expected, expected), first_run
     sink.assert_exactly_once(range(expected))
+    assert_none_stuck(sink)
+
+
+@pytest.mark.parametrize("step", ["pipeline.before_publish", "publish.after_intent",
+                                  "publish.after_attach"])
+def test_clickhouse_killed_while_a_pipelined_publish_is_at_step_publishes_it_once(
+        sink, hold_at, step: str) -> None:  # noqa: F811 - the imported fixture
+    """``publish=pipelined``: the micro-batch was decided before the kill, so its rows
+    must appear without a rerun: the next micro-batch's commit finishes it first."""
+    sink, services = sink
+    expected = TASKS * ROWS_PER_TASK
+    held = hold_at(step, kill_then_restart(services))
+    writer = sink.stream_writer()
+    sink.run_micro_batch(writer, 0, 0)  # returns after the decision
+    pipeline.wait_all()  # the background publish met the dead server
+    wait_ready(services)
+    sink.run_micro_batch(writer, 1, expected)
+    sink.wait_published()
+    assert len(held) == 1, "the background publish never reached the step"
+    assert counts(sink) == (2 * expected,) * 3
+    sink.assert_exactly_once(range(2 * expected))
+    assert_none_stuck(sink)
+
+
+def assert_none_stuck(sink: Sink) -> None:
+    """No xid of the sink left ``Initialized``, ``Committing`` or ``Aborting``."""
     client = started_client(sink.zk_hosts)
     try:
         states = {x.epoch: x.state for x in SinkAdmin(sink.coordinator(client)).xids()}
@@ -136,7 +163,6 @@ def test_clickhouse_killed_at_step_ends_exactly_once_and_never_stuck(
     stuck = {e: s for e, s in states.items()
              if s in (XidState.INITIALIZED, XidState.COMMITTING, XidState.ABORTING)}
     assert not stuck, states
-
 
 
 # -- attach_marked: a restart inside its window, resolved by the operator ------------------
