@@ -147,8 +147,12 @@ class CrashPointRun:
             time.sleep(0.1)
         return False
 
-    def run_point(self, name: str) -> PointOutcome:
-        """Crash the driver at ``name`` during the next epoch, restart, check."""
+    def run_point(self, name: str, feed_after_restart: bool = False) -> PointOutcome:
+        """Crash the driver at ``name`` during the next epoch, restart, check.
+
+        ``feed_after_restart``: write one more epoch's input once the driver restarted,
+        as a stream that keeps receiving data does (a query restarted with nothing new
+        runs no micro-batch, so nothing calls the sink)."""
         failing = name.startswith(ABORT_PREFIX)
         if failing:
             self.fail_flag.touch()
@@ -169,6 +173,8 @@ class CrashPointRun:
         if died:
             self.log(f"{name}: fired={fired} exit={code}; restarting")
             self.driver.start()
+        if feed_after_restart:
+            self._write_epoch()
         caught_up = self._caught_up(self.timeout)
         return PointOutcome(name, fired, code, after_crash,
                             self.check() if caught_up else None, error)
