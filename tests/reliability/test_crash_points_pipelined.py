@@ -2,17 +2,18 @@
 exactly once.
 
 The same pipeline as ``tests/reliability/test_crash_points_streaming.py`` with
-``publish=pipelined`` (ClickHouse 18.16, records in ZooKeeper): each micro-batch's
-commit returns after its decision and a background thread publishes it while the next
-micro-batch runs. The points: the commit returned with the epoch decided and nothing
-published (``pipeline.before_publish``; Spark has recorded the micro-batch, so the
-restarted query does not replay it: its next micro-batch publishes it first), the
-background publish with rows visible but not marked (``publish.after_attach``, passed in
-the background thread), ``Committed`` before its clean-up (``commit.after_committed``),
-and the next epoch's commit before it waits for the previous publish
-(``pipeline.before_settle``). The restarted driver rolls the decided epoch forward before
-its next decision; the stream keeps receiving data after each restart, and the checker
-counts every id once.
+``publish=pipelined`` (ClickHouse 18.16 with records in ZooKeeper; 26.x with records in
+KeeperMap): each micro-batch's commit returns after its decision and a background thread
+publishes it while the next micro-batch runs. The points:
+
+- ``pipeline.before_publish``: the epoch decided, nothing published, and Spark has
+  recorded the micro-batch, so the restarted query does not replay it: its next
+  micro-batch publishes it first;
+- ``publish.after_attach``: rows visible but not marked (in the background thread);
+- ``commit.after_committed``: ``Committed``, before its clean-up;
+- ``pipeline.before_settle``: the next epoch's commit, before it waits for the publish.
+
+The stream keeps receiving data after each restart; the checker counts every id once.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ POINTS = (PIPELINE_BEFORE_PUBLISH, "publish.after_attach", COMMIT_AFTER_COMMITTE
           PIPELINE_BEFORE_SETTLE)
 
 
-@pytest.fixture(scope="module", params=["ch18"])
+@pytest.fixture(scope="module", params=["ch18", "km26"])
 def crash_run(request, tmp_path_factory, zk_hosts: str) -> Iterator[CrashPointRun]:
     yield from crash_point_run(request, tmp_path_factory, zk_hosts, "stream",
                                points=len(POINTS), options_given={"publish": "pipelined"})
