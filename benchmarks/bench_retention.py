@@ -9,7 +9,8 @@ modern server (its log retention set to ``--log-retain``). Every ``--sample-ever
 seconds it samples the sink's nodes and bytes (a tree walk through the store), ZooKeeper's
 ``mntr`` (``zk_znode_count``, ``zk_approximate_data_size``), the KeeperMap table's rows
 and bytes under the sink's namespace, the time of ``txsink status`` for the sink and this
-process's RSS. A store runs until ``--epochs`` or ``--seconds``, whichever comes first.
+process's RSS, and the time of ``txsink recover`` for the sink (nothing open: what it
+reads). A store runs until ``--epochs`` or ``--seconds``, whichever comes first.
 
     python benchmarks/bench_retention.py [--stores zookeeper,keepermap] [--epochs 100000]
         [--seconds 600] [--retention 30] [--log-retain 60] [--branches 2]
@@ -181,8 +182,12 @@ def sample(store_kind: str, args: argparse.Namespace, client: Any, layout: Any, 
     t0 = time.perf_counter()
     ops.status(sink)
     status_ms = (time.perf_counter() - t0) * 1000
+    t0 = time.perf_counter()
+    ops.recover(sink)
+    recover_ms = (time.perf_counter() - t0) * 1000
     found: dict[str, Any] = {"t": round(elapsed, 1), "epochs": epoch, "nodes": nodes,
                              "bytes": size, "status_ms": round(status_ms, 1),
+                             "recover_ms": round(recover_ms, 1),
                              "rss_mb": round(rss_mb(), 1),
                              "retained": len(client.get_children(layout.xids))}
     if store_kind == "zookeeper":
