@@ -6,8 +6,9 @@ The number a Structured Streaming user tunes by: at ``rate`` rows per second (Sp
 (``sinkbench/streaming.py``: the same query, warm-up excluded, every row checked visible).
 An interval is **sustained** when the workload's micro-batches take, at the median, no
 longer than the interval (``triggerExecution`` ≤ trigger: no backlog builds up) and every
-row of the workload became visible before the deadline. The sinks run interleaved at
-each interval (order turning), so a burst of load hits both.
+row of the workload became visible before the deadline. The sinks (``tx``,
+``tx_pipelined``: ``clickhouse_tx`` with ``publish=pipelined``, ``plain``) run interleaved
+at each interval (order turning), so a burst of load hits all of them.
 
 Prints per rate and sink the smallest sustained interval and, per interval, the median
 micro-batch time as a share of it; writes ``trigger_floor.json``
@@ -38,7 +39,7 @@ import txsink
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_URL, MODERN_URL = "http://127.0.0.1:8123", "http://127.0.0.1:8124"
-SINKS = ("tx", "plain")
+SINKS = ("tx", "tx_pipelined", "plain")
 
 
 def log(message: str) -> None:

@@ -27,10 +27,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 DPI = 90
 SIZE = (6.4, 3.6)
 COLORS = {"noop": "#9e9e9e", "arrow_noop": "#616161", "plain": "#1f77b4",
-          "client_driver": "#ff7f0e", "client_executor": "#d62728", "tx": "#2ca02c"}
+          "client_driver": "#ff7f0e", "client_executor": "#d62728", "tx": "#2ca02c",
+          "tx_pipelined": "#9467bd"}
 LABELS = {"noop": 'format("noop")', "arrow_noop": "no-op Arrow writer",
           "plain": "clickhouse_plain", "client_driver": "foreachBatch+client (driver)",
-          "client_executor": "foreachBatch+client (tasks)", "tx": "clickhouse_tx"}
+          "client_executor": "foreachBatch+client (tasks)", "tx": "clickhouse_tx",
+          "tx_pipelined": "clickhouse_tx, publish=pipelined"}
 SHARD_COLORS = {"one_server": "#2ca02c", "two_shards_id": "#1f77b4",
                 "two_shards_hash": "#9467bd"}
 SERVER_COLORS = {"ch18": "#2ca02c", "ch26": "#9467bd"}
@@ -419,7 +421,7 @@ def trigger_floor(data: dict, out: Path) -> Path | None:
     fig, axes = plt.subplots(1, len(rates), figsize=(SIZE[0] * 0.8 * len(rates), SIZE[1]),
                              squeeze=False)
     for ax, rate in zip(axes[0], rates, strict=True):
-        for sink in ("plain", "tx"):
+        for sink in ("plain", "tx", "tx_pipelined"):
             points = sorted((r["trigger_s"], r["trigger_ms_median"] / (r["trigger_s"] * 1000))
                             for r in results if r["rate"] == rate and r["sink"] == sink)
             if points:

@@ -41,6 +41,8 @@ from sinkbench.environment import Scratch, load, sql
 from sinkbench.variants import Sink
 
 SINKS = ("tx", "plain", "client_driver")
+#: ``clickhouse_tx`` variants and their ``publish`` option
+TX_SINKS = {"tx": "inline", "tx_pipelined": "pipelined"}
 POLL_SECONDS = 0.1
 WINDOW_LEAD_SECONDS = 1.0
 METRIC_KEYS = ("stage_ms", "seal_ms", "commit_ms", "latency_ms")
@@ -147,8 +149,9 @@ def _stream(spark, rate: int, base: float, partitions: int | None = None):
 def _start(frame, case: StreamCase, sink: Sink, checkpoint: str):
     writer = (frame.writeStream.option("checkpointLocation", checkpoint)
               .trigger(processingTime=f"{case.trigger_s} seconds"))
-    if case.sink == "tx":
-        writer = writer.format("clickhouse_tx").options(**sink.tx_options())
+    if case.sink in TX_SINKS:
+        writer = (writer.format("clickhouse_tx").options(**sink.tx_options())
+                  .option("publish", TX_SINKS[case.sink]))
     elif case.sink == "plain":
         writer = writer.format("clickhouse_plain").options(**sink.options())
     else:
@@ -213,7 +216,7 @@ def run_case(spark, scratch: Scratch, case: StreamCase, log: Callable[[str], Non
         **_progress(progress, window, case.rate), "load_start": load_start,
         "load_end": load(), "error": error,
     }
-    if case.sink == "tx":
+    if case.sink in TX_SINKS:
         result["epoch_metrics"] = _epoch_metrics(scratch, sink, base + window.start,
                                                  base + (poller.done_at or time.time()))
     log(f"  streaming {case.sink:<14} trigger {case.trigger_s:>4g} s: total "
