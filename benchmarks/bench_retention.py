@@ -205,7 +205,8 @@ def sample(store_kind: str, args: argparse.Namespace, client: Any, layout: Any, 
     return found
 
 
-def plot(results: list[dict[str, Any]], out: Path) -> Path:
+def plot(results: list[dict[str, Any]], out: Path, x: str = "epochs",
+         title: str = "") -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -213,7 +214,7 @@ def plot(results: list[dict[str, Any]], out: Path) -> Path:
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     for result in results:
-        xs = [s["epochs"] for s in result["samples"]]
+        xs = [s[x] for s in result["samples"]]
         label = result["store"]
         axes[0][0].plot(xs, [s["nodes"] for s in result["samples"]], label=label)
         axes[0][1].plot(xs, [s.get("km_bytes", s["bytes"]) / 1024
@@ -224,10 +225,10 @@ def plot(results: list[dict[str, Any]], out: Path) -> Path:
               "table rows)", "txsink status, ms", "driver RSS, MB")
     for ax, title in zip(sum(axes.tolist(), []), titles, strict=True):
         ax.set_title(title, fontsize=10)
-        ax.set_xlabel("epochs committed")
+        ax.set_xlabel("epochs committed" if x == "epochs" else "seconds")
         ax.legend()
         ax.set_ylim(bottom=0)
-    fig.suptitle(f"coordinator state with retention {results[0]['retention']} s")
+    fig.suptitle(title or f"coordinator state with retention {results[0]['retention']} s")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     return out
@@ -322,11 +323,19 @@ def main() -> None:
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     if args.stream:
+        streams = []
         for store_kind in args.stores.split(","):
-            result = stream(store_kind, args)
-            (RESULTS / f"retention_stream_{store_kind}.json").write_text(
-                json.dumps(result, indent=1))
-            print(json.dumps({k: v for k, v in result.items() if k != "samples"}))
+            path = RESULTS / f"retention_stream_{store_kind}.json"
+            if not args.plot_only:
+                result = stream(store_kind, args)
+                path.write_text(json.dumps(result, indent=1))
+                print(json.dumps({k: v for k, v in result.items() if k != "samples"}))
+            if path.exists():
+                streams.append(json.loads(path.read_text()))
+        if streams:
+            title = (f"a 1 s-trigger stream with retention {streams[0]['retention']} s "
+                     "(store bytes: ZooKeeper tree walk, KeeperMap table rows)")
+            print(f"plot: {plot(streams, RESULTS / 'retention_stream.png', 't', title)}")
         return
     results = []
     for store_kind in args.stores.split(","):
