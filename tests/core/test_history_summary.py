@@ -58,5 +58,5 @@ def test_a_retention_out_of_range_is_refused_by_name(value: str) -> None:
         parse_options({**BASE, "retention": value}, env={})
 
 
-def test_writers_pass_a_tenth_of_the_retention_apart_at_most_a_minute() -> None:
-    assert (pass_interval(10), pass_interval(3600)) == (1.0, 60.0)
+def test_writers_pass_a_twentieth_of_the_retention_apart_at_most_a_minute() -> None:
+    assert (pass_interval(20), pass_interval(3600)) == (1.0, 60.0)

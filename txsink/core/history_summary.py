@@ -169,9 +169,10 @@ def fold_into(default_url: str | None) -> Fold:
 
 
 def pass_interval(retention: float) -> float:
-    """Seconds between a writer's retention passes of one sink: a tenth of the retention,
-    at most :data:`MAX_PASS_INTERVAL` (a pass that left a backlog is followed at once)."""
-    return min(retention / 10, MAX_PASS_INTERVAL)
+    """Seconds between a writer's retention passes of one sink: a twentieth of the
+    retention (the retained window then swings by at most 5%), at most
+    :data:`MAX_PASS_INTERVAL` (a pass that left a backlog is followed at once)."""
+    return min(retention / 20, MAX_PASS_INTERVAL)
 
 
 _next_pass: dict[tuple[object, ...], float] = {}  # (store, root, sink) -> monotonic time
