@@ -223,8 +223,8 @@ def plot(results: list[dict[str, Any]], out: Path, x: str = "epochs",
         axes[1][1].plot(xs, [s["rss_mb"] for s in result["samples"]], label=label)
     titles = ("sink's nodes (tree walk)", "store bytes, kB (ZooKeeper: tree; KeeperMap: "
               "table rows)", "txsink status, ms", "driver RSS, MB")
-    for ax, title in zip(sum(axes.tolist(), []), titles, strict=True):
-        ax.set_title(title, fontsize=10)
+    for ax, name in zip(sum(axes.tolist(), []), titles, strict=True):
+        ax.set_title(name, fontsize=10)
         ax.set_xlabel("epochs committed" if x == "epochs" else "seconds")
         ax.legend()
         ax.set_ylim(bottom=0)
