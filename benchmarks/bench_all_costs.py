@@ -12,14 +12,14 @@ was given:
   ``publish=pipelined`` / ``inline``), and ``plain`` (``clickhouse_plain``, the same
   writer inserting straight into the target, at-least-once);
 - measured per variant: rows/s (rows visible ÷ the time from the query's start until
-  the last row was visible) and the median micro-batch (kept up: no longer than the
-  trigger), the target's active parts every
-  ``--sample-every`` s, the server's merges (``system.events`` ``Merge`` and
-  ``MergedRows``; neither server here keeps ``system.part_log``) until merges settle
-  (no merge of the target running and its active parts unchanged for 5 s, at most
-  ``--settle`` s after the stream stopped), and CPU seconds of Spark (this process and
-  its descendants: the JVM and its Python workers), of the ClickHouse server and of
-  ZooKeeper (their processes, found by the port they listen on) over the same span.
+  the last row was visible), the median micro-batch (kept up: no longer than the
+  trigger), the target's active parts every ``--sample-every`` s, the server's merges
+  (``system.events`` ``MergedRows`` and ``MergesTimeMilliseconds``; neither server here
+  keeps ``system.part_log``) until merges settle (no merge of the target running and
+  its active parts unchanged for ``--settled-for`` s, at most ``--settle`` s after the
+  stream stopped), and CPU seconds of Spark (this process and its descendants: the JVM
+  and its Python workers; until the stream stopped), of the ClickHouse server and of
+  ZooKeeper (their processes, found by the port they listen on; until merges settled).
 
 Prints one line per variant and the ratios ``tx ÷ plain`` of the total CPU (Spark +
 server + ZooKeeper, per million rows) and of rows/s; writes ``all_costs_<server>.json``
@@ -50,7 +50,6 @@ from sinkbench.environment import load, run_record, sql, start_spark
 RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = ("tx_pipelined", "tx_inline", "plain")
 TICKS = os.sysconf("SC_CLK_TCK")
-SETTLED_FOR = 5.0  # seconds of unchanged active parts and no merge running
 
 
 def listening_pid(port: int) -> int | None:
@@ -104,11 +103,14 @@ def process_cpu(pid: int | None) -> float:
     return tree_cpu(pid) if pid else 0.0
 
 
+MERGE_EVENTS = ("MergedRows", "MergesTimeMilliseconds")  # 18.16 has no ``Merge`` event
+
+
 def merges(url: str) -> dict[str, int]:
     text = sql(url, "SELECT event, value FROM system.events WHERE event IN "
-                    "('Merge', 'MergedRows') FORMAT TSV")
+                    f"({', '.join(repr(e) for e in MERGE_EVENTS)}) FORMAT TSV")
     found = dict(line.split("\t") for line in text.strip().splitlines())
-    return {k: int(found.get(k, 0)) for k in ("Merge", "MergedRows")}
+    return {k: int(found.get(k, 0)) for k in MERGE_EVENTS}
 
 
 def active_parts(url: str, database: str, table: str) -> int:
@@ -169,7 +171,7 @@ def run_variant(spark: Any, variant: str, args: argparse.Namespace, pids: dict[s
         samples.append({"t": round(time.monotonic() - started, 1), "active_parts": parts})
         if parts != last or running_merges(args.url, database, table):
             stable_since, last = time.monotonic(), parts
-        elif time.monotonic() - stable_since >= SETTLED_FOR:
+        elif time.monotonic() - stable_since >= args.settled_for:
             break
         time.sleep(1.0)
     settled = time.monotonic() - started
@@ -194,8 +196,8 @@ def run_variant(spark: Any, variant: str, args: argparse.Namespace, pids: dict[s
         "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
         "cpu_s_per_million_rows": {k: round(v / million, 2) for k, v in cpu.items()}
         | {"total": round(sum(cpu.values()) / million, 2)},
-        "merges": after["Merge"] - before["Merge"],
         "merged_rows": after["MergedRows"] - before["MergedRows"],
+        "merges_ms": after["MergesTimeMilliseconds"] - before["MergesTimeMilliseconds"],
         "final_active_parts": samples[-1]["active_parts"], "samples": samples}
 
 
@@ -241,7 +243,10 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--trigger", type=float, default=1.0)
     parser.add_argument("--seconds", type=float, default=120)
-    parser.add_argument("--settle", type=float, default=120)
+    parser.add_argument("--settle", type=float, default=300,
+                        help="seconds after the stream stopped to wait for merges, at most")
+    parser.add_argument("--settled-for", type=float, default=20,
+                        help="seconds of unchanged active parts with no merge running")
     parser.add_argument("--sample-every", type=float, default=5)
     parser.add_argument("--variants", default=",".join(VARIANTS))
     args = parser.parse_args()
@@ -255,7 +260,7 @@ def main() -> None:
     txsink.register(spark)
     database = f"bench_costs_{uuid.uuid4().hex[:8]}"
     sql(args.url, f"CREATE DATABASE `{database}`")
-    runs = []
+    runs: list[dict[str, Any]] = []
     try:
         for variant in args.variants.split(","):
             run = run_variant(spark, variant, args, pids, database)
@@ -264,12 +269,12 @@ def main() -> None:
                   f"{run['micro_batches']} micro-batches (median {run['median_batch_ms']} ms), "
                   f"{run['rows_per_s']:,.0f} rows/s; "
                   f"CPU s per million rows {run['cpu_s_per_million_rows']}; "
-                  f"{run['merges']} merges, {run['final_active_parts']} parts at the end, "
+                  f"{run['merged_rows']:,} rows merged in {run['merges_ms']:,} ms, "
+                  f"{run['final_active_parts']} parts at the end, "
                   f"settled {run['settled_s'] - run['visible_s']:.0f} s after the last row",
                   flush=True)
     finally:
         spark.stop()
-        sql(args.url, f"DROP DATABASE IF EXISTS `{database}`")
     plain = next((r for r in runs if r["variant"] == "plain"), None)
     ratios = {}
     if plain:
@@ -290,6 +295,8 @@ def main() -> None:
     output = RESULTS / f"all_costs_{server}.json"
     output.write_text(json.dumps(data, indent=1) + "\n")
     print(f"written {output} and {plot(data, RESULTS / f'all_costs_{server}.png')}")
+    # last: 18.16 takes minutes to drop tables of hundreds of parts
+    sql(args.url, f"DROP DATABASE IF EXISTS `{database}`", timeout=900)
 
 
 if __name__ == "__main__":
