@@ -133,6 +133,22 @@ class Sink:
     def wait_published(self) -> None:
         txsink.wait_published(self.options)
 
+    def expire_then_recover(self) -> dict:
+        """The writer's session expires (KeeperMap: its process freezes past the expiry),
+        then ``txsink recover`` runs."""
+        if self.keepermap:
+            store = connections.records(parse_options(self.options))
+            store.suspend_heartbeat()
+            time.sleep(store.session_timeout + CLOCK_MARGIN + 0.5)
+        else:
+            expire_session(connections.zookeeper(self.zk_hosts), self.zk_hosts)
+        return self.recover()
+
+    def resume_session(self) -> None:
+        """After :meth:`expire_then_recover`: the writer's process refreshes again."""
+        if self.keepermap:
+            connections.records(parse_options(self.options)).resume_heartbeat()
+
     def recover(self) -> dict:
         """``txsink recover --sink S``: its own ZooKeeper session, as the command has."""
         ops = Operations(self.zk_hosts, zk_root=self.options["zk_root"], url=self.url,
@@ -277,21 +293,11 @@ def test_second_driver_starting_while_the_job_is_at_step_leaves_every_row_once(
 @pytest.mark.parametrize("step", ["publish.after_intent", "publish.after_attach"])
 def test_job_whose_session_expired_at_step_yields_to_recover_and_rows_appear_once(
         sink: Sink, hold_at, step: str) -> None:
-    def expire_then_recover() -> dict:
-        if sink.keepermap:  # the job's process freezes past its session's expiry
-            store = connections.records(parse_options(sink.options))
-            store.suspend_heartbeat()
-            time.sleep(store.session_timeout + CLOCK_MARGIN + 0.5)
-        else:
-            expire_session(connections.zookeeper(sink.zk_hosts), sink.zk_hosts)
-        return sink.recover()
-
-    reports = hold_at(step, expire_then_recover)
+    reports = hold_at(step, sink.expire_then_recover)
     try:
         epoch = sink.run_job(0)
     finally:
-        if sink.keepermap:
-            connections.records(parse_options(sink.options)).resume_heartbeat()
+        sink.resume_session()
     sink.assert_exactly_once(range(TASKS * ROWS_PER_TASK))
     (report,) = reports
     assert any("rolled_forward" in a for a in report["sinks"][0]["actions"])
@@ -369,23 +375,13 @@ def test_pipelined_publish_whose_session_expired_yields_to_recover_and_rows_appe
     """The background publish loses its session after its ``ATTACH``; ``txsink recover``
     rolls the epoch forward, the background publish stops at its lost lease, and the
     next micro-batch's commit finds the epoch ``Committed``."""
-    def expire_then_recover() -> dict:
-        if sink.keepermap:
-            store = connections.records(parse_options(sink.options))
-            store.suspend_heartbeat()
-            time.sleep(store.session_timeout + CLOCK_MARGIN + 0.5)
-        else:
-            expire_session(connections.zookeeper(sink.zk_hosts), sink.zk_hosts)
-        return sink.recover()
-
-    reports = hold_at("publish.after_attach", expire_then_recover)
+    reports = hold_at("publish.after_attach", sink.expire_then_recover)
     writer = sink.stream_writer()
     try:
         sink.run_micro_batch(writer, 0, 0)
         sink.run_micro_batch(writer, 1, TASKS * ROWS_PER_TASK)
     finally:
-        if sink.keepermap:
-            connections.records(parse_options(sink.options)).resume_heartbeat()
+        sink.resume_session()
     sink.wait_published()
     sink.assert_exactly_once(range(2 * TASKS * ROWS_PER_TASK))
     (report,) = reports
