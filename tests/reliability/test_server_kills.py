@@ -8,7 +8,9 @@ killed; the server comes back a moment later, while the job goes on and meets it
 restarting. What an operator's supervisor does next is what a job does: ``txsink
 recover`` (the next job's start), then a rerun if none of the job's rows is visible.
 Strategies: ``move`` on the modern server (26.x), and ``attach_replicated`` on 18.16
-with a Replicated target feeding a plain MergeTree view.
+with a Replicated target feeding a plain MergeTree view. With ``publish=pipelined`` the
+server dies under the background publish of a decided micro-batch, which the next
+micro-batch's commit then publishes: no rerun.
 """
 
 from __future__ import annotations
