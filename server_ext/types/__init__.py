@@ -9,12 +9,13 @@ from server_ext.types.encoder import encode_native_block
 from server_ext.types.nested import flatten_schema
 from server_ext.types.prepare import checked_batch, prepare_batch
 from server_ext.types.row_checks import check_batch
-from server_ext.types.target_table import Column, TargetTable, describe_table
+from server_ext.types.target_table import Column, TargetTable, definitions, describe_table
 
 __all__ = [
     "Column",
     "TargetTable",
     "describe_table",
+    "definitions",
     "check_arrow_schema",
     "type_problem",
     "check_batch",

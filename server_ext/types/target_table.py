@@ -1,6 +1,7 @@
 """The target table as the server describes it: its columns, keys and engine.
 
-``describe_table`` reads one table's description (a few queries, no cache); a
+``describe_table`` reads one table's description (a few queries, no cache),
+``definitions`` in one query what tells whether it may have changed; a
 ``TargetTable`` is a frozen value that any process may keep and compare. Whether data fits
 the table is checked by ``arrow_schema`` (types) and ``row_checks`` (values).
 """
@@ -8,6 +9,7 @@ the table is checked by ``arrow_schema`` (types) and ``row_checks`` (values).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from server_ext.client.client_protocol import SqlClient
@@ -107,6 +109,22 @@ def describe_table(client: SqlClient, table: str) -> TargetTable:
         index_granularity=_index_granularity(meta["engine_full"]),
         create_table_query=meta["create_table_query"],
     )
+
+
+def definitions(client: SqlClient, tables: Iterable[tuple[str, str]]) -> tuple:
+    """One query's answer that changes whenever what :func:`describe_table` and view
+    discovery read of ``tables`` (``(database, name)`` pairs) may have changed: each
+    table's engine, definition, modification time and the views that read it, and the
+    server's version. Equal answers mean an equal description; a dropped table drops out."""
+    pairs = sorted(set(tables))
+    where = " OR ".join(f"({table_filter(db, name, name_column='name')})" for db, name in pairs)
+    rows = client.query_rows(
+        "SELECT database, name, engine, create_table_query, "
+        "toString(metadata_modification_time) AS modified, dependencies_database AS dbs, "
+        f"dependencies_table AS names, version() AS server FROM system.tables WHERE {where} "
+        "ORDER BY database, name", purpose="check the described tables unchanged")
+    return tuple(tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in row.items())
+                 for row in rows)
 
 
 def _require_exists(client: SqlClient, database: str, name: str, purpose: str) -> None:

@@ -6,15 +6,25 @@ table and opens the sink (batch: fences it and begins the xid). Any bad input ra
 before anything is staged. The :class:`WritePlan` it returns is immutable and pickled into
 every task attempt (which may run it again: retries, speculation) and into
 ``commit``/``abort``; nothing in it changes once built.
+
+A stream's plan is kept in the planning process (:class:`StreamPlans`): Spark asks for it
+twice per micro-batch, and every ``foreachBatch`` call asks again. A kept plan is reused
+only after one query finds every table it described unchanged
+(``server_ext.types.definitions``: definitions, the views that read them, the server's
+version); the sink is opened (decided xids rolled forward) on every call all the same.
+Batch plans, a transaction's writes and sharded targets are planned afresh every time.
 """
 
 from __future__ import annotations
 
+import threading
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
 import server_ext
 from server_ext.ddl import ViewNode
+from server_ext.errors import ClickHouseError
 from server_ext.publish import (
     Strategy,
 )
@@ -22,6 +32,8 @@ from server_ext.sharding import (
     ShardLayout,
     layout_from_urls,
 )
+from server_ext.types import definitions
+from txsink.core import connections
 from txsink.options import OptionError, SinkOptions, parse_options
 from txsink.options.target_name import note_default_database
 
@@ -77,6 +89,64 @@ def single_server(options: SinkOptions) -> ShardLayout:
     return layout_from_urls([[options.url]], options.table, None)
 
 
+class StreamPlans:
+    """The stream plans this process made, by options, schema and mode, each with the
+    definitions (``server_ext.types.definitions``) of the tables it described. Callers on
+    any thread; at most :attr:`KEPT` plans, the least recently used dropped first."""
+
+    KEPT = 16
+
+    def __init__(self) -> None:
+        self._plans: OrderedDict[tuple, tuple[WritePlan, tuple]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(raw_options: dict[str, str], spark_schema, overwrite: bool) -> tuple:
+        return (tuple(sorted((str(k).lower(), str(v)) for k, v in raw_options.items())),
+                spark_schema.json(), overwrite)
+
+    def unchanged(self, key: tuple) -> WritePlan | None:
+        """The plan kept under ``key`` if none of its tables changed since; None if there
+        is none, or it is dropped because they did (or the server cannot tell)."""
+        with self._lock:
+            kept = self._plans.get(key)
+        if kept is None:
+            return None
+        plan, seen = kept
+        try:
+            now = definitions(connections.clickhouse(plan.options), described(plan))
+        except ClickHouseError:  # planned afresh, which names the problem
+            now = None
+        with self._lock:
+            if now != seen:
+                self._plans.pop(key, None)
+                return None
+            self._plans.move_to_end(key)
+        return plan
+
+    def keep(self, key: tuple, plan: WritePlan) -> None:
+        """Keep ``plan`` if its target is one server's table (a sharded layout is planned
+        afresh: its shards and cluster are not among the definitions)."""
+        layout = plan.shard_layout
+        if (len(layout.shards) != 1 or layout.shards[0].replicas != (plan.options.url,)
+                or layout.local_table != plan.options.table):
+            return
+        seen = definitions(connections.clickhouse(plan.options), described(plan))
+        with self._lock:
+            self._plans[key] = (plan, seen)
+            while len(self._plans) > self.KEPT:
+                self._plans.popitem(last=False)
+
+
+def described(plan: WritePlan) -> list[tuple[str, str]]:
+    """The tables whose definitions the plan rests on: its target, its views, the views'
+    tables and the quarantine table."""
+    return [(t.database, t.name) for t in plan.tables] + [n.view for n in plan.views]
+
+
+STREAM_PLANS = StreamPlans()
+
+
 def plan_write(raw_options: dict[str, str], spark_schema, overwrite: bool, *,
                streaming: bool) -> WritePlan:
     """The driver's plan of one write, before any task runs: options parsed, the target
@@ -96,6 +166,13 @@ def plan_write(raw_options: dict[str, str], spark_schema, overwrite: bool, *,
 
     options = parse_options(raw_options)
     note_default_database(options.table)
+    kept_as = None
+    if streaming and not options.in_transaction():
+        kept_as = StreamPlans.key(raw_options, spark_schema, overwrite)
+        kept = STREAM_PLANS.unchanged(kept_as)
+        if kept is not None:
+            driver.open_stream(kept.options, kept.sink_id)
+            return kept
     options = prepare_target(options, spark_schema)  # create_table, …: before describing
     checked = check_target(options, spark_schema)
     checked = replace(checked, strategy=check_publish(options, checked, overwrite),
@@ -122,9 +199,12 @@ def plan_write(raw_options: dict[str, str], spark_schema, overwrite: bool, *,
             xid_keeper.hand_over(options, opened.coord, epoch)  # outlives this planner
         else:
             epoch = None
-    return WritePlan(options=options, sink_id=sink_id, generation=generation,
+    plan = WritePlan(options=options, sink_id=sink_id, generation=generation,
                      strategy=checked.strategy, overwrite=overwrite, columns=checked.columns,
                      epoch=epoch, layout=checked.layout, table=checked.table,
                      covered_by_txn=covered_by_txn, views=checked.views,
                      view_strategies=checked.view_strategies, quarantine=quarantined,
                      quarantine_strategy=quarantine_strategy)
+    if kept_as is not None:
+        STREAM_PLANS.keep(kept_as, plan)
+    return plan
