@@ -108,33 +108,36 @@ class Snapshots:
             if self.stale(log, time.monotonic()):
                 return  # paused for long: a newer snapshot may be pointed at already
             call_table(self.table.put, self.keys.base(log.root), str(log.seq))
-            self.drop_superseded(log)
-            self.trim(log)
+            listed = call_table(self.table.keys_with_prefix, self.keys.snapshot(log.root, None))
+            self.drop_superseded(log, listed)
+            self.trim(log, listed)
         except Exception as exc:  # noqa: BLE001 - see the docstring
             logger.warning("snapshot of %s at entry %d not stored or not trimmed: %s",
                            log.root, log.seq, exc)
 
-    def drop_superseded(self, log: Log) -> None:
-        """Delete the chunks of every snapshot below the one just stored at ``log.seq``;
-        their heads stay until the trim, which needs their times. A reader that still
-        follows an older pointer finds its chunks gone and loads the newest snapshot."""
+    def drop_superseded(self, log: Log, listed: list[str]) -> None:
+        """Delete the chunks of every snapshot below the one just stored at ``log.seq``
+        (``listed``: the sink's snapshot keys); their heads stay until the trim, which
+        needs their times. A reader that still follows an older pointer finds its chunks
+        gone and loads the newest snapshot."""
         prefix = self.keys.snapshot(log.root, None)
         call_table(self.table.delete, [
-            k for k in call_table(self.table.keys_with_prefix, prefix)
+            k for k in listed
             if ":" in k[len(prefix):] and int(k[len(prefix):].split(":")[0]) < log.seq])
 
-    def _snapshots_below(self, root: str, upto: int) -> list[str]:
-        """Every key of the snapshots of ``root`` below ``upto``, chunks before heads (none
-        left headless). Listed, not derived from the trimmed window: a snapshot stored
-        late, by a writer paused past an earlier trim, is below every later window."""
+    def _snapshots_below(self, root: str, upto: int, listed: list[str]) -> list[str]:
+        """Every key of ``listed`` (the snapshots of ``root``) below ``upto``, chunks
+        before heads (none left headless). Listed, not derived from the trimmed window: a
+        snapshot stored late, by a writer paused past an earlier trim, is below every
+        later window."""
         prefix = self.keys.snapshot(root, None)
-        below = [k for k in call_table(self.table.keys_with_prefix, prefix)
-                 if int(k[len(prefix):].split(":")[0]) < upto]
+        below = [k for k in listed if int(k[len(prefix):].split(":")[0]) < upto]
         return sorted(below, key=lambda k: (":" not in k[len(prefix):], k))
 
-    def trim(self, log: Log) -> None:
+    def trim(self, log: Log, listed: list[str]) -> None:
         """Delete the entries, and every snapshot, below the newest snapshot older than
-        the retention; at most :data:`TRIM_BATCH` entries at a time."""
+        the retention; at most :data:`TRIM_BATCH` entries at a time. ``listed``: the
+        sink's snapshot keys, read once the newest snapshot was pointed at."""
         floor = self.keys.floor(log.root)
         if log.trimmed is None:
             log.trimmed = int(call_table(self.table.get_many, [floor]).get(floor) or 0)
@@ -148,7 +151,7 @@ class Snapshots:
         if not old:
             return
         upto = max(old)
-        doomed = self._snapshots_below(log.root, upto)
+        doomed = self._snapshots_below(log.root, upto, listed)
         doomed += [self.keys.entry(log.root, seq) for seq in range(log.trimmed + 1, upto + 1)]
         call_table(self.table.delete, doomed)
         call_table(self.table.put, floor, str(upto))
