@@ -46,7 +46,7 @@ def sql(url: str, query: str) -> str:
 def make_input(spark, directory: Path, files: int, rows: int) -> None:
     from pyspark.sql import functions as f
     for n in range(files):
-        (spark.range(n * rows, (n + 1) * rows, numPartitions=2)
+        (spark.range(n * rows, (n + 1) * rows, numPartitions=1)  # one file: one micro-batch
          .select(f.col("id"), (f.col("id") % 4).alias("part"),
                  f.concat(f.lit("name-"), f.col("id").cast("string")).alias("name"),
                  (f.col("id") * 0.5).alias("value"))
