@@ -210,6 +210,51 @@ def test_write_with_txn_version_in_a_users_foreach_batch_is_exactly_once(
 
 
 @every_spark
+def test_foreach_batch_of_a_complete_mode_query_is_refused_before_anything_is_written(
+        spark, server_url, db, options, tmp_path):
+    counts = f"{db}.counts"
+    run_sql(server_url, f"CREATE TABLE `{db}`.`counts` (name String, count Int64) "
+                        "ENGINE = MergeTree() ORDER BY name")
+    source = tmp_path / "complete-in"
+    source.mkdir()
+    (source / "0.json").write_text('{"name": "a"}\n{"name": "b"}\n{"name": "a"}\n')
+    stream = (spark.readStream.schema("name string").json(str(source))
+              .groupBy("name").count().writeStream.outputMode("complete")
+              .foreachBatch(txsink.foreach_batch(table=counts, **options))
+              .option("checkpointLocation", str(tmp_path / "complete-checkpoint")).start())
+    try:
+        with pytest.raises(Exception, match=r"cannot run outputMode\('complete'\)"):
+            stream.processAllAvailable()
+    finally:
+        stream.stop()
+    assert count(server_url, counts) == 0
+
+
+@every_spark
+def test_foreach_batch_of_an_update_mode_query_appends_each_batchs_changed_rows(
+        spark, server_url, db, options, tmp_path):
+    counts = f"{db}.counts"
+    run_sql(server_url, f"CREATE TABLE `{db}`.`counts` (name String, count Int64) "
+                        "ENGINE = MergeTree() ORDER BY name")
+    source = tmp_path / "update-in"
+    source.mkdir()
+    (source / "0.json").write_text('{"name": "a"}\n{"name": "b"}\n{"name": "a"}\n')
+    stream = (spark.readStream.schema("name string").json(str(source))
+              .groupBy("name").count().writeStream.outputMode("update")
+              .foreachBatch(txsink.foreach_batch(table=counts, **options))
+              .option("checkpointLocation", str(tmp_path / "update-checkpoint")).start())
+    try:
+        stream.processAllAvailable()
+        (source / "1.json").write_text('{"name": "a"}\n')
+        stream.processAllAvailable()
+    finally:
+        stream.stop()
+    rows = run_sql(server_url, f"SELECT name, count FROM {counts} ORDER BY name, count "
+                               "FORMAT TSV")
+    assert rows.split() == ["a", "2", "a", "3", "b", "1"]
+
+
+@every_spark
 def test_foreach_batch_outside_a_stream_is_refused(spark, options, target):
     fn = txsink.foreach_batch(table=target, **options)
     with pytest.raises(OptionError, match="foreachBatch"):

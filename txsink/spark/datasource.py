@@ -30,24 +30,13 @@ from txsink.core.attempt import streaming_epoch, write_branch
 from txsink.core.messages import SkippedMessage, TaskMessage
 from txsink.core.plan import WritePlan, plan_write
 from txsink.options import OptionError
-from txsink.spark.refusal import reason_first
+from txsink.spark.refusal import complete_mode_refused, reason_first
 from txsink.spark.versions import has_stream_arrow_writer, no_stream_arrow_writer
 
 if has_stream_arrow_writer():  # PySpark 4.1 and later
     from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
 else:  # 4.0: streamWriter() refuses (versions.no_stream_arrow_writer); never instantiated
     _StreamWriterBase = DataSourceStreamWriter
-
-#: Spark hands a sink in complete mode the whole result each micro-batch, to replace the
-#: last one; update mode Spark itself refuses for every Python data source (PySpark 4.3).
-COMPLETE_MODE_REFUSED = (
-    "clickhouse_tx cannot run outputMode('complete'): complete mode hands the sink the "
-    "whole result table on every micro-batch, to replace the previous one, but "
-    "clickhouse_tx appends each micro-batch's rows, so every batch would add the whole "
-    "result again. Use outputMode('append') (for an aggregation, with a watermark), or "
-    "write the result from foreachBatch as a batch write with mode('overwrite'), which "
-    "replaces the partitions the result holds. Nothing was written")
-
 
 class ClickHouseTxDataSource(DataSource):
     """Exactly-once writes into a ClickHouse table: ``format("clickhouse_tx")``."""
@@ -65,7 +54,7 @@ class ClickHouseTxDataSource(DataSource):
             if not has_stream_arrow_writer():
                 raise OptionError(no_stream_arrow_writer())
             if overwrite:  # what Spark passes for outputMode('complete') (measured, 4.3)
-                raise OptionError(COMPLETE_MODE_REFUSED)
+                raise OptionError(complete_mode_refused("clickhouse_tx"))
             return StreamWriter(plan_write(self.options, schema, overwrite, streaming=True))
 
 

@@ -33,6 +33,7 @@ from txsink.core.attempt import write_branch
 from txsink.core.messages import from_text, to_text
 from txsink.core.plan import WritePlan, plan_write
 from txsink.options import TX_EPOCH, TX_GENERATION, TX_SINK_ID, OptionError, credentials_from
+from txsink.spark.refusal import complete_mode_refused
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,8 @@ class ForeachBatch:
 
     def __call__(self, batch_df, batch_id: int) -> None:
         query_id = streaming_query_id(batch_df)
+        if output_mode(query_id) == "Complete":
+            raise OptionError(complete_mode_refused("txsink.foreach_batch"))
         raw = dict(self.options)
         raw.setdefault("sink_id", stream_sink_id(query_id))
         plan = plan_write(raw, batch_df.schema, False, streaming=True)
@@ -140,14 +143,34 @@ def foreach_batch(*, table: str, **options: object) -> ForeachBatch:
     checkpoint refusal as ``writeStream.format("clickhouse_tx")``).
 
     The sink id: ``sink_id``, else one derived from the streaming query's id (stable
-    across restarts from the same checkpoint). Output modes: append (complete mode would
-    hand every batch the whole result, which would be appended again each time).
+    across restarts from the same checkpoint). Output modes: append and update (each
+    batch's changed rows appended); complete mode, which would hand every batch the
+    whole result to be appended again, is refused at the first batch
+    (:func:`output_mode`).
     """
     if "txn_version" in options:
         raise OptionError("option txn_version is for batch jobs: foreach_batch's "
                           "micro-batches are idempotent by their batch id already")
     raw = job_options(table, options)
     return ForeachBatch(table, raw)
+
+
+def output_mode(query_id: str) -> str | None:
+    """The output mode (``Append``, ``Complete``, ``Update``) of the running streaming
+    query ``query_id``, read from its JVM object; None where it cannot be read: a query
+    started from another session than the default one, or a Spark that keeps it
+    elsewhere. ``foreachBatch`` hands the function a frame of the query's own clone of
+    the session, whose query manager lists no query, so the default session is asked
+    (measured on PySpark 3.5.9, 4.0.5, 4.1.4, 4.3.0)."""
+    from pyspark.sql import SparkSession
+
+    try:
+        session = SparkSession._instantiatedSession  # the default; never a new one
+        query = session.streams.get(query_id)
+        return None if query is None else str(query._jsq.streamingQuery().outputMode())
+    except Exception:  # noqa: BLE001 - unknown: the sink appends as in append mode
+        log.debug("the output mode of query %s could not be read", query_id, exc_info=True)
+        return None
 
 
 def streaming_query_id(batch_df) -> str:

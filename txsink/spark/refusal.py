@@ -31,6 +31,20 @@ REFUSALS: tuple[type[BaseException], ...] = (
     OptionError, ClickHouseError, CoordinatorError, UnsupportedTarget, ShardingError,
     ViewProblem, SettingRefused, RecordsUnusable)
 
+def complete_mode_refused(way: str) -> str:
+    """Why ``way`` refuses a complete-mode stream: Spark hands it the whole result each
+    micro-batch, to replace the last one (the data source's ``overwrite``, the output
+    mode of ``foreachBatch``'s query), and the sink appends. Update mode Spark itself
+    refuses for every Python data source (PySpark 4.3)."""
+    return (f"{way} cannot run outputMode('complete'): complete mode hands the sink the "
+            "whole result table on every micro-batch, to replace the previous one, but "
+            f"{way} appends each micro-batch's rows, so every batch would add the whole "
+            "result again. Use outputMode('append') (for an aggregation, with a "
+            "watermark), or write the result from foreachBatch as a batch write with "
+            "mode('overwrite'), which replaces the partitions the result holds. Nothing "
+            "was written")
+
+
 #: Read by PySpark's worker when it reports an exception to the JVM.
 HIDE_TRACEBACK = "SPARK_HIDE_TRACEBACK"
 
