@@ -14,7 +14,8 @@ from tests.conftest import run_sql
 from tests.sinkutil import assert_exactly_once, create_events
 from tests.spark.test_sink_streaming import run_stream, write_input_file
 from txsink.core import driver
-from txsink.core.plan import plan_write
+from txsink.core.plan import StreamPlans, plan_afresh, plan_write
+from txsink.options import parse_options
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("day", DateType()),
                      StructField("name", StringType()), StructField("value", DoubleType())])
@@ -49,6 +50,33 @@ def test_a_stream_plan_is_made_again_after_a_view_of_the_target_is_created(
     run_sql(server_url, f"CREATE MATERIALIZED VIEW `{server_db}`.`ids` ENGINE = MergeTree() "
                         f"ORDER BY id AS SELECT id FROM {stream_options['table']}")
     assert [n.view for n in stream_plan(stream_options).views] == [(server_db, "ids")]
+
+
+def test_a_stream_plan_of_a_target_with_a_view_is_kept_from_the_second_call(
+        server_url, server_db, stream_options):
+    run_sql(server_url, f"CREATE MATERIALIZED VIEW `{server_db}`.`ids` ENGINE = MergeTree() "
+                        f"ORDER BY id AS SELECT id FROM {stream_options['table']}")
+    first, second = stream_plan(stream_options), stream_plan(stream_options)
+    assert first is not second
+    assert stream_plan(stream_options) is second
+
+
+def test_a_change_while_a_stream_plan_is_made_shows_at_the_next_call(server_url,
+                                                                      stream_options):
+    options = parse_options(stream_options)
+    plans, key = StreamPlans(), ("stream",)
+
+    def made_then_altered():
+        plan = plan_afresh(options, SCHEMA, False, streaming=True)
+        run_sql(server_url, f"ALTER TABLE {stream_options['table']} ADD COLUMN note String "
+                            "DEFAULT ''")
+        return plan
+
+    plans.plan(key, options, made_then_altered)
+    again, kept = plans.plan(key, options,
+                             lambda: plan_afresh(options, SCHEMA, False, streaming=True))
+    assert not kept
+    assert "note" in {c.name for c in again.table.columns}
 
 
 def test_a_stream_plan_of_a_dropped_target_is_refused_naming_it(server_url, stream_options):

@@ -9,7 +9,7 @@ every task attempt (which may run it again: retries, speculation) and into
 
 A stream's plan is kept in the planning process (:class:`StreamPlans`): Spark asks for it
 twice per micro-batch, and every ``foreachBatch`` call asks again. A kept plan is reused
-only after one query finds every table it described unchanged
+only after one query finds every table it described as it was before the plan was made
 (``server_ext.types.definitions``: definitions, the views that read them, the server's
 version); the sink is opened (decided xids rolled forward) on every call all the same.
 Batch plans, a transaction's writes and sharded targets are planned afresh every time.
@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import server_ext
@@ -32,6 +33,7 @@ from server_ext.sharding import (
     ShardLayout,
     layout_from_urls,
 )
+from server_ext.sql import split_table_name
 from server_ext.types import definitions
 from txsink.core import connections
 from txsink.options import OptionError, SinkOptions, parse_options
@@ -89,15 +91,24 @@ def single_server(options: SinkOptions) -> ShardLayout:
     return layout_from_urls([[options.url]], options.table, None)
 
 
+@dataclass(frozen=True)
+class _Kept:
+    plan: WritePlan | None  # None: the tables are known, the plan is not kept yet
+    tables: tuple[tuple[str, str], ...]  # the tables whose definitions are compared
+    seen: tuple | None  # their definitions, read before ``plan`` was made
+
+
 class StreamPlans:
     """The stream plans this process made, by options, schema and mode, each with the
-    definitions (``server_ext.types.definitions``) of the tables it described. Callers on
-    any thread; at most :attr:`KEPT` plans, the least recently used dropped first."""
+    definitions (``server_ext.types.definitions``) of the tables it described, read
+    *before* it was made: a change that lands while a plan is made shows at the next
+    call. Callers on any thread; at most :attr:`KEPT` plans, the least recently used
+    dropped first."""
 
     KEPT = 16
 
     def __init__(self) -> None:
-        self._plans: OrderedDict[tuple, tuple[WritePlan, tuple]] = OrderedDict()
+        self._kept: OrderedDict[tuple, _Kept] = OrderedDict()
         self._lock = threading.Lock()
 
     @staticmethod
@@ -105,37 +116,38 @@ class StreamPlans:
         return (tuple(sorted((str(k).lower(), str(v)) for k, v in raw_options.items())),
                 spark_schema.json(), overwrite)
 
-    def unchanged(self, key: tuple) -> WritePlan | None:
-        """The plan kept under ``key`` if none of its tables changed since; None if there
-        is none, or it is dropped because they did (or the server cannot tell)."""
+    def plan(self, key: tuple, options: SinkOptions,
+             make: Callable[[], WritePlan]) -> tuple[WritePlan, bool]:
+        """(the plan, whether it was kept): the one kept under ``key`` if its tables'
+        definitions are what they were before it was made, else ``make()``'s, kept if
+        its tables are those whose definitions were read first (a plan whose target
+        gained a view is kept at the call after)."""
         with self._lock:
-            kept = self._plans.get(key)
-        if kept is None:
-            return None
-        plan, seen = kept
+            kept = self._kept.get(key)
+        tables = kept.tables if kept else (split_table_name(options.table),)
         try:
-            now = definitions(connections.clickhouse(plan.options), described(plan))
+            seen = definitions(connections.clickhouse(options), tables)
         except ClickHouseError:  # planned afresh, which names the problem
-            now = None
-        with self._lock:
-            if now != seen:
-                self._plans.pop(key, None)
-                return None
-            self._plans.move_to_end(key)
-        return plan
-
-    def keep(self, key: tuple, plan: WritePlan) -> None:
-        """Keep ``plan`` if its target is one server's table (a sharded layout is planned
-        afresh: its shards and cluster are not among the definitions)."""
+            seen = None
+        if kept and kept.plan is not None and seen is not None and seen == kept.seen:
+            with self._lock:
+                self._kept.move_to_end(key)
+            return kept.plan, True
+        plan = make()
         layout = plan.shard_layout
-        if (len(layout.shards) != 1 or layout.shards[0].replicas != (plan.options.url,)
-                or layout.local_table != plan.options.table):
-            return
-        seen = definitions(connections.clickhouse(plan.options), described(plan))
+        if (len(layout.shards) != 1 or layout.shards[0].replicas != (options.url,)
+                or layout.local_table != options.table):
+            return plan, False  # sharded: its shards and cluster are not among them
+        if set(described(plan)) <= set(tables) and seen is not None:
+            entry = _Kept(plan, tables, seen)
+        else:
+            entry = _Kept(None, tuple(sorted(set(described(plan)))), None)
         with self._lock:
-            self._plans[key] = (plan, seen)
-            while len(self._plans) > self.KEPT:
-                self._plans.popitem(last=False)
+            self._kept[key] = entry
+            self._kept.move_to_end(key)
+            while len(self._kept) > self.KEPT:
+                self._kept.popitem(last=False)
+        return plan, False
 
 
 def described(plan: WritePlan) -> list[tuple[str, str]]:
@@ -153,7 +165,25 @@ def plan_write(raw_options: dict[str, str], spark_schema, overwrite: bool, *,
     created or evolved where asked, described and checked, strategies chosen, the
     quarantine table made, and (batch) the sink fenced and its xid begun — or found
     covered by the sink's ``txn_version``. Every way in calls this once per write; any
-    bad input raises here, before anything is staged."""
+    bad input raises here, before anything is staged. A stream's plan may be one kept
+    from an earlier call (:class:`StreamPlans`)."""
+    from txsink.core import driver
+
+    options = parse_options(raw_options)
+    note_default_database(options.table)
+    if streaming and not options.in_transaction():
+        plan, kept = STREAM_PLANS.plan(
+            StreamPlans.key(raw_options, spark_schema, overwrite), options,
+            lambda: plan_afresh(options, spark_schema, overwrite, streaming=True))
+        if kept:
+            driver.open_stream(plan.options, plan.sink_id)
+        return plan
+    return plan_afresh(options, spark_schema, overwrite, streaming=streaming)
+
+
+def plan_afresh(options: SinkOptions, spark_schema, overwrite: bool, *,
+                 streaming: bool) -> WritePlan:
+    """:func:`plan_write`'s plan made from the options, the server and the sink."""
     from txsink.core import driver, quarantine_share, xid_keeper
     from txsink.core.plan_checks import (
         check_insert_memory,
@@ -164,15 +194,6 @@ def plan_write(raw_options: dict[str, str], spark_schema, overwrite: bool, *,
     )
     from txsink.core.target_setup import prepare_target
 
-    options = parse_options(raw_options)
-    note_default_database(options.table)
-    kept_as = None
-    if streaming and not options.in_transaction():
-        kept_as = StreamPlans.key(raw_options, spark_schema, overwrite)
-        kept = STREAM_PLANS.unchanged(kept_as)
-        if kept is not None:
-            driver.open_stream(kept.options, kept.sink_id)
-            return kept
     options = prepare_target(options, spark_schema)  # create_table, …: before describing
     checked = check_target(options, spark_schema)
     checked = replace(checked, strategy=check_publish(options, checked, overwrite),
@@ -199,12 +220,9 @@ def plan_write(raw_options: dict[str, str], spark_schema, overwrite: bool, *,
             xid_keeper.hand_over(options, opened.coord, epoch)  # outlives this planner
         else:
             epoch = None
-    plan = WritePlan(options=options, sink_id=sink_id, generation=generation,
+    return WritePlan(options=options, sink_id=sink_id, generation=generation,
                      strategy=checked.strategy, overwrite=overwrite, columns=checked.columns,
                      epoch=epoch, layout=checked.layout, table=checked.table,
                      covered_by_txn=covered_by_txn, views=checked.views,
                      view_strategies=checked.view_strategies, quarantine=quarantined,
                      quarantine_strategy=quarantine_strategy)
-    if kept_as is not None:
-        STREAM_PLANS.keep(kept_as, plan)
-    return plan
