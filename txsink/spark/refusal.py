@@ -31,6 +31,7 @@ REFUSALS: tuple[type[BaseException], ...] = (
     OptionError, ClickHouseError, CoordinatorError, UnsupportedTarget, ShardingError,
     ViewProblem, SettingRefused, RecordsUnusable)
 
+
 def complete_mode_refused(way: str) -> str:
     """Why ``way`` refuses a complete-mode stream: Spark hands it the whole result each
     micro-batch, to replace the last one (the data source's ``overwrite``, the output
