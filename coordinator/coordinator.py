@@ -348,7 +348,7 @@ class Coordinator:
             return self.publish_lease(epoch, generation, wait)
 
         recovery = Recovery(self.store, self._completion, self._abort_if_older, lease_for,
-                            judged)
+                            judged, leave_to)
         try:
             report = recovery.run(generation, publish, rollback,
                                   generation if older_than_generation is None

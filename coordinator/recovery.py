@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from coordinator.callbacks import BranchCallback
 from coordinator.completion import Completion
@@ -60,6 +60,9 @@ class RecoveryAction:
     action: str  # rolled_forward | rolled_back | in_progress | failed
     epoch: int
     detail: str = ""
+    # in_progress, left at once to a holder the caller named (``leave_to``): what the
+    # caller expects, not news (a pipelined writer's own background publish)
+    expected: bool = False
 
     def __str__(self) -> str:
         text = f"{self.xid} {self.from_state.value} -> {self.action}"
@@ -98,12 +101,14 @@ class Recovery:
 
     def __init__(self, store: SinkStore, completion: Completion,
                  abort_if_older: AbortIfOlder, lease_for: LeaseFor,
-                 judge: Judge | None = None) -> None:
+                 judge: Judge | None = None,
+                 leave_to: Callable[[str], bool] | None = None) -> None:
         self.store = store
         self.completion = completion
         self.abort_if_older = abort_if_older
         self.lease_for = lease_for
         self.judge = judge  # None: the current generation's xids are all left alone
+        self.leave_to = leave_to  # holders whose xids are expected in progress
 
     def run(self, generation: int, publish: BranchCallback, rollback: BranchCallback,
             older_than: int, raise_on_failure: bool) -> RecoveryReport:
@@ -113,7 +118,8 @@ class Recovery:
         for record in sorted(records, key=lambda r: (_ORDER.get(r.state, 3), r.epoch)):
             action = self._recover_one(record, generation, publish, rollback, older_than)
             if action is not None:
-                log.warning("recovery: %s", action)
+                log.log(logging.DEBUG if action.expected else logging.WARNING,
+                        "recovery: %s", action)
                 report.actions.append(action)
         if raise_on_failure and not report.ok:
             raise RecoveryIncomplete(report)
@@ -139,7 +145,9 @@ class Recovery:
         except Fenced:
             raise  # a newer writer took over: it recovers, not us
         except PublishInProgress as exc:
-            return self._action(record, IN_PROGRESS, f"held by {exc.holder}")
+            expected = self.leave_to is not None and self.leave_to(exc.holder)
+            return replace(self._action(record, IN_PROGRESS, f"held by {exc.holder}"),
+                           expected=expected)
         except CoordinatorError as exc:
             return self._action(record, FAILED, f"{type(exc).__name__}: {exc}")
         return None

@@ -8,6 +8,7 @@ publish alone, one epoch in flight per sink, and the settle before the next deci
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 
@@ -73,6 +74,34 @@ def test_recovery_leaves_a_decided_xid_to_a_holder_it_is_told_to_leave(memory_st
             wait_for_holders=30.0, leave_to=lambda holder: "pipelined" in holder)
     assert [a.action for a in report.actions] == [IN_PROGRESS]
     assert time.monotonic() - started < 5.0
+
+
+def test_recovery_logs_an_xid_left_to_a_pipelined_writers_own_publish_as_no_warning(
+        memory_store, caplog):
+    """Every streamWriter() of a pipelined stream finds the previous epoch in its
+    background publish: expected, so no warning per micro-batch."""
+    writer = Coordinator(memory_store, "s", role="pipelined publisher test")
+    generation = writer.fence()
+    decided(writer, 0, generation)
+    with writer.publish_lease(0, generation), caplog.at_level(logging.DEBUG):
+        report = Coordinator(memory_store, "s").recover(
+            publish=lambda r: None, rollback=lambda r: None, older_than_generation=0,
+            wait_for_holders=30.0, leave_to=lambda holder: "pipelined" in holder)
+    assert [a.expected for a in report.actions] == [True]
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_recovery_warns_of_an_xid_another_live_holder_keeps(memory_store, caplog):
+    writer = Coordinator(memory_store, "s", role="driver elsewhere")
+    generation = writer.fence()
+    decided(writer, 0, generation)
+    with writer.publish_lease(0, generation):
+        report = Coordinator(memory_store, "s").recover(
+            publish=lambda r: None, rollback=lambda r: None, older_than_generation=0,
+            wait_for_holders=0.1, leave_to=lambda holder: "pipelined" in holder)
+    assert [(a.action, a.expected) for a in report.actions] == [(IN_PROGRESS, False)]
+    assert any("in_progress" in r.getMessage() for r in caplog.records
+               if r.levelno == logging.WARNING)
 
 
 def test_a_holder_is_own_only_with_this_drivers_pipelined_role():

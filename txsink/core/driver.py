@@ -124,8 +124,10 @@ def _recover(options: SinkOptions, coord: Coordinator, older_than_generation: in
                                    + HOLDER_WAIT_MARGIN, leave_to=leave_to)
     except RecoveryIncomplete as exc:
         raise SinkBlocked.of(exc) from exc
-    if report.actions:
-        log.warning("txsink sink=%s recovered: %s", coord.sink_id, report)
+    if report.actions:  # a pipelined writer's own publish in progress is not news
+        expected = all(a.expected for a in report.actions)
+        log.log(logging.DEBUG if expected else logging.WARNING,
+                "txsink sink=%s recovered: %s", coord.sink_id, report)
 
 
 class SinkBlocked(RecoveryIncomplete):
