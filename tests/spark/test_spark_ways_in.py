@@ -209,19 +209,29 @@ def test_write_with_txn_version_in_a_users_foreach_batch_is_exactly_once(
     assert_exactly_once(server_url, target, [*range(200), *range(1000, 1100)])
 
 
-@every_spark
-def test_foreach_batch_of_a_complete_mode_query_is_refused_before_anything_is_written(
-        spark, server_url, db, options, tmp_path):
+def start_name_counts(spark, server_url: str, db: str, options: dict[str, str], tmp_path,
+                      mode: str):
+    """A query counting the names of ``tmp_path/<mode>-in``'s JSON files (two a, one b
+    written), in output mode ``mode``, through ``txsink.foreach_batch`` into
+    ``db.counts``: (the started query, its input folder, the table)."""
     counts = f"{db}.counts"
     run_sql(server_url, f"CREATE TABLE `{db}`.`counts` (name String, count Int64) "
                         "ENGINE = MergeTree() ORDER BY name")
-    source = tmp_path / "complete-in"
+    source = tmp_path / f"{mode}-in"
     source.mkdir()
     (source / "0.json").write_text('{"name": "a"}\n{"name": "b"}\n{"name": "a"}\n')
     stream = (spark.readStream.schema("name string").json(str(source))
-              .groupBy("name").count().writeStream.outputMode("complete")
+              .groupBy("name").count().writeStream.outputMode(mode)
               .foreachBatch(txsink.foreach_batch(table=counts, **options))
-              .option("checkpointLocation", str(tmp_path / "complete-checkpoint")).start())
+              .option("checkpointLocation", str(tmp_path / f"{mode}-checkpoint")).start())
+    return stream, source, counts
+
+
+@every_spark
+def test_foreach_batch_of_a_complete_mode_query_is_refused_before_anything_is_written(
+        spark, server_url, db, options, tmp_path):
+    stream, _, counts = start_name_counts(spark, server_url, db, options, tmp_path,
+                                          "complete")
     try:
         with pytest.raises(Exception, match=r"cannot run outputMode\('complete'\)"):
             stream.processAllAvailable()
@@ -233,16 +243,8 @@ def test_foreach_batch_of_a_complete_mode_query_is_refused_before_anything_is_wr
 @every_spark
 def test_foreach_batch_of_an_update_mode_query_appends_each_batchs_changed_rows(
         spark, server_url, db, options, tmp_path):
-    counts = f"{db}.counts"
-    run_sql(server_url, f"CREATE TABLE `{db}`.`counts` (name String, count Int64) "
-                        "ENGINE = MergeTree() ORDER BY name")
-    source = tmp_path / "update-in"
-    source.mkdir()
-    (source / "0.json").write_text('{"name": "a"}\n{"name": "b"}\n{"name": "a"}\n')
-    stream = (spark.readStream.schema("name string").json(str(source))
-              .groupBy("name").count().writeStream.outputMode("update")
-              .foreachBatch(txsink.foreach_batch(table=counts, **options))
-              .option("checkpointLocation", str(tmp_path / "update-checkpoint")).start())
+    stream, source, counts = start_name_counts(spark, server_url, db, options, tmp_path,
+                                               "update")
     try:
         stream.processAllAvailable()
         (source / "1.json").write_text('{"name": "a"}\n')
