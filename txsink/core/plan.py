@@ -182,7 +182,7 @@ def plan_write(raw_options: dict[str, str], spark_schema, overwrite: bool, *,
 
 
 def plan_afresh(options: SinkOptions, spark_schema, overwrite: bool, *,
-                 streaming: bool) -> WritePlan:
+                streaming: bool) -> WritePlan:
     """:func:`plan_write`'s plan made from the options, the server and the sink."""
     from txsink.core import driver, quarantine_share, xid_keeper
     from txsink.core.plan_checks import (
