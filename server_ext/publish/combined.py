@@ -112,6 +112,11 @@ class SizeLimits:
     # commit costs the epoch (100,000 rows in 4 partitions of 2 parts: ~140 ms on 26.x) and
     # buys no fewer parts than plain's. An epoch of more branches adds one part instead.
     merge_above_parts: int = 8
+    # A task's staged table over more partitions than this is not contributed: an attach
+    # per (task, partition), then the combine's copy and publish of every contributed part,
+    # cost more than rewriting the sources at the commit (4 tasks × 50 partitions on
+    # 26.x: twice the server CPU and commit time; ``docs/benchmarks.md``).
+    contribute_max_partitions: int = 8
 
     def merges(self, parts: int, size: int) -> bool:
         """Whether a partition of ``parts`` staged parts, ``size`` bytes on disk in all,
@@ -122,6 +127,12 @@ class SizeLimits:
         """Whether a branch's staged parts are small (worth combining) on average."""
         parts = sum(len(p.parts) for p in manifest.partitions)
         return 0 < sum(p.bytes for p in manifest.partitions) <= parts * self.small_part_bytes
+
+    def contributes(self, manifest: Manifest) -> bool:
+        """Whether a task's sealed staging table is worth contributing to its pre-combined
+        table: small parts in few partitions."""
+        return (len(manifest.partitions) <= self.contribute_max_partitions
+                and self.small(manifest))
 
 
 DEFAULT_LIMITS = SizeLimits()

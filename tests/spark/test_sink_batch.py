@@ -76,6 +76,21 @@ def test_append_leaves_no_staging_behind(spark, server_url, server_db, server_si
     assert staging_tables(server_url, server_sink_options) == before
 
 
+def combined_winner(zk_hosts: str, zk_chroot: str, sink_id: str) -> CombinedBranch:
+    """The combined branch that won the sink's first xid."""
+    client = KazooClient(hosts=zk_hosts + zk_chroot)
+    client.start(timeout=15)
+    try:
+        coord = Coordinator(client, sink_id)
+        (winner,) = coord.branches(0, coord.xid(0).winners)
+    finally:
+        client.stop()
+        client.close()
+    combined = from_record(winner.manifest)
+    assert isinstance(combined, CombinedBranch)
+    return combined
+
+
 def test_small_branches_reach_the_target_through_the_precombined_table(
     spark, server_url, server_db, server_sink_options, zk_hosts, zk_chroot
 ):
@@ -83,17 +98,26 @@ def test_small_branches_reach_the_target_through_the_precombined_table(
     save(events_df(spark, 0, 2000, partitions=4), server_sink_options, table,
          sink_id="precombined")
     assert_exactly_once(server_url, table, range(2000))
-    client = KazooClient(hosts=zk_hosts + zk_chroot)
-    client.start(timeout=15)
-    try:
-        coord = Coordinator(client, "precombined")
-        (winner,) = coord.branches(0, coord.xid(0).winners)
-    finally:
-        client.stop()
-        client.close()
-    combined = from_record(winner.manifest)
-    assert isinstance(combined, CombinedBranch) and len(combined.sources) == 4
+    combined = combined_winner(zk_hosts, zk_chroot, "precombined")
+    assert len(combined.sources) == 4
     assert combined.precombined.startswith("txs_")
+
+
+def test_branches_over_many_partitions_are_combined_at_the_commit_one_part_per_partition(
+    spark, server_url, server_db, server_sink_options, zk_hosts, zk_chroot
+):
+    run_sql(server_url, f"CREATE TABLE `{server_db}`.`daily` (id UInt64, day Date, "
+                        "name String, value Float64) ENGINE = MergeTree() "
+                        "PARTITION BY day ORDER BY id")
+    table = f"{server_db}.daily"
+    save(events_df(spark, 0, 2000, partitions=4), server_sink_options, table,
+         sink_id="spread")  # each task: 90 days, more than contribute_max_partitions
+    assert_exactly_once(server_url, table, range(2000))
+    combined = combined_winner(zk_hosts, zk_chroot, "spread")
+    assert len(combined.sources) == 4 and combined.precombined == ""
+    parts = run_sql(server_url, "SELECT count() FROM system.parts WHERE active AND "
+                                f"database = '{server_db}' AND table = 'daily'")
+    assert int(parts) == 90
 
 
 def test_task_retried_after_staging_publishes_each_row_once(

@@ -3,17 +3,17 @@
 Many small branches on one server make many small parts and one publish statement each;
 the sink combines them, in two places, under one policy:
 
-- **in the tasks** (:func:`contribute`): a sealed staging table of small parts attaches
-  its parts into the xid's *pre-combined* table of its target on its server, one per
-  (generation, server, table), registered as a branch so a rollback drops it. A share
-  that is not small, belongs to an overwrite or fails to contribute is read by the commit
-  from its own staging table;
+- **in the tasks** (:func:`contribute`): a sealed staging table of small parts in few
+  partitions attaches its parts into the xid's *pre-combined* table of its target on its
+  server, one per (generation, server, table), registered as a branch so a rollback
+  drops it. A share that is not small, spans many partitions, belongs to an overwrite or
+  fails to contribute is read by the commit from its own staging table;
 - **at the commit** (:func:`combined_branches`): the winners of each server and table
   become one *combined* branch, registered and prepared before the decision like any
   branch, published in one pass from one combined table (``server_ext.publish.combined``,
   which builds it from the pre-combined table where every source contributed).
 
-What is small, and how a combined table is built and published, is
+What is small and few, and how a combined table is built and published, is
 ``server_ext.publish.combined``'s (``DEFAULT_LIMITS``); which payload names what is
 :mod:`txsink.core.payload`'s.
 """
@@ -54,12 +54,12 @@ _PRECOMBINED: set[tuple[str, str, int, str]] = set()
 def contribute(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
                server: str, client: ClickHouseClient, manifest: server_ext.Manifest,
                table: server_ext.TargetTable) -> str:
-    """Attach a task's sealed staging table of small parts (a branch's own, or a view's
-    share, for ``table``) into the pre-combined table of ``table`` on ``server``; its name
-    if that worked, "" if it is not contributed (large parts, no parts, an overwrite, or
-    any failure: the commit reads the staging table itself then)."""
-    if (plan.overwrite or not manifest.partitions
-            or not DEFAULT_LIMITS.small(manifest)):
+    """Attach a task's sealed staging table of small parts in few partitions (a branch's
+    own, or a view's share, for ``table``) into the pre-combined table of ``table`` on
+    ``server``; its name if that worked, "" if it is not contributed (``SizeLimits.
+    contributes`` says no, an overwrite, or any failure: the commit reads the staging
+    table itself then)."""
+    if plan.overwrite or not DEFAULT_LIMITS.contributes(manifest):
         return ""
     options = plan.options
     branch_id = precombined_branch_id(generation, server, f"{table.database}.{table.name}",
