@@ -116,7 +116,7 @@ class SizeLimits:
     # per (task, partition), then the combine's copy and publish of every contributed part,
     # cost more than rewriting the sources at the commit (4 tasks × 50 partitions on
     # 26.x: twice the server CPU and commit time; ``docs/benchmarks.md``).
-    contribute_max_partitions: int = 8
+    contribute_max_partitions: int = 4
 
     def merges(self, parts: int, size: int) -> bool:
         """Whether a partition of ``parts`` staged parts, ``size`` bytes on disk in all,
