@@ -162,5 +162,6 @@ def main() -> None:
             print(f"{name} ÷ plain's: " + ", ".join(
                 f"{v} {ms / figures['plain']:.2f}" for v, ms in figures.items() if v != "plain"))
 
+
 if __name__ == "__main__":
     main()
