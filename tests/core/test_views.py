@@ -130,6 +130,12 @@ TREES = {
         url, db, "SELECT e.id AS id, e.day AS day, e.value AS value FROM {source} AS e "
                  "WHERE e.id % 3 = 1"),
     "a view with an inner table": doubled_inner_view,
+    # each task's share of it spans more partitions than a task contributes
+    "a view into a table partitioned by day": lambda url, db: (
+        run_sql(url, f"CREATE TABLE `{db}`.`daily` (id UInt64, day Date, value Float64) "
+                     "ENGINE = MergeTree() PARTITION BY day ORDER BY id"),
+        run_sql(url, f"CREATE MATERIALIZED VIEW `{db}`.`daily_mv` TO `{db}`.`daily` AS "
+                     f"SELECT id, day, value FROM `{db}`.`events`")),
     "a chain of two views": lambda url, db: (even_copy_view(url, db),
                                              summing_view(url, db, source="copy")),
     "two views into one table, one of them chained": lambda url, db: (
