@@ -366,10 +366,12 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object],
 def _publish_in_background(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
                            lease: ExitStack, messages: Sequence[BranchMessage],
                            started: float) -> None:
-    """A pipelined epoch's publish, under the lease its commit took (released here)."""
+    """A pipelined epoch's publish, under the lease its commit took (released here once
+    its metrics are recorded: ``wait_published`` waits for the lease's holder)."""
     with lease:
         final = _finish_decided(plan, coord, epoch, generation)
-    after_committed(plan, coord, epoch, final, messages, started, PIPELINED)
+        record_committed(plan, coord, epoch, final, messages, started, PIPELINED)
+    retain_after_commit(plan.options, coord)
 
 
 def _finish_decided(plan: WritePlan, coord: Coordinator, epoch: int,
@@ -383,9 +385,16 @@ def _finish_decided(plan: WritePlan, coord: Coordinator, epoch: int,
 
 def after_committed(plan: WritePlan, coord: Coordinator, epoch: int, final: XidRecord,
                     messages: Sequence[BranchMessage], started: float, publish: str) -> None:
-    """What a writer does once its xid is ``Committed``: its metrics on the record, and
-    the log line. Runs where the publish ran (the committing thread, or the background
-    publish of a pipelined epoch)."""
+    """What a writer does once its xid is ``Committed``: its metrics and log line
+    (:func:`record_committed`), then a retention pass."""
+    record_committed(plan, coord, epoch, final, messages, started, publish)
+    retain_after_commit(plan.options, coord)  # after Committed: off the decision's path
+
+
+def record_committed(plan: WritePlan, coord: Coordinator, epoch: int, final: XidRecord,
+                     messages: Sequence[BranchMessage], started: float, publish: str) -> None:
+    """A ``Committed`` xid's metrics on its record, and the log line. Runs where the
+    publish ran (the committing thread, or the background publish of a pipelined epoch)."""
     metrics = replace(epoch_metrics(messages, started, final.updated, final.decided_at),
                       publish=publish)
     if plan.quarantine is not None:  # what status shows per epoch
@@ -399,7 +408,6 @@ def after_committed(plan: WritePlan, coord: Coordinator, epoch: int, final: XidR
         metrics.stage_ms, metrics.seal_ms, metrics.commit_ms, metrics.visibility_lag_ms or 0,
         metrics.cleanup_ms, metrics.latency_ms, publish,
     )
-    retain_after_commit(plan.options, coord)  # after Committed: off the decision's path
 
 
 def finish_clean_up(plan: WritePlan, coord: Coordinator, epoch: int) -> None:
