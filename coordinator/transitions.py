@@ -217,7 +217,15 @@ class Transitions:
             return record, False, {}  # decided already: finish that decision
         _require_undecided(record)
         chosen = list(dict.fromkeys(record.selected if winners is None else winners))
-        known = self._require_prepared(record, chosen)
+        try:
+            known = self._require_prepared(record, chosen)
+        except WinnerNotPrepared:
+            # A winner leaves Prepared only once the xid is decided: a rival's decision
+            # rolled it back after ``record`` was read. Finish (or refuse) from a fresh read.
+            fresh = self._require(epoch, cached=False)
+            if fresh.version == record.version:
+                raise
+            return self._commit_once(epoch, generation, winners, txn_version, cached=False)
         decided = record.moved_to(XidState.COMMITTING, generation, winners=tuple(chosen),
                                   decided_at=time.time(), txn_version=txn_version)
         return self._write(record, generation, decided), True, known
