@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 
 from server_ext.client.client_protocol import SqlClient
-from server_ext.errors import ClickHouseError
+from server_ext.errors import KEEPER_EXCEPTION, ClickHouseError
 from server_ext.sql import qualified_name, quote_identifier, sql_string
 from server_ext.types.chtypes import (
     DATE32_CALENDAR,
@@ -149,7 +149,7 @@ def _probe(client: SqlClient) -> Capabilities:
         non_replicated_deduplication_window=_has_merge_tree_setting(
             client, "non_replicated_deduplication_window"
         ),
-        keeper=_has_keeper(client),
+        keeper=keeper_configured(client),
         hash_any_type=hashes_any_type(client),
         value_ranges=_probe_value_ranges(client, version_text),
     )
@@ -199,13 +199,15 @@ def _has_merge_tree_setting(client: SqlClient, name: str) -> bool:
     return bool(rows)
 
 
-def _has_keeper(client: SqlClient) -> bool:
+def keeper_configured(client: SqlClient) -> bool:
+    """Whether the server has a ZooKeeper/Keeper configured, reachable now or not (a
+    ``KEEPER_EXCEPTION`` answer: configured, its session lost)."""
     try:
         client.query_value(
             "SELECT count() FROM system.zookeeper WHERE path = '/'", purpose="probe keeper"
         )
-    except ClickHouseError:
-        return False
+    except ClickHouseError as exc:
+        return exc.code == KEEPER_EXCEPTION
     return True
 
 

@@ -116,8 +116,9 @@ def parse_exception(text: str) -> tuple[int, str, str | None] | None:
 OUTCOME_UNKNOWN = ("CONNECTION_LOST", "TIMEOUT")  # names the client gives a lost answer
 
 
-#: The codes callers test for: a table or database that is not there.
+#: The codes callers test for: a table or database that is not there; a keeper failure.
 UNKNOWN_TABLE, UNKNOWN_DATABASE, DIRECTORY_ALREADY_EXISTS = 60, 81, 84
+KEEPER_EXCEPTION = 999
 
 
 class ClickHouseError(Exception):

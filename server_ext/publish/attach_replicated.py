@@ -15,7 +15,7 @@ import logging
 import time
 
 from server_ext.capabilities import known_settings
-from server_ext.errors import ClickHouseError, InDoubtPublish, PartsDeduplicated
+from server_ext.errors import KEEPER_EXCEPTION, ClickHouseError, InDoubtPublish, PartsDeduplicated
 from server_ext.publish.attach_decision import AttachDecider, partition_watermarks
 from server_ext.publish.publish_ledger import PublishRecord
 from server_ext.publish.publish_steps import (
@@ -112,7 +112,7 @@ class AttachReplicatedRun(StrategyRun):
             alter_in_chunks(self.client, self.target, self.from_staging("ATTACH", pending),
                             purpose="attach partitions into target", retry=True)
         except ClickHouseError as exc:
-            if exc.code == 999 and "Node exists" in str(exc):
+            if exc.code == KEEPER_EXCEPTION and "Node exists" in str(exc):
                 raise self.deduplicated([p.partition_id for p in pending],
                                         "within one staged partition") from exc
             raise

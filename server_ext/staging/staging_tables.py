@@ -50,10 +50,13 @@ Contract:
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from dataclasses import dataclass
 
-from server_ext.capabilities import SCRATCH_DATABASE, known_settings
+from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
+
+from server_ext.capabilities import SCRATCH_DATABASE, keeper_configured, known_settings
 from server_ext.client.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError
 from server_ext.sharding.engine_args import engine_arguments
@@ -68,7 +71,11 @@ from server_ext.sql import (
 )
 from server_ext.types.target_table import TargetTable
 
+log = logging.getLogger(__name__)
+
 STAGING_DATABASE = "txsink_staging"
+#: Seconds a plan waits for a Replicated target's read-only replica (``publish_problem``)
+READ_ONLY_WAIT = 90.0
 
 # Table settings that make a staging table hold its parts exactly as written.
 DEDUP_WINDOW = 100  # blocks a staging table remembers; a repeat is of the latest one
@@ -419,12 +426,31 @@ def publish_problem(client: SqlClient, target: TargetTable, strategy: str) -> st
 
 
 def _read_only_replica(client: SqlClient, target: TargetTable) -> str | None:
-    """Why a Replicated ``target`` cannot take partitions now: its replica is read-only."""
-    rows = client.query_rows(
-        "SELECT is_readonly FROM system.replicas WHERE database = "
-        f"{sql_string(target.database)} AND table = {sql_string(target.name)}",
-        purpose="check the target's replica is writable")
-    if rows and int(rows[0]["is_readonly"]):
-        return ("its replica is read-only on this server (system.replicas.is_readonly = 1: no "
-                "ZooKeeper/Keeper session for it), so a plain INSERT is refused too")
+    """Why a Replicated ``target`` cannot take partitions now: its replica is read-only.
+
+    A server with no ZooKeeper/Keeper configured keeps it read-only for good: refused at
+    once. A configured one is read-only while its session is re-established (after a
+    ZooKeeper restart 18.16 does so within ``zookeeper_session_expiration_check_period``,
+    60 s; a plain INSERT's retries wait the same way): waited for up to
+    ``READ_ONLY_WAIT`` seconds, logged, then refused."""
+    def read_only() -> bool:
+        rows = client.query_rows(
+            "SELECT is_readonly FROM system.replicas WHERE database = "
+            f"{sql_string(target.database)} AND table = {sql_string(target.name)}",
+            purpose="check the target's replica is writable")
+        return bool(rows) and bool(int(rows[0]["is_readonly"]))
+
+    if not read_only():
+        return None
+    refusal = ("its replica is read-only on this server (system.replicas.is_readonly = 1: no "
+               "ZooKeeper/Keeper session for it), so a plain INSERT is refused too")
+    if not keeper_configured(client):
+        return refusal
+    log.warning("the replica of %s is read-only (no ZooKeeper/Keeper session); waiting up "
+                "to %.0f s for its session", target.qualified, READ_ONLY_WAIT)
+    waiting = Retrying(retry=retry_if_result(bool), stop=stop_after_delay(READ_ONLY_WAIT),
+                       wait=wait_fixed(1.0), retry_error_callback=lambda state: True)
+    if waiting(read_only):
+        return f"{refusal} (still read-only after {READ_ONLY_WAIT:.0f} s)"
+    log.info("the replica of %s is writable again", target.qualified)
     return None

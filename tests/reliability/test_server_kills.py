@@ -10,7 +10,8 @@ recover`` (the next job's start), then a rerun if none of the job's rows is visi
 Strategies: ``move`` on the modern server (26.x), and ``attach_replicated`` on 18.16
 with a Replicated target feeding a plain MergeTree view. With ``publish=pipelined`` the
 server dies under the background publish of a decided micro-batch, which the next
-micro-batch's commit then publishes: no rerun.
+micro-batch's commit then publishes: no rerun. The server's ZooKeeper down while a job
+plans leaves a Replicated target read-only for a while: the plan waits for it.
 """
 
 from __future__ import annotations
@@ -238,4 +239,32 @@ def test_a_restart_inside_the_attach_marked_window_is_resolved_with_txsink_resol
                         attached=attached)
     finally:
         ops.close()
+    sink.assert_exactly_once(range(TASKS * ROWS_PER_TASK))
+
+
+# -- ZooKeeper restarting while a job plans ---------------------------------------------
+
+
+def test_a_job_planned_while_zookeeper_restarts_waits_for_its_replica_then_writes_once(
+        classic, zk_hosts) -> None:
+    """The private server's ZooKeeper (not the sink's) is down when the job plans: the
+    Replicated target's replica is read-only, as it is while a session is re-established.
+    The plan waits for it instead of refusing; the job's rows are visible once."""
+    url = classic.clickhouse.url
+    db = f"t_{uuid.uuid4().hex[:10]}"
+    run_sql(url, f"CREATE DATABASE `{db}`")
+    run_sql(url, f"CREATE TABLE `{db}`.`events` (id UInt64, day Date, name String, "
+                 f"value Float64) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{db}/events',"
+                 " 'r1') PARTITION BY toYYYYMM(day) ORDER BY id")
+    create_fed_view(url, f"{db}.events")
+    sink = Sink(url, zk_hosts, f"{db}.events")
+    kill_server(classic, "zookeeper")
+    assert run_sql(url, f"SELECT is_readonly FROM system.replicas WHERE database = '{db}'") \
+        .strip() == "1"
+    later = threading.Timer(10.0, restart_server, (classic, "zookeeper"))
+    later.start()
+    try:
+        sink.run_job(0)
+    finally:
+        later.join()
     sink.assert_exactly_once(range(TASKS * ROWS_PER_TASK))
