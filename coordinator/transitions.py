@@ -221,11 +221,12 @@ class Transitions:
             known = self._require_prepared(record, chosen)
         except WinnerNotPrepared:
             # A winner leaves Prepared only once the xid is decided: a rival's decision
-            # rolled it back after ``record`` was read. Finish (or refuse) from a fresh read.
+            # rolled it back after ``record`` was read. Finish (or refuse) from the fresh
+            # read, remembered (a decided record is not read again).
             fresh = self._require(epoch, cached=False)
             if fresh.version == record.version:
                 raise
-            return self._commit_once(epoch, generation, winners, txn_version, cached=False)
+            return self._commit_once(epoch, generation, winners, txn_version, cached=True)
         decided = record.moved_to(XidState.COMMITTING, generation, winners=tuple(chosen),
                                   decided_at=time.time(), txn_version=txn_version)
         return self._write(record, generation, decided), True, known
