@@ -219,13 +219,14 @@ class Transitions:
         chosen = list(dict.fromkeys(record.selected if winners is None else winners))
         try:
             known = self._require_prepared(record, chosen)
-        except WinnerNotPrepared:
-            # A winner leaves Prepared only once the xid is decided: a rival's decision
-            # rolled it back after ``record`` was read. Finish (or refuse) from the fresh
-            # read, remembered (a decided record is not read again).
+        except WinnerNotPrepared as exc:
+            # A winner leaves Prepared only once the xid is decided or re-attempted: a
+            # rival rolled it back after ``record`` was read. Finish (or refuse) from the
+            # fresh read, remembered (a decided record is not read again); a writer the
+            # rival took the sink over from is told so.
             fresh = self._require(epoch, cached=False)
             if fresh.version == record.version:
-                raise
+                raise self.sink_generation.taken_over(generation, exc) or exc from None
             return self._commit_once(epoch, generation, winners, txn_version, cached=True)
         decided = record.moved_to(XidState.COMMITTING, generation, winners=tuple(chosen),
                                   decided_at=time.time(), txn_version=txn_version)

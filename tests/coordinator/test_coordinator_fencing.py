@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from kazoo.client import KazooClient
 
-from coordinator import Coordinator, Fenced, XidDecided, XidState
+from coordinator import Coordinator, Fenced, SinkTakenOver, XidDecided, XidState
 from tests.coordinator.test_coordinator_support import (
     Crash,
     Target,
@@ -40,6 +40,20 @@ def test_commit_by_a_fenced_writer_is_refused_and_decides_nothing(zk: KazooClien
         old.commit(EPOCH, old_generation, winners, target.publish, target.rollback)
     assert old.xid(EPOCH).state is XidState.INITIALIZED
     assert not target.publish_calls
+
+
+def test_commit_of_winners_a_newer_writer_rolled_back_for_a_new_attempt_is_refused_as_taken_over(
+        zk: KazooClient) -> None:
+    old, old_generation = new_coordinator(zk)
+    old.begin(EPOCH, old_generation)
+    winners = prepared_branches(old, EPOCH, old_generation, 2)
+    new, generation = new_coordinator(zk)
+    target = Target()
+    new.abort(EPOCH, generation, target.rollback)  # a replay: the attempt is started over
+    new.begin(EPOCH, generation)
+    with pytest.raises(SinkTakenOver):
+        old.commit(EPOCH, old_generation, winners, target.publish, target.rollback)
+    assert new.xid(EPOCH).state is XidState.INITIALIZED
 
 
 def test_abort_by_a_fenced_writer_is_refused(zk: KazooClient) -> None:
