@@ -431,8 +431,8 @@ def _read_only_replica(client: SqlClient, target: TargetTable) -> str | None:
     A server with no ZooKeeper/Keeper configured keeps it read-only for good: refused at
     once. A configured one is read-only while its session is re-established (after a
     ZooKeeper restart 18.16 does so within ``zookeeper_session_expiration_check_period``,
-    60 s; a plain INSERT's retries wait the same way): waited for up to
-    ``READ_ONLY_WAIT`` seconds, logged, then refused."""
+    60 s): waited for, as a plain INSERT's retries would wait, up to ``READ_ONLY_WAIT``
+    seconds (logged), then refused."""
     def read_only() -> bool:
         rows = client.query_rows(
             "SELECT is_readonly FROM system.replicas WHERE database = "

@@ -76,14 +76,19 @@ def private(request, tmp_path_factory) -> Iterator[tuple[Services, str, str]]:
 @pytest.fixture
 def sink(private, zk_hosts: str) -> Iterator[tuple[Sink, Services]]:
     services, strategy, engine = private
-    url = services.clickhouse.url
+    yield events_sink(services.clickhouse.url, zk_hosts, engine), services
+
+
+def events_sink(url: str, zk_hosts: str, engine: str) -> Sink:
+    """A sink of a new table ``events`` of ``engine`` (``{db}``: its database) that feeds
+    a materialized view."""
     db = f"t_{uuid.uuid4().hex[:10]}"
     run_sql(url, f"CREATE DATABASE `{db}`")
     run_sql(url, f"CREATE TABLE `{db}`.`events` (id UInt64, day Date, name String, "
                  f"value Float64) ENGINE = {engine.format(db=db)} "
                  "PARTITION BY toYYYYMM(day) ORDER BY id")
     create_fed_view(url, f"{db}.events")
-    yield Sink(url, zk_hosts, f"{db}.events"), services
+    return Sink(url, zk_hosts, f"{db}.events")
 
 
 def kill_then_restart(services: Services) -> Callable[[], None]:
@@ -188,12 +193,8 @@ class CrashHere(RuntimeError):
 def test_a_restart_inside_the_attach_marked_window_is_resolved_with_txsink_resolve_without_loss(
         classic, zk_hosts, hold_at) -> None:  # noqa: F811 - the imported fixture
     url = classic.clickhouse.url
-    db = f"t_{uuid.uuid4().hex[:10]}"
-    run_sql(url, f"CREATE DATABASE `{db}`")
-    run_sql(url, f"CREATE TABLE `{db}`.`events` (id UInt64, day Date, name String, "
-                 "value Float64) ENGINE = MergeTree() PARTITION BY toYYYYMM(day) ORDER BY id")
-    create_fed_view(url, f"{db}.events")
-    sink = Sink(url, zk_hosts, f"{db}.events")
+    sink = events_sink(url, zk_hosts, "MergeTree()")
+    db = sink.table.split(".")[0]
 
     def restart_then_die() -> None:
         # the restart forgets the publish's STOP MERGES: the server merges the attached
@@ -251,13 +252,8 @@ def test_a_job_planned_while_zookeeper_restarts_waits_for_its_replica_then_write
     Replicated target's replica is read-only, as it is while a session is re-established.
     The plan waits for it instead of refusing; the job's rows are visible once."""
     url = classic.clickhouse.url
-    db = f"t_{uuid.uuid4().hex[:10]}"
-    run_sql(url, f"CREATE DATABASE `{db}`")
-    run_sql(url, f"CREATE TABLE `{db}`.`events` (id UInt64, day Date, name String, "
-                 f"value Float64) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{db}/events',"
-                 " 'r1') PARTITION BY toYYYYMM(day) ORDER BY id")
-    create_fed_view(url, f"{db}.events")
-    sink = Sink(url, zk_hosts, f"{db}.events")
+    sink = events_sink(url, zk_hosts, "ReplicatedMergeTree('/clickhouse/tables/{db}/events', 'r1')")
+    db = sink.table.split(".")[0]
     kill_server(classic, "zookeeper")
     assert run_sql(url, f"SELECT is_readonly FROM system.replicas WHERE database = '{db}'") \
         .strip() == "1"

@@ -87,12 +87,13 @@ def fed_table(table: str) -> str:
     return f"{table}_fed"
 
 
-def create_fed_view(url: str, table: str) -> None:
+def create_fed_view(url: str, table: str, engine: str = "MergeTree()") -> None:
     """A materialized view of the target (``db.name``) into ``db.name_fed`` (its ``TO``
-    table): every row's id and day, so the checker can count each id there too."""
+    table, of ``engine``: a format string of ``{table}``, as the target's): every row's id
+    and day, so the checker can count each id there too."""
     fed = fed_table(table)
-    for sql in (f"CREATE TABLE {_quoted(fed)} (id UInt64, day Date) ENGINE = MergeTree() "
-                "PARTITION BY toYYYYMM(day) ORDER BY id",
+    for sql in (f"CREATE TABLE {_quoted(fed)} (id UInt64, day Date) ENGINE = "
+                f"{engine.format(table=fed)} PARTITION BY toYYYYMM(day) ORDER BY id",
                 f"CREATE MATERIALIZED VIEW {_quoted(fed + '_mv')} TO {_quoted(fed)} AS "
                 f"SELECT id, day FROM {_quoted(table)}"):
         resp = requests.post(url, data=sql.encode(), timeout=30)
