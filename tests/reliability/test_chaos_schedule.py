@@ -4,11 +4,12 @@ The run uses a private ClickHouse + ZooKeeper pair (ports 28201..28204, or
 ``$TXSINK_CHAOS_TEST_PORT_BASE`` + 1..4), because it kills and restarts both servers, and
 a ReplicatedMergeTree target and view table: on a plain MergeTree table a ClickHouse
 restart inside a publish may leave it in doubt for an operator (docs/reliability.md,
-"Limits"), which a random schedule would hit now and then. Besides the process and network faults, the short
-run has the overlapping actors of ``tests.harness.chaos.actors``: an operator's
-``txsink recover`` loop, a second driver of the same query, and a zombie task of a stale
-generation, each while the pipeline commits. The soak
-(``python -m tests.harness.chaos.schedule --minutes 30``) is the same code with more faults.
+"Limits"), which a random schedule would hit now and then. Besides the process and
+network faults, the short run has the overlapping actors of
+``tests.harness.chaos.actors``: an operator's ``txsink recover`` loop, a second driver of
+the same query, and a zombie task of a stale generation, each while the pipeline
+commits. The soak (``python -m tests.harness.chaos.schedule --minutes 30``) is the same
+code with more faults.
 """
 
 from __future__ import annotations
