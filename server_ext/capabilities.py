@@ -149,7 +149,7 @@ def _probe(client: SqlClient) -> Capabilities:
         non_replicated_deduplication_window=_has_merge_tree_setting(
             client, "non_replicated_deduplication_window"
         ),
-        keeper=keeper_configured(client),
+        keeper=_keeper_configured(client),
         hash_any_type=hashes_any_type(client),
         value_ranges=_probe_value_ranges(client, version_text),
     )
@@ -199,7 +199,7 @@ def _has_merge_tree_setting(client: SqlClient, name: str) -> bool:
     return bool(rows)
 
 
-def keeper_configured(client: SqlClient) -> bool:
+def _keeper_configured(client: SqlClient) -> bool:
     """Whether the server has a ZooKeeper/Keeper configured, reachable now or not (a
     ``KEEPER_EXCEPTION`` answer: configured, its session lost)."""
     try:

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
-from server_ext.capabilities import SCRATCH_DATABASE, keeper_configured, known_settings
+from server_ext.capabilities import SCRATCH_DATABASE, detect_capabilities, known_settings
 from server_ext.client.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError
 from server_ext.sharding.engine_args import engine_arguments
@@ -444,7 +444,7 @@ def _read_only_replica(client: SqlClient, target: TargetTable) -> str | None:
         return None
     refusal = ("its replica is read-only on this server (system.replicas.is_readonly = 1: no "
                "ZooKeeper/Keeper session for it), so a plain INSERT is refused too")
-    if not keeper_configured(client):
+    if not detect_capabilities(client).keeper:
         return refusal
     log.warning("the replica of %s is read-only (no ZooKeeper/Keeper session); waiting up "
                 "to %.0f s for its session", target.qualified, READ_ONLY_WAIT)
