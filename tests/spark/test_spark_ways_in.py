@@ -73,6 +73,17 @@ def test_write_makes_every_row_visible_exactly_once(spark, server_url, options, 
 
 
 @every_spark
+def test_write_takes_column_names_with_a_backtick_or_a_dot(spark, server_url, db, options):
+    run_sql(server_url, f"CREATE TABLE `{db}`.odd (`id` Int64, `a.b` String, `c``d` Int32) "
+                        "ENGINE = MergeTree ORDER BY id")
+    df = spark.range(300).selectExpr("id", "concat('x', id) AS `a.b`", "int(id) AS `c``d`")
+    txsink.write(df, table=f"{db}.odd", **options)
+    assert run_sql(server_url, f"SELECT count(), sum(`c``d`), countIf(`a.b` = concat('x', "
+                               f"toString(id))) FROM `{db}`.odd").split() == ["300", "44850",
+                                                                             "300"]
+
+
+@every_spark
 def test_write_rerun_of_a_committed_txn_version_writes_nothing(spark, server_url, options,
                                                                target):
     for _ in range(2):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
@@ -72,6 +72,32 @@ def job_options(table: str, options: dict[str, object], *, internal: bool = Fals
             **{k: option_text(v) for k, v in options.items()}, "table": table}
 
 
+ArrowTask = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+
+
+@dataclass(frozen=True)
+class _Renamed:
+    """``task`` over batches given back their columns' own names."""
+
+    task: ArrowTask
+    names: tuple[str, ...]
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return self.task(batch.rename_columns(list(self.names)) for batch in batches)
+
+
+def collect_arrow(df, task: ArrowTask, schema: str) -> list:
+    """``df.mapInArrow(task, schema).collect()`` for any column names.
+
+    ``mapInArrow`` resolves each column by its name, which fails for a name with a
+    backtick or a dot in it (INVALID_ATTRIBUTE_NAME_SYNTAX, PySpark 3.5 to 4.3), so the
+    job runs on the columns renamed by position, and ``task`` sees its batches under the
+    columns' own names (types, nullability and metadata unchanged)."""
+    names = tuple(df.columns)
+    by_position = df.toDF(*(f"_{i}" for i in range(len(names))))
+    return by_position.mapInArrow(_Renamed(task, names), schema).collect()
+
+
 @dataclass(frozen=True)
 class AttemptTask:
     """The function ``mapInArrow`` runs in every task attempt: stage, seal, prepare, and
@@ -89,7 +115,7 @@ def run_epoch(df, plan: WritePlan, epoch: int) -> None:
     """Stage ``df`` in one Spark job and commit (or, in a transaction, select) its winners;
     abort the xid on any exception before that returns."""
     try:
-        rows = df.mapInArrow(AttemptTask(plan, epoch), MESSAGE_SCHEMA).collect()
+        rows = collect_arrow(df, AttemptTask(plan, epoch), MESSAGE_SCHEMA)
         driver.commit_epoch(plan, epoch, [from_text(row[0]) for row in rows])
     except BaseException:
         driver.abort_epoch(plan, epoch, [])

@@ -24,6 +24,7 @@ from txsink.core.plan import send_columns
 from txsink.core.plan_checks import check_target
 from txsink.core.target_setup import prepare_target
 from txsink.options import OptionError, SinkOptions, parse_options
+from txsink.spark.job import collect_arrow, job_options
 
 _ROWS_SCHEMA = "rows long"
 _ROWS_ARROW = pa.schema([pa.field("rows", pa.int64())])
@@ -80,12 +81,10 @@ class PlainForeachBatch:
 
     def __call__(self, batch_df, batch_id: int) -> None:
         options, columns = plan_plain(self.raw, batch_df.schema)
-        batch_df.mapInArrow(_InsertTask(options, columns), _ROWS_SCHEMA).collect()
+        collect_arrow(batch_df, _InsertTask(options, columns), _ROWS_SCHEMA)
 
 
 def plain_foreach_batch(*, table: str, **options: object) -> PlainForeachBatch:
     """The function to hand ``writeStream.foreachBatch`` for the at-least-once baseline
     (``clickhouse_plain``'s options); called with any DataFrame and id, it inserts once."""
-    from txsink.spark.job import job_options
-
     return PlainForeachBatch(job_options(table, options))
