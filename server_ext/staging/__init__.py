@@ -12,6 +12,7 @@ from server_ext.staging.partition_bound import (
 from server_ext.staging.seal import (
     StagedRowsMismatch,
     digested,
+    expire_rows,
     read_staged_partitions,
     read_staged_tables,
     seal,
@@ -50,6 +51,7 @@ __all__ = [
     "BranchWriter",
     "StagedRowsMismatch",
     "digested",
+    "expire_rows",
     "read_staged_partitions",
     "read_staged_tables",
     "seal",

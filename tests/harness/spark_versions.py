@@ -2,17 +2,26 @@
 
 ``./run test`` runs the whole suite on the main environment's PySpark, then the tests
 marked ``every_spark`` once under each version of :data:`EVERY_RUN`, each in its own
-virtualenv made here: ``python -m venv``, then one ``pip install -e <checkout>`` beside
-``pyspark==<pin>`` and the test runner's packages. The project's own ``pyspark>=`` bound
-decides whether it installs beside that PySpark, as on a platform that ships one; an
-install that would replace the pinned PySpark fails instead.
+virtualenv made here: ``python -m venv``, then one ``pip install`` of the project's wheel
+beside ``pyspark==<pin>`` and the test runner's packages. The project is installed as users
+install it, a regular (not editable) install: Spark then finds ``clickhouse_tx`` by itself
+(``pyspark_txsink``), as on a platform. The project's own ``pyspark>=`` bound decides
+whether it installs beside that PySpark, as on a platform that ships one; an install that
+would replace the pinned PySpark fails instead.
+
+The wheel is built once per content of the product's files (:func:`project_wheel`) and put
+into a virtualenv whenever that content changed (``pip install --no-deps``), so the tests
+always run the checkout's code. They import the wheel's ``txsink``: the checkout is on
+their path only after site-packages (a ``.pth`` file, for ``tests``), and
+``PYTHONSAFEPATH`` keeps the working directory off it; ``TXSINK_TEST_INSTALLED`` tells the
+tests so.
 
 A virtualenv lives under ``${XDG_CACHE_HOME:-~/.cache}/txsink/venvs/pyspark-<minor>`` and
 is reused while its key is unchanged: the pin, the extra pins, the project's dependency
 list and test packages (read from ``pyproject.toml``), the Python and the checkout's path
-(the editable install points there). Any change rebuilds it. A virtualenv is complete
-only once its key file is written (last), so an interrupted build is rebuilt; a lock file
-per version keeps two runs from building the same one at once.
+(the ``.pth`` file points there). Any change rebuilds it. A virtualenv is complete only
+once its key file is written (last), so an interrupted build is rebuilt; a lock file per
+version keeps two runs from building the same one at once.
 
 The tests in a virtualenv connect to the services the main environment started (the
 harness's ``Services.up`` leaves running servers alone): the virtualenv needs neither
@@ -22,12 +31,14 @@ chdb nor the Debian packages.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from collections.abc import Sequence
@@ -52,6 +63,12 @@ BENCH_PACKAGES = ("clickhouse-connect", "clickhouse-driver")
 #: The guarantee tests' marker: the default selection when no pytest arguments are given.
 MARKER = "every_spark"
 KEY_FILE = "txsink-venv.json"
+#: The virtualenv's record of the wheel content it holds (:func:`product_digest`).
+WHEEL_FILE = "txsink-wheel.txt"
+#: What the wheel is built from (pyproject.toml's packages, and the files it names).
+PRODUCT = ("pyproject.toml", "README.md", "txsink", "coordinator", "server_ext")
+#: Set in the tests' environment: txsink is the installed wheel, not the checkout.
+INSTALLED_VARIABLE = "TXSINK_TEST_INSTALLED"
 
 
 class SparkVenvError(RuntimeError):
@@ -90,6 +107,45 @@ def _project() -> dict:
 
 def _requirement_name(requirement: str) -> str:
     return re.split(r"[\s\[<>=!~;]", requirement, maxsplit=1)[0].lower()
+
+
+def product_digest() -> str:
+    """The content of the files the wheel is built from (bytecode caches left out)."""
+    digest = hashlib.sha256()
+    for name in PRODUCT:
+        top = ROOT / name
+        for path in sorted([top] if top.is_file() else top.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(ROOT)).encode() + b"\0")
+                digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def project_wheel() -> Path:
+    """The project's wheel for the checkout as it is now: built (``pip wheel``, from a
+    copy of :data:`PRODUCT`, so the checkout gets no build folders) unless one of the
+    same content is cached."""
+    folder = cache_root() / "wheels" / product_digest()
+    cache_root().mkdir(parents=True, exist_ok=True)
+    with open(cache_root() / "wheels.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = sorted(folder.glob("txsink-*.whl"))
+        if found:
+            return found[0]
+        shutil.rmtree(cache_root() / "wheels", ignore_errors=True)  # older contents
+        with tempfile.TemporaryDirectory() as source:
+            for name in PRODUCT:
+                copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy2
+                copy(ROOT / name, Path(source) / name)
+            _say("building the project's wheel ...")
+            done = subprocess.run(
+                [sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check",
+                 "--progress-bar", "off", "-w", str(folder), source],
+                capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SparkVenvError("pip wheel of the project failed:\n"
+                                 + "\n".join(_pip_lines(done.stdout + done.stderr)[-25:]))
+        return sorted(folder.glob("txsink-*.whl"))[0]
 
 
 def dev_requirements(names: Sequence[str] = TEST_PACKAGES) -> list[str]:
@@ -146,9 +202,27 @@ class SparkVenv:
         with open(cache_root() / f"pyspark-{self.minor}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if self.cached():
+                self._install_project()
                 return False
             self._build()
             return True
+
+    def _install_project(self) -> None:
+        """The checkout's wheel into the (made) virtualenv, unless it holds that content."""
+        wheel = project_wheel()
+        if (self.path / WHEEL_FILE).exists() and \
+                (self.path / WHEEL_FILE).read_text() == wheel.parent.name:
+            return
+        with open(cache_root() / f"pyspark-{self.minor}.log", "a") as out:
+            self._step(out, f"pip install --no-deps {wheel.name}",
+                       [str(self.python), "-m", "pip", "install", "--disable-pip-version-check",
+                        "--progress-bar", "off", "--no-deps", "--force-reinstall", str(wheel)])
+        (self.path / WHEEL_FILE).write_text(wheel.parent.name)
+
+    def site_packages(self) -> Path:
+        return Path(subprocess.run(
+            [str(self.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True).stdout.strip())
 
     def _build(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
@@ -157,10 +231,13 @@ class SparkVenv:
         started = time.monotonic()
         with open(log, "w") as out:
             self._step(out, "virtualenv", [sys.executable, "-m", "venv", str(self.path)])
-            self._step(out, f"pip install -e . pyspark=={self.pin} "
+            wheel = project_wheel()
+            self._step(out, f"pip install {wheel.name} pyspark=={self.pin} "
                             f"{' '.join(self.requirements()[1:])}",
                        [str(self.python), "-m", "pip", "install", "--disable-pip-version-check",
-                        "--progress-bar", "off", "-e", str(ROOT), *self.requirements()])
+                        "--progress-bar", "off", str(wheel), *self.requirements()])
+        (self.path / WHEEL_FILE).write_text(wheel.parent.name)
+        (self.site_packages() / "txsink-tests.pth").write_text(f"{ROOT}\n")
         installed = self.installed_pyspark()
         if installed != self.pin:
             raise SparkVenvError(f"installing the project replaced PySpark {self.pin} by "
@@ -208,9 +285,10 @@ class SparkVenv:
                 _say(f"PySpark {self.pin}: no test file names {MARKER}")
                 return 5
             args = [*default_pytest_args(), *args]
-        paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
-               "VIRTUAL_ENV": str(self.path)}
+        paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                 if p and Path(p).resolve() != ROOT]  # the checkout comes after the wheel
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONSAFEPATH": "1",
+               INSTALLED_VARIABLE: "1", "VIRTUAL_ENV": str(self.path)}
         env.pop("PYSPARK_PYTHON", None)  # the tests' Spark takes this interpreter
         env.pop("PYSPARK_DRIVER_PYTHON", None)
         env.pop("SPARK_HOME", None)  # the virtualenv's PySpark brings its own jars

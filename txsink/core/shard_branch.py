@@ -23,7 +23,12 @@ import pyarrow as pa
 import server_ext
 from server_ext.ddl import ViewNode, staging_view_ddl
 from server_ext.sharding import Shard
-from server_ext.staging import merges_at_insert, partition_bound_settings, staging_qualified
+from server_ext.staging import (
+    expire_rows,
+    merges_at_insert,
+    partition_bound_settings,
+    staging_qualified,
+)
 from server_ext.types import BadRows
 from txsink.core import connections, crashpoints
 from txsink.core.plan import WritePlan, send_columns
@@ -186,9 +191,13 @@ class ShardBranch(StagedTable):
         rows = self.writer.rows_sent
         # a merging variant may keep fewer rows than were sent (staging.merges_at_insert)
         expected = None if merges_at_insert(self.writer.target) else rows
+        partitions = staged.get(self.staging, {})
+        expired = expire_rows(self.client, self.writer.target, self.writer.staging_table,
+                              partitions, expected)
+        if expired is not partitions:  # the TTL took rows: the manifest counts what is left
+            partitions, expected = expired, None
         manifest = server_ext.seal(self.client, self.writer.target, self.writer.staging_table,
-                                   expected_rows=expected,
-                                   partitions=staged.get(self.staging, {}))
+                                   expected_rows=expected, partitions=partitions)
         return manifest, manifest.rows if expected is None else rows, self.writer.bytes_sent
 
     def seal_views(self, staged: StagedParts) -> list[tuple[ViewBranch, server_ext.Manifest]]:
@@ -198,9 +207,10 @@ class ShardBranch(StagedTable):
             if self.writer is None or share.table.engine == "Null":
                 manifest = server_ext.Manifest.empty(share.table, share.staging)
             else:
+                partitions = expire_rows(self.client, share.table, share.staging,
+                                         staged.get(share.staging, {}), None)
                 manifest = server_ext.seal(self.client, share.table, share.staging,
-                                           expected_rows=None,
-                                           partitions=staged.get(share.staging, {}))
+                                           expected_rows=None, partitions=partitions)
             sealed.append((share, manifest))
         return sealed
 

@@ -29,8 +29,9 @@ from txsink.core import driver, pipeline
 from txsink.core.attempt import streaming_epoch, write_branch
 from txsink.core.messages import SkippedMessage, TaskMessage
 from txsink.core.plan import WritePlan, plan_write
+from txsink.core.target_schema import describe_schema
 from txsink.options import OptionError
-from txsink.spark.refusal import complete_mode_refused, reason_first
+from txsink.spark.refusal import complete_mode_refused, given, reason_first
 from txsink.spark.versions import has_stream_arrow_writer, no_stream_arrow_writer
 
 if has_stream_arrow_writer():  # PySpark 4.1 and later
@@ -45,17 +46,25 @@ class ClickHouseTxDataSource(DataSource):
     def name(cls) -> str:
         return "clickhouse_tx"
 
+    def schema(self) -> str:
+        """The target's columns (``target_schema``): asked by Spark for a view or a read
+        that names no column list, on the driver."""
+        with reason_first():
+            return describe_schema(given(self.options))
+
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         with reason_first():
-            return BatchWriter(plan_write(self.options, schema, overwrite, streaming=False))
+            return BatchWriter(plan_write(given(self.options), schema, overwrite,
+                                          streaming=False))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         with reason_first():
+            options = given(self.options)
             if not has_stream_arrow_writer():
                 raise OptionError(no_stream_arrow_writer())
             if overwrite:  # what Spark passes for outputMode('complete') (measured, 4.3)
                 raise OptionError(complete_mode_refused("clickhouse_tx"))
-            return StreamWriter(plan_write(self.options, schema, overwrite, streaming=True))
+            return StreamWriter(plan_write(options, schema, overwrite, streaming=True))
 
 
 @dataclass(frozen=True)

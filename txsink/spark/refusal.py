@@ -15,7 +15,7 @@ changes nothing else. Unexpected errors (a bug) keep their traceback.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from coordinator.errors import CoordinatorError
@@ -25,6 +25,7 @@ from server_ext.staging import UnsupportedTarget
 from txsink.core.connections import RecordsUnusable
 from txsink.options import OptionError
 from txsink.options.insert_settings import SettingRefused
+from txsink.options.sink_options import SPARK_OPTIONS
 
 #: What the sink raises to refuse a write, each naming what is wrong in its message.
 REFUSALS: tuple[type[BaseException], ...] = (
@@ -44,6 +45,39 @@ def complete_mode_refused(way: str) -> str:
             "watermark), or write the result from foreachBatch as a batch write with "
             "mode('overwrite'), which replaces the partitions the result holds. Nothing "
             "was written")
+
+
+def no_options_reached() -> str:
+    """Why a write that reached ``clickhouse_tx`` with no option at all is refused: most
+    often a catalog table's, whose OPTIONS this Spark hands to no Python data source
+    (measured with PySpark 4.3: ``self.options`` is empty in ``writer()`` and
+    ``commit()``), so its writes cannot know their server or table."""
+    return ("no options reached clickhouse_tx (url, table and zookeeper are required). "
+            "A table made by CREATE TABLE ... USING clickhouse_tx OPTIONS (...) keeps its "
+            "options in Spark's catalog, and Spark hands a catalog table's options to no "
+            "Python data source, so INSERT INTO, df.writeTo(...).append() and "
+            "df.write.insertInto(...) of such a table cannot reach ClickHouse. A temporary "
+            "view's options do reach it: CREATE TEMPORARY VIEW v USING clickhouse_tx "
+            "OPTIONS (url 'http://...:8123', table 'db.events', zookeeper '...:2181'), "
+            "then INSERT INTO v SELECT ...; with df.write.format('clickhouse_tx') give them "
+            "as .option(...). Nothing was written")
+
+
+#: How Spark names a catalog table's OPTIONS in the properties it hands ``schema()`` when
+#: ``CREATE TABLE ... USING clickhouse_tx`` gives no column list (beside ``owner`` and
+#: ``provider``; measured with PySpark 4.3). Its writes later get no option at all.
+CATALOG_OPTION_PREFIX = "option."
+
+
+def given(options: Mapping[str, str]) -> dict[str, str]:
+    """``options`` as the sink takes them. Refused (:func:`no_options_reached`) when they
+    hold none but Spark's own, or are a catalog table's properties: such a table could be
+    created but never written, so it is refused when it is made."""
+    names = [str(name).lower() for name in options]
+    if not any(name not in SPARK_OPTIONS for name in names) or \
+            any(name.startswith(CATALOG_OPTION_PREFIX) for name in names):
+        raise OptionError(no_options_reached())
+    return dict(options)
 
 
 #: Read by PySpark's worker when it reports an exception to the JVM.

@@ -21,12 +21,12 @@ def register(spark, *, credentials_as_options: bool = False) -> None:
     and make ``spark`` the calling thread's active session.
 
     An installed txsink is found by Spark without it (``pyspark_txsink``), but not an
-    editable install. And Spark looks a Python data source up in the *active* session of
-    the thread that runs the write, also one it found by itself, and a new Python thread
-    has none (measured with PySpark 4.3: ``save()`` then fails with
+    editable install. Where Spark registered it already, that registration is kept
+    (PySpark 4.0 refuses a second one). And Spark looks a Python data source up in the
+    *active* session of the thread that runs the write, also one it found by itself, and a
+    new Python thread has none (measured with PySpark 4.3: ``save()`` then fails with
     ``DATA_SOURCE_NOT_FOUND``). So call it once in every thread that writes; repeating it,
-    or calling it where Spark found the source, is harmless (Spark logs that it replaced
-    the source).
+    or calling it where Spark found the source, is harmless on every PySpark from 4.0.
 
     It also hands the credential variables (``TXSINK_CLICKHOUSE_USER`` and the others of
     ``CREDENTIAL_VARIABLES``) as they are now in this process to the Python workers of
@@ -53,8 +53,25 @@ def register(spark, *, credentials_as_options: bool = False) -> None:
         _pass_credential_variables(spark.sparkContext.environment)
     elif not credentials_as_options:
         _warn_credentials_stay_here(os.environ)
-    spark.dataSource.register(ClickHouseTxDataSource)
-    spark.dataSource.register(PlainDataSource)
+    for source in (ClickHouseTxDataSource, PlainDataSource):
+        _register_once(spark, source)
+
+
+#: Spark's error for a second registration of a name it registered from an installed
+#: ``pyspark_*`` module (PySpark 4.0; 4.1 and later replace the registration instead).
+ALREADY_EXISTS = "DATA_SOURCE_ALREADY_EXISTS"
+
+
+def _register_once(spark, source) -> None:
+    """Register ``source``, or keep the registration Spark made of it by itself: an
+    installed txsink's ``pyspark_txsink`` hands every call to the same sink."""
+    try:
+        spark.dataSource.register(source)
+    except Exception as exc:  # noqa: BLE001 - PySpark's AnalysisException, classic or Connect
+        condition = getattr(exc, "getCondition", getattr(exc, "getErrorClass", None))
+        if condition is None or condition() != ALREADY_EXISTS:
+            raise
+        log.debug("data source %s: Spark's own registration kept", source.name())
 
 
 def _pass_credential_variables(environment: dict[str, str]) -> None:

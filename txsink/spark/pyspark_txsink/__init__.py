@@ -46,6 +46,9 @@ class DefaultSource(DataSource):
     def name(cls) -> str:
         return "clickhouse_tx"
 
+    def schema(self) -> str:
+        return self._sink().schema()
+
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         return self._sink().writer(schema, overwrite)
 
