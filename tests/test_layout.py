@@ -1,8 +1,9 @@
 """The house: each package's rooms, what may import what, and the folder map in the docs.
 
-The import-linter contracts in ``pyproject.toml`` hold the layer rule between folders;
-these tests hold what a contract cannot say: the names of the rooms, unique module names,
-the short public surface of ``server_ext`` and that ``docs/design.md`` maps the tree.
+The import-linter contracts in ``pyproject.toml`` hold the layer rule between folders and
+inside some; these tests hold what a contract cannot say: the names of the rooms, unique
+module names, no import circle anywhere in the product, the short public surface of
+``server_ext`` and that ``docs/design.md`` maps the tree.
 """
 
 from __future__ import annotations
@@ -54,6 +55,91 @@ def _exported(module: str) -> set[str]:
 def package_folders(package: str) -> set[str]:
     return {str(p.parent.relative_to(ROOT)) for p in (ROOT / package).rglob("__init__.py")
             if "__pycache__" not in p.parts}
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, known: set[str], root: Path = ROOT) -> set[str]:
+    """The modules of ``known`` that ``path`` imports anywhere in the file: at its top,
+    inside functions, under ``TYPE_CHECKING``, relative or not. ``from a import b`` is
+    ``a.b`` where that is a module, else ``a``; a name of no module is its nearest
+    enclosing module."""
+    name = module_name(path, root)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the file's package, one level up per dot
+                base = ".".join([*package[:len(package) - node.level + 1],
+                                 *([base] if base else [])])
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+                       for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def import_graph(root: Path, *packages: str) -> dict[str, set[str]]:
+    """Each module of ``packages`` (under ``root``) and the modules of them it imports."""
+    paths = {module_name(p, root): p for package in packages
+             for p in (root / package).rglob("*.py") if "__pycache__" not in p.parts}
+    return {name: imports_of(path, set(paths), root) for name, path in paths.items()}
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """A circle (its modules, the first repeated at the end) for each back edge of a
+    depth-first walk of ``graph``: empty exactly when the graph has no circle."""
+    circles: list[list[str]] = []
+    done: set[str] = set()
+    path: list[str] = []  # the walk's modules from its start to the current one
+
+    def visit(module: str) -> None:
+        path.append(module)
+        for target in sorted(graph.get(module, ())):
+            if target in path:
+                circles.append([*path[path.index(target):], target])
+            elif target not in done:
+                visit(target)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            visit(module)
+    return circles
+
+
+def test_the_circle_finder_counts_imports_in_functions_under_type_checking_and_relative(
+        tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("def f():\n    from pkg import b\n")
+    (package / "b.py").write_text("from typing import TYPE_CHECKING\n"
+                                  "if TYPE_CHECKING:\n    from .c import C\n")
+    (package / "c.py").write_text("import pkg.a\n")
+    (package / "d.py").write_text("from pkg.a import f\nfrom pkg import c\n")
+    graph = import_graph(tmp_path, "pkg")
+    assert graph["pkg.d"] == {"pkg.a", "pkg.c"}
+    assert import_circles(graph) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]
+    assert import_circles({"x": {"y"}, "y": {"z"}, "z": set()}) == []
+
+
+def test_no_import_circle_among_the_product_modules() -> None:
+    """Every import counted: a circle that only an import inside a function or under
+    ``TYPE_CHECKING`` closes still ties its modules together."""
+    assert import_circles(import_graph(ROOT, *PRODUCT)) == []
 
 
 def test_the_sink_has_four_rooms_and_nothing_else_at_its_top() -> None:

@@ -41,7 +41,7 @@ from sinkbench import workload
 from sinkbench.environment import ARROW_BATCH_ROWS, Scratch, load
 from txsink.core import driver
 from txsink.core.attempt import write_branch
-from txsink.core.plan import WritePlan
+from txsink.core.write_plan import WritePlan
 from txsink.options import parse_options
 
 STEPS = ("begin", "stage", "insert", "seal", "decision", "publish", "drop", "finish",

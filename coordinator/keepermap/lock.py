@@ -2,18 +2,37 @@
 
 Taken without waiting (``acquire(blocking=False)``), by any process; one holder at a time,
 because the holder's node is created only while the lock's path has no other child, in
-one log entry. A holder whose session expired loses its node (``log.py``).
+one log entry. A holder whose session expired loses its node (``log.py``). Built only on
+the store's public operations (:class:`LockStore`, which ``KeeperMapNodes`` serves)::
+
+    lock = nodes.Lock(SinkLayout("/txsink", "orders").publisher(7), "driver-1")
+    if lock.acquire(blocking=False):  # False: another session holds it
+        try:
+            ...  # publish
+        finally:
+            lock.release()
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from kazoo.exceptions import BadArgumentsError, NodeExistsError, NoNodeError
 
-if TYPE_CHECKING:
-    from coordinator.keepermap.log_store import KeeperMapNodes
+
+class LockStore(Protocol):
+    """The operations of the KeeperMap store that the lock uses."""
+
+    def create_alone(self, path: str, value: bytes = b"") -> str: ...
+
+    def delete_own(self, path: str) -> bool: ...
+
+    def exists(self, path: str) -> Any: ...
+
+    def get(self, path: str) -> tuple[bytes, Any]: ...
+
+    def get_children(self, path: str) -> list[str]: ...
 
 
 class KeeperMapLock:
@@ -24,7 +43,7 @@ class KeeperMapLock:
     unique name means a holder whose session expired can neither pass a check of its
     node nor delete a successor's."""
 
-    def __init__(self, store: KeeperMapNodes, path: str, identifier: str) -> None:
+    def __init__(self, store: LockStore, path: str, identifier: str) -> None:
         self.store = store
         self.path = path
         self.identifier = identifier
@@ -38,9 +57,7 @@ class KeeperMapLock:
         name = f"lease-{uuid.uuid4().hex[:12]}"
 
         def take() -> None:
-            self.store._ephemeral_once_more(lambda: self.store._one(self.store._create_op(
-                f"{self.path}/{name}", self.identifier.encode(), ephemeral=True,
-                sequence=False, alone=True)))
+            self.store.create_alone(f"{self.path}/{name}", self.identifier.encode())
 
         try:
             take()
@@ -67,8 +84,7 @@ class KeeperMapLock:
         if not self.is_acquired or self.node is None:
             return False
         try:
-            self.store._one(["delete", f"{self.path}/{self.node}", -1, False,
-                             self.store.session])
+            self.store.delete_own(f"{self.path}/{self.node}")
         except NoNodeError:
             pass
         self.is_acquired, self.node = False, None

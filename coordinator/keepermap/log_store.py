@@ -238,6 +238,19 @@ class KeeperMapNodes:
                     pass
         return True
 
+    def create_alone(self, path: str, value: bytes = b"") -> str:
+        """Create ``path`` as an ephemeral node of this session only while its parent has
+        no other child (one log entry): a lock's holder node. ``NodeExistsError`` while
+        the parent has a child; a session expired meanwhile is replaced, as in
+        :meth:`create`."""
+        return self._ephemeral_once_more(lambda: self._one(self._create_op(
+            path, value, ephemeral=True, sequence=False, alone=True)))
+
+    def delete_own(self, path: str) -> bool:
+        """Delete ``path`` if this session created it; ``NoNodeError`` if it is gone or
+        another session's (a holder whose session expired cannot delete a successor's)."""
+        return self._one(["delete", path, -1, False, self.session])
+
     def Lock(self, path: str, identifier: str | None = None) -> KeeperMapLock:  # noqa: N802
         return KeeperMapLock(self, path, identifier or "")
 

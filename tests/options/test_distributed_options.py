@@ -9,7 +9,7 @@ import pytest
 from server_ext.ddl.create_distributed import distributed_table_sql
 from server_ext.ddl.quarantine_table import table_ddl
 from server_ext.publish.strategy_choice import Strategy
-from txsink.core.quarantine_share import _common_strategy
+from txsink.core.quarantine_plan import _common_strategy
 from txsink.options import OptionError, parse_options
 
 SHARDS = "http://a:8123,http://b:8123;http://c:8123,http://d:8123"

@@ -64,9 +64,9 @@ from server_ext.types import ContentDigest
 from txsink.core import combine, connections, crashpoints, payload
 from txsink.core.messages import BranchMessage, SkippedMessage
 from txsink.core.payload import BranchOwner
-from txsink.core.plan import WritePlan, send_columns
 from txsink.core.shard_branch import ShardBranch, new_branch_id, pick_replica
 from txsink.core.staged_table import StagedTable
+from txsink.core.write_plan import WritePlan, send_columns
 
 log = logging.getLogger(__name__)
 DIGEST_WORKERS = 2  # staged tables of a task digested at once, beside its contributions

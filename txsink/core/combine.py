@@ -31,8 +31,8 @@ from server_ext.errors import ClickHouseError
 from server_ext.publish import DEFAULT_LIMITS, attach_to_precombined, create_precombined
 from txsink.core import payload
 from txsink.core.payload import BranchOwner, CombinedBranch, staged_manifest
-from txsink.core.plan import WritePlan
 from txsink.core.publisher import BranchPublisher, recorded_strategy, server_of
+from txsink.core.write_plan import WritePlan
 
 log = logging.getLogger(__name__)
 

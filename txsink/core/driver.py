@@ -41,8 +41,8 @@ from txsink.core import combine, connections, payload, pipeline, quarantine_shar
 from txsink.core.history_summary import retain_after_commit
 from txsink.core.messages import BranchMessage, SkippedMessage
 from txsink.core.metrics import EpochMetrics
-from txsink.core.plan import WritePlan
 from txsink.core.publisher import BranchPublisher, server_of
+from txsink.core.write_plan import WritePlan
 from txsink.options import INLINE, PIPELINED, SinkOptions
 
 log = logging.getLogger(__name__)

@@ -1,11 +1,11 @@
-"""The write plan: what the driver decided before any task runs.
+"""The planner: what the driver decides before any task runs.
 
 :func:`plan_write` runs once per write, on the driver, before any task: it parses the
-options, prepares and checks the target (``txsink.core.plan_checks``), makes the quarantine
-table and opens the sink (batch: fences it and begins the xid). Any bad input raises there,
-before anything is staged. The :class:`WritePlan` it returns is immutable and pickled into
-every task attempt (which may run it again: retries, speculation) and into
-``commit``/``abort``; nothing in it changes once built.
+options, prepares and checks the target (``txsink.core.target_setup``,
+``txsink.core.plan_checks``), makes the quarantine table (``txsink.core.quarantine_plan``)
+and opens the sink through the driver (batch: fences it and begins the xid). Any bad input
+raises there, before anything is staged. It returns a ``WritePlan``
+(``txsink.core.write_plan``), the value every other module of the write core reads.
 
 A stream's plan is kept in the planning process (:class:`StreamPlans`): Spark asks for it
 twice per micro-batch, and every ``foreachBatch`` call asks again. A kept plan is reused
@@ -18,77 +18,25 @@ Batch plans, a transaction's writes and sharded targets are planned afresh every
 from __future__ import annotations
 
 import threading
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
-import server_ext
-from server_ext.ddl import ViewNode
 from server_ext.errors import ClickHouseError
-from server_ext.publish import (
-    Strategy,
-)
-from server_ext.sharding import (
-    ShardLayout,
-    layout_from_urls,
-)
 from server_ext.sql import split_table_name
 from server_ext.types import definitions
-from txsink.core import connections
+from txsink.core import connections, driver, quarantine_plan, xid_keeper
+from txsink.core.plan_checks import (
+    check_insert_memory,
+    check_publish,
+    check_publishable,
+    check_target,
+    view_strategies,
+)
+from txsink.core.target_setup import prepare_target
+from txsink.core.write_plan import WritePlan
 from txsink.options import OptionError, SinkOptions, parse_options
 from txsink.options.target_name import note_default_database
-
-
-@dataclass(frozen=True)
-class WritePlan:
-    options: SinkOptions
-    sink_id: str
-    generation: int | None  # None for streaming: each run's tasks claim one
-    strategy: Strategy
-    overwrite: bool
-    columns: tuple[str, ...]
-    epoch: int | None = None  # None for streaming: the micro-batch id arrives per task
-    layout: ShardLayout | None = None  # None: the ``url`` server alone
-    table: server_ext.TargetTable | None = None  # the local table as the driver saw it
-    covered_by_txn: int | None = None  # the sink's txn_version that makes this job a no-op
-    views: tuple[ViewNode, ...] = ()  # the materialized views the target feeds, staged too
-    view_strategies: tuple[Strategy, ...] = ()  # the publish strategy of each view's table
-    # bad_rows=quarantine: the quarantine table (txsink/core/quarantine_share.py) and its strategy
-    quarantine: server_ext.TargetTable | None = None
-    quarantine_strategy: Strategy | None = None
-    # streaming through foreachBatch: the query id, read on the driver (the data source's
-    # tasks read it from their TaskContext); None: the tasks read it
-    stream_query: str | None = None
-    # This write's own: two writes of one table in a transaction share the xid, and each
-    # needs a pre-combined table of its own (txsink.core.combine)
-    write_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
-
-    @property
-    def target(self) -> str:
-        """The table the branches stage for and publish into (on every shard)."""
-        return self.shard_layout.local_table
-
-    @property
-    def tables(self) -> tuple[server_ext.TargetTable, ...]:
-        """The target, its views' tables and the quarantine table, as the driver
-        described them."""
-        return (*((self.table,) if self.table else ()), *(n.table for n in self.views),
-                *((self.quarantine,) if self.quarantine else ()))
-
-    @property
-    def shard_layout(self) -> ShardLayout:
-        return self.layout or single_server(self.options)
-
-
-def send_columns(target, names: tuple[str, ...]) -> list:
-    """The target's ``Column`` objects for the column names a plan sends, in that order."""
-    by_name = {c.name: c for c in target.columns}
-    return [by_name[name] for name in names]
-
-
-def single_server(options: SinkOptions) -> ShardLayout:
-    return layout_from_urls([[options.url]], options.table, None)
 
 
 @dataclass(frozen=True)
@@ -167,8 +115,6 @@ def plan_write(raw_options: dict[str, str], spark_schema, overwrite: bool, *,
     covered by the sink's ``txn_version``. Every way in calls this once per write; any
     bad input raises here, before anything is staged. A stream's plan may be one kept
     from an earlier call (:class:`StreamPlans`)."""
-    from txsink.core import driver
-
     options = parse_options(raw_options)
     note_default_database(options.table)
     if streaming and not options.in_transaction():
@@ -184,23 +130,13 @@ def plan_write(raw_options: dict[str, str], spark_schema, overwrite: bool, *,
 def plan_afresh(options: SinkOptions, spark_schema, overwrite: bool, *,
                 streaming: bool) -> WritePlan:
     """:func:`plan_write`'s plan made from the options, the server and the sink."""
-    from txsink.core import driver, quarantine_share, xid_keeper
-    from txsink.core.plan_checks import (
-        check_insert_memory,
-        check_publish,
-        check_publishable,
-        check_target,
-        view_strategies,
-    )
-    from txsink.core.target_setup import prepare_target
-
     options = prepare_target(options, spark_schema)  # create_table, …: before describing
     checked = check_target(options, spark_schema)
     checked = replace(checked, strategy=check_publish(options, checked, overwrite),
                       view_strategies=view_strategies(options, checked))
     check_publishable(options, checked)
     check_insert_memory(options, checked)
-    quarantined, quarantine_strategy = quarantine_share.planned(  # created before any xid
+    quarantined, quarantine_strategy = quarantine_plan.planned(  # created before any xid
         options, checked.layout, overwrite=overwrite)
     sink_id = options.resolved_sink_id(streaming)
     covered_by_txn = None

@@ -39,9 +39,10 @@ from server_ext.sharding import (
 )
 from server_ext.staging import memory_problem, publish_problem
 from txsink.core import connections
-from txsink.core.plan import single_server
 from txsink.core.spark_arrow import arrow_schema
+from txsink.core.write_plan import single_server
 from txsink.options import OptionError, SinkOptions, insert_settings
+from txsink.options.distributed_options import SHARDING_KEY_ALONE
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +68,6 @@ def _described_shards(options: SinkOptions, checked: CheckedTarget
     """Per shard, (local table, server that described it): ``checked.shard_tables``, or
     the target on the ``url`` server alone when none were recorded."""
     return checked.shard_tables or ((checked.table, options.url),)
-
-
-SHARDING_KEY_ALONE = "option sharding_key needs the shards option or a Distributed table"
 
 
 def resolve_layout(options: SinkOptions, client, table: server_ext.TargetTable) -> ShardLayout:

@@ -31,9 +31,9 @@ from server_ext.staging import (
 )
 from server_ext.types import BadRows
 from txsink.core import connections, crashpoints
-from txsink.core.plan import WritePlan, send_columns
 from txsink.core.quarantine_share import QuarantineShare
 from txsink.core.staged_table import StagedTable, create_staging, staging_name
+from txsink.core.write_plan import WritePlan, send_columns
 
 StagedParts = dict[str, dict[str, server_ext.PartitionManifest]]  # staging table: parts
 

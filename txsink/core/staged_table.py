@@ -18,7 +18,7 @@ import server_ext
 from server_ext.capabilities import Capabilities
 from server_ext.client import Client
 from server_ext.publish import Strategy
-from txsink.core.plan import WritePlan
+from txsink.core.write_plan import WritePlan
 
 
 class StagedTable(Protocol):

@@ -38,9 +38,9 @@ from server_ext.sharding import parse_shard_urls
 from server_ext.sql import identifier_text, qualified_name, split_table_name
 from server_ext.types import flatten_schema, type_problem
 from txsink.core import connections, distributed_target
-from txsink.core.plan_checks import SHARDING_KEY_ALONE
 from txsink.core.spark_arrow import arrow_schema
 from txsink.options import OptionError, SinkOptions
+from txsink.options.distributed_options import SHARDING_KEY_ALONE
 from txsink.options.table_options import ADD_COLUMNS, IF_MISSING
 
 log = logging.getLogger(__name__)

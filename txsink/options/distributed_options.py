@@ -20,6 +20,9 @@ OPTION_NAMES = ("distributed_table", "cluster")
 NEEDED = {"cluster": "the cluster name of the servers' remote_servers",
           "shards": "the HTTP URLs of every replica of every shard, in the cluster's order",
           "sharding_key": "the expression that routes each row to its shard"}
+#: The refusal of ``sharding_key`` without ``shards`` or a Distributed target, raised while
+#: planning (the target's engine is known only once it is described).
+SHARDING_KEY_ALONE = "option sharding_key needs the shards option or a Distributed table"
 
 
 def check(values: dict[str, object]) -> None:

@@ -3,7 +3,7 @@
 Thin adapters from Spark's writer contract to :mod:`txsink.core.plan` (driver, before any
 task), :mod:`txsink.core.attempt` (each task attempt) and :mod:`txsink.core.driver` (commit and
 abort). Spark pickles the writer object into every task and into ``commit``; only the
-immutable :class:`~txsink.core.plan.WritePlan` travels with it.
+immutable :class:`~txsink.core.write_plan.WritePlan` travels with it.
 
 Needs PySpark 4.0 (batch) or 4.1 (streaming: 4.0 has no Arrow stream writer, and its
 ``streamWriter()`` refuses naming ``txsink.foreach_batch``); importing it on 3.5 fails, so
@@ -28,8 +28,9 @@ from pyspark.sql.types import StructType
 from txsink.core import driver, pipeline
 from txsink.core.attempt import streaming_epoch, write_branch
 from txsink.core.messages import SkippedMessage, TaskMessage
-from txsink.core.plan import WritePlan, plan_write
+from txsink.core.plan import plan_write
 from txsink.core.target_schema import describe_schema
+from txsink.core.write_plan import WritePlan
 from txsink.options import OptionError
 from txsink.spark.refusal import complete_mode_refused, given, reason_first
 from txsink.spark.versions import has_stream_arrow_writer, no_stream_arrow_writer

@@ -31,7 +31,8 @@ import pyarrow as pa
 from txsink.core import driver
 from txsink.core.attempt import write_branch
 from txsink.core.messages import from_text, to_text
-from txsink.core.plan import WritePlan, plan_write
+from txsink.core.plan import plan_write
+from txsink.core.write_plan import WritePlan
 from txsink.options import TX_EPOCH, TX_GENERATION, TX_SINK_ID, OptionError, credentials_from
 from txsink.spark.refusal import complete_mode_refused
 

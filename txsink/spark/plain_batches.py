@@ -20,9 +20,9 @@ import pyarrow as pa
 import server_ext
 from server_ext.sql import qualified_name
 from txsink.core import connections
-from txsink.core.plan import send_columns
 from txsink.core.plan_checks import check_target
 from txsink.core.target_setup import prepare_target
+from txsink.core.write_plan import send_columns
 from txsink.options import OptionError, SinkOptions, parse_options
 from txsink.spark.job import collect_arrow, job_options
 

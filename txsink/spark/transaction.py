@@ -11,7 +11,7 @@ then only abort (``TransactionFailed`` at its end, and for any later write or co
 never commit without that write's rows.
 
 Options the server must honour are checked before the xid begins: ``strategy`` against
-the ``url`` server here (:func:`txsink.core.plan.check_server_options`), everything that
+the ``url`` server here (:func:`txsink.core.plan_checks.check_server_options`), everything that
 depends on a table by each ``tx.write`` before it stages anything. A write refused for its
 table raises inside the block, which aborts the transaction: nothing of it is published.
 
