@@ -4,6 +4,7 @@ the server reads."""
 
 from server_ext.types.arrow_schema import check_arrow_schema, type_problem
 from server_ext.types.bad_values import BadRows
+from server_ext.types.chtypes import ChType
 from server_ext.types.digest import MODULUS, ContentDigest, digest_union
 from server_ext.types.encoder import encode_native_block
 from server_ext.types.nested import flatten_schema
@@ -12,6 +13,7 @@ from server_ext.types.row_checks import check_batch
 from server_ext.types.target_table import Column, TargetTable, definitions, describe_table
 
 __all__ = [
+    "ChType",
     "Column",
     "TargetTable",
     "describe_table",

@@ -14,14 +14,13 @@ view's column list instead.
 from __future__ import annotations
 
 import server_ext
-from server_ext.types.chtypes import ChType
-from server_ext.types.target_table import TargetTable
+from server_ext.types import ChType, TargetTable
 from txsink.core import connections
 from txsink.options import OptionError, parse_options
 
 _SCALARS = {
     "Int8": "TINYINT", "Int16": "SMALLINT", "Int32": "INT", "Int64": "BIGINT",
-    "UInt8": "SMALLINT", "UInt16": "INT", "UInt32": "BIGINT", "UInt64": "DECIMAL(20,0)",
+    "UInt8": "SMALLINT", "UInt16": "INT", "UInt32": "BIGINT", "UInt64": "BIGINT",
     "Int128": "DECIMAL(38,0)", "UInt128": "DECIMAL(38,0)",
     "Int256": "DECIMAL(38,0)", "UInt256": "DECIMAL(38,0)",
     "Float32": "FLOAT", "Float64": "DOUBLE", "BFloat16": "FLOAT", "Bool": "BOOLEAN",

@@ -53,8 +53,10 @@ def register(spark, *, credentials_as_options: bool = False) -> None:
         _pass_credential_variables(spark.sparkContext.environment)
     elif not credentials_as_options:
         _warn_credentials_stay_here(os.environ)
-    for source in (ClickHouseTxDataSource, PlainDataSource):
-        _register_once(spark, source)
+    kept = [source for source in (ClickHouseTxDataSource, PlainDataSource)
+            if not _register_once(spark, source)]
+    if kept and jvm_session is not None:
+        _warn_credentials_not_passed(spark)
 
 
 #: Spark's error for a second registration of a name it registered from an installed
@@ -62,16 +64,35 @@ def register(spark, *, credentials_as_options: bool = False) -> None:
 ALREADY_EXISTS = "DATA_SOURCE_ALREADY_EXISTS"
 
 
-def _register_once(spark, source) -> None:
-    """Register ``source``, or keep the registration Spark made of it by itself: an
-    installed txsink's ``pyspark_txsink`` hands every call to the same sink."""
+def _register_once(spark, source) -> bool:
+    """Register ``source`` (True), or keep the registration Spark made of it by itself
+    (False): an installed txsink's ``pyspark_txsink`` hands every call to the same sink."""
     try:
         spark.dataSource.register(source)
+        return True
     except Exception as exc:  # noqa: BLE001 - PySpark's AnalysisException, classic or Connect
         condition = getattr(exc, "getCondition", getattr(exc, "getErrorClass", None))
         if condition is None or condition() != ALREADY_EXISTS:
             raise
         log.debug("data source %s: Spark's own registration kept", source.name())
+        return False
+
+
+def _warn_credentials_not_passed(spark) -> None:
+    """Spark's own registration runs the sink's workers with the environment the JVM
+    started with (PySpark 4.0 hands it no ``SparkContext.environment``): a credential
+    variable set or changed since then does not reach them, and is named."""
+    system = spark._jvm.java.lang.System
+    changed = [variable for variable in CREDENTIAL_VARIABLES.values()
+               if os.environ.get(variable) != system.getenv(variable)]
+    if changed:
+        log.warning("txsink.register: this Spark keeps its own registration of "
+                    "clickhouse_tx, whose workers see the environment the session started "
+                    "with: %s set or changed since then do not reach them; set them before "
+                    "the session starts, or give the write the options %s",
+                    ", ".join(changed), ", ".join(name for name, variable in
+                                                  CREDENTIAL_VARIABLES.items()
+                                                  if variable in changed))
 
 
 def _pass_credential_variables(environment: dict[str, str]) -> None:
