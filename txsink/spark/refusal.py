@@ -52,7 +52,8 @@ def no_options_reached() -> str:
     often a catalog table's, whose OPTIONS this Spark hands to no Python data source
     (measured with PySpark 4.3: ``self.options`` is empty in ``writer()`` and
     ``commit()``), so its writes cannot know their server or table."""
-    return ("no options reached clickhouse_tx (url, table and zookeeper are required). "
+    return ("no options reached clickhouse_tx (url and table are required, and zookeeper "
+            "unless coordinator=keepermap). "
             "A table made by CREATE TABLE ... USING clickhouse_tx OPTIONS (...) keeps its "
             "options in Spark's catalog, and Spark hands a catalog table's options to no "
             "Python data source, so INSERT INTO, df.writeTo(...).append() and "
