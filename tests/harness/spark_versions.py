@@ -12,9 +12,9 @@ would replace the pinned PySpark fails instead.
 The wheel is built once per content of the product's files (:func:`project_wheel`) and put
 into a virtualenv whenever that content changed (``pip install --no-deps``), so the tests
 always run the checkout's code. They import the wheel's ``txsink``: the checkout is on
-their path only after site-packages (a ``.pth`` file, for ``tests``), and
-``PYTHONSAFEPATH`` keeps the working directory off it; ``TXSINK_TEST_INSTALLED`` tells the
-tests so.
+their path only after site-packages (a ``.pth`` file, for ``tests``), ``PYTHONSAFEPATH``
+keeps the working directory off it, and pytest imports with ``--import-mode=append``;
+``TXSINK_TEST_INSTALLED`` tells the tests so.
 
 A virtualenv lives under ``${XDG_CACHE_HOME:-~/.cache}/txsink/venvs/pyspark-<minor>`` and
 is reused while its key is unchanged: the pin, the extra pins, the project's dependency
@@ -295,8 +295,10 @@ class SparkVenv:
         env.pop("PYSPARK_DRIVER_PYTHON", None)
         env.pop("SPARK_HOME", None)  # the virtualenv's PySpark brings its own jars
         _say(f"PySpark {self.pin}: pytest {' '.join(args)}")
+        # append: pytest's default (prepend) would put the checkout first for conftest.py
         return subprocess.run([str(self.python), "-m", "pytest", "-p", "no:cacheprovider",
-                               *args], cwd=ROOT, env=env, check=False).returncode
+                               "--import-mode=append", *args], cwd=ROOT, env=env,
+                              check=False).returncode
 
 
 def _pip_lines(text: str) -> list[str]:
