@@ -71,7 +71,9 @@ class BranchState(StrEnum):
     ABORTED = "Aborted"
 
 
-_OPEN = frozenset({XidState.INITIALIZED, XidState.COMMITTING, XidState.ABORTING})
+#: The states recovery may still have work in, in the order an xid passes them.
+OPEN_STATES = (XidState.INITIALIZED, XidState.COMMITTING, XidState.ABORTING)
+_OPEN = frozenset(OPEN_STATES)
 _DECIDED = frozenset(
     {XidState.COMMITTING, XidState.COMMITTED, XidState.ABORTING, XidState.ABORTED}
 )

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from server_ext.client.client_protocol import Client
-from server_ext.client.http_client import _unescape_tsv
+from server_ext.client.http_client import first_value
 from server_ext.errors import ClickHouseError, parse_exception
 from server_ext.sql import column_list, settings_clause, sql_string, strip_statement
 
@@ -102,7 +102,7 @@ class ChdbClient(Client):
         text = self._run(sql, "TabSeparated", purpose)
         if not text:
             raise ClickHouseError("the query returned no row", name="EMPTY_RESULT", purpose=purpose)
-        return _unescape_tsv(text.split("\n", 1)[0].split("\t", 1)[0])
+        return first_value(text)
 
     def insert(
         self,

@@ -174,7 +174,7 @@ class ClickHouseClient(Client):
                                 encoding)
         if not body:
             raise ClickHouseError("the query returned no row", name="EMPTY_RESULT", purpose=purpose)
-        return _unescape_tsv(body.split("\n", 1)[0].split("\t", 1)[0])
+        return first_value(body)
 
     def insert(
         self,
@@ -470,6 +470,11 @@ def _setting_text(value: object) -> str:
 
 _TSV_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "0": "\0", "\\": "\\", "'": "'", "b": "\b",
                 "f": "\f"}
+
+
+def first_value(text: str) -> str:
+    """The first field of the first row of a TabSeparated result, unescaped."""
+    return _unescape_tsv(text.split("\n", 1)[0].split("\t", 1)[0])
 
 
 def _unescape_tsv(field: str) -> str:

@@ -30,12 +30,11 @@ import json
 from collections.abc import Iterable
 
 from server_ext.client.client_protocol import SqlClient
-from server_ext.errors import UNKNOWN_DATABASE, UNKNOWN_TABLE, ClickHouseError
+from server_ext.errors import KEEPER_EXCEPTION, UNKNOWN_DATABASE, UNKNOWN_TABLE, ClickHouseError
 from server_ext.sharding.urls import shown_url
 from server_ext.sql import qualified_name, quote_identifier, sql_string, table_filter
 
 STRICT = {"keeper_map_strict_mode": 1}
-KEEPER_EXCEPTION = 999
 COLUMNS = [("k", "String"), ("v", "String")]
 FORMAT_KEY = "format"
 #: the format row a records table holds; another value means a table of another format

@@ -10,12 +10,13 @@ from coordinator import (
 )
 from coordinator.recovery import ROLLED_BACK
 from coordinator.sink_admin import SinkAdmin
+from coordinator.states import OPEN_STATES
 from server_ext.staging import StagingName, root_tag, sink_key, sweep
 from txsink.core.history_summary import fold_into
 from txsink.core.publisher import (
     BranchPublisher,
 )
-from txsink.ops.session import OPEN_STATES, Session, protected_lines, staging_of
+from txsink.ops.session import Session, protected_lines, staging_of
 from txsink.options import is_one_off
 
 ONE_OFF_RETENTION = 7 * 24 * 3600.0  # gc forgets one-off sinks idle this long (default)

@@ -15,7 +15,6 @@ from typing import Any
 from coordinator import (
     AccessDenied,
     Coordinator,
-    XidState,
 )
 from coordinator.nodes import NodeStore
 from coordinator.sink_admin import SinkAdmin
@@ -30,7 +29,6 @@ from txsink.options import (
     root_identity,
 )
 
-OPEN_STATES = (XidState.INITIALIZED, XidState.COMMITTING, XidState.ABORTING)
 CONNECT_SECONDS = 5.0  # an operator waits this long for ZooKeeper, then gets one line
 
 

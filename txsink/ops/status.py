@@ -15,11 +15,11 @@ from coordinator import (
 )
 from coordinator.liveness import Verdict
 from coordinator.sink_admin import SinkAdmin
+from coordinator.states import OPEN_STATES
 from txsink.core.metrics import UNKNOWN, WRITER, EpochMetrics
 from txsink.core.payload import from_record, task_branches
 from txsink.ops.session import (
     NO_SINKS,
-    OPEN_STATES,
     Session,
     protected_lines,
     shown_epoch,

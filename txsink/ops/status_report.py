@@ -25,13 +25,13 @@ from typing import Any
 
 from coordinator import BranchRecord, XidRecord, XidState
 from coordinator.liveness import Verdict
+from coordinator.states import OPEN_STATES
 from server_ext.client import SqlClient
 from server_ext.errors import ClickHouseError
 from server_ext.sql import sql_string
 from server_ext.staging import STAGING_DATABASE, parse_staging_table_name, root_tag, sink_key
 
 FORMAT = 1
-OPEN_STATES = (XidState.INITIALIZED, XidState.COMMITTING, XidState.ABORTING)
 
 
 @dataclass(frozen=True)
