@@ -158,6 +158,7 @@ def run_variant(spark, variant: str, run: Run, rows: int, epochs: int) -> dict:
     workload.create_target(run.url, table)
     windows: list[tuple[float, float]] = []
     begun = time.time()
+    time.sleep(GAP_SECONDS)  # apart from the previous variant's last statements
     if variant.startswith("stream"):
         source = Path(tempfile.mkdtemp(prefix="bench-messages-in-"))
         staging = Path(tempfile.mkdtemp(prefix="bench-messages-new-"))
@@ -204,8 +205,8 @@ def count(run: Run, measured: dict, statements: list[messages.Statement]) -> dic
     target, records = run.table(variant), run.records
     begun, ended = measured["begun"], measured["ended"]
     zk = run.zookeeper.log.between(begun, ended)
-    own = [s for s in statements if begun - 1 <= s.at <= ended + 1]
-    resolution = 1.0 if all(s.at == int(s.at) for s in own) else 0.0
+    resolution = 1.0 if all(s.at == int(s.at) for s in statements) else 0.0
+    own = [s for s in statements if begun - resolution <= s.at <= ended]
 
     def in_window(at: float, window: tuple[float, float], slack: float) -> bool:
         return window[0] - slack <= at <= window[1]  # slack: a start time rounded down
