@@ -231,7 +231,8 @@ def count(run: Run, measured: dict, statements: list[messages.Statement]) -> dic
 def _epoch(zk: list, ch: list[messages.Statement], run: Run, variant: str, target: str,
            records: str | None) -> dict:
     requests = [r for r in zk if r.kind not in ("ping", "connect")]
-    coordinator = [s for s in ch if records and records.lower() in s.query.lower()]
+    coordinator = [s for s in ch if records and messages.statement_kind(
+        s.query, target, records).endswith(" records")]
     data = [s for s in ch if not any(s is c for c in coordinator)]
     return {
         "zk_requests": len(requests),
