@@ -3,7 +3,8 @@
 Reads ``sink.json`` (``bench_sink.py``) and, when present, ``writer.json``,
 ``publish.json`` and ``coordinator.json`` (the component benchmarks), ``shards.json``
 (``bench_shards.py``), ``partitions.json`` (``bench_partitions.py``), ``task_paths.json``
-(``bench_task_paths.py``) and ``views.json``/``views-modern.json`` (``bench_views.py``)
+(``bench_task_paths.py``), ``views.json``/``views-modern.json`` (``bench_views.py``) and
+``messages_<server>_<store>.json`` (``bench_messages.py``)
 from one results directory and writes one small PNG per figure next to them. Plots never
 measure anything: re-drawing a recorded run gives the same pictures.
 
@@ -566,6 +567,33 @@ def modern(sink: dict, out: Path) -> Path | None:
     return _save(fig, out / "modern.png")
 
 
+def messages(data: dict, out: Path) -> Path | None:
+    """``bench_messages.py``: ZooKeeper requests (KeeperMap statements) and ClickHouse
+    statements per steady epoch, per variant."""
+    variants = data.get("variants") or {}
+    if not variants:
+        return None
+    keepermap = data.get("store") == "keepermap"
+    key = "coordinator_statements" if keepermap else "zk_requests"
+    names = list(variants)
+    steady = [variants[v]["steady"] for v in names]
+    x = range(len(names))
+    fig, ax = plt.subplots(figsize=SIZE)
+    ax.bar([i - 0.2 for i in x], [s[key] for s in steady], width=0.4,
+           color=COLORS["tx"], label="KeeperMap statements" if keepermap
+           else "ZooKeeper requests")
+    ax.bar([i + 0.2 for i in x], [s["statements"] for s in steady], width=0.4,
+           color=COLORS["plain"], label="ClickHouse statements")
+    ax.set_xticks(list(x), names, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("messages per epoch (steady)", fontsize=8)
+    ax.set_title(f"{data.get('rows', 0):,}-row epochs of {data.get('tasks')} tasks over "
+                 f"{data.get('target_partitions')} partitions, {data.get('server')}, "
+                 f"store {data.get('store')}", fontsize=9)
+    ax.legend(fontsize=7)
+    name = f"messages_{data.get('server')}_{data.get('store')}.png"
+    return _save(fig, out / name)
+
+
 def draw_all(results: Path) -> list[Path]:
     """Every plot whose data is in ``results``; returns the files written."""
     written: list[Path | None] = [components(results, results)]
@@ -602,6 +630,8 @@ def draw_all(results: Path) -> list[Path]:
     for name in ("views.json", "views-modern.json"):
         if (results / name).exists():
             written.append(views(json.loads((results / name).read_text()), results))
+    for path in sorted(results.glob("messages_*.json")):
+        written.append(messages(json.loads(path.read_text()), results))
     partitions_file = results / "partitions.json"
     if partitions_file.exists():
         written.append(partitions(json.loads(partitions_file.read_text()), results))
