@@ -41,7 +41,7 @@ from pathlib import Path
 from kazoo.client import KazooClient
 
 from coordinator import BranchRecord, Coordinator
-from coordinator.nodes import NodeStore
+from coordinator.plumbing.nodes import NodeStore
 
 BRANCH_COUNTS = (1, 8, 64)
 MODES = ("shared", "per_task", "parallel")
@@ -155,7 +155,7 @@ def open_stores(zookeeper: str, keepermap: str | None) -> dict[str, NodeStore]:
     client.start(timeout=15)
     stores: dict[str, NodeStore] = {"zookeeper": client}
     if keepermap:
-        from coordinator.keepermap import KeeperMapNodes
+        from coordinator.plumbing.keepermap import KeeperMapNodes
         from server_ext.client import ClickHouseClient
         from server_ext.ddl import KeeperMapTable
 

@@ -245,8 +245,8 @@ def stream(store_kind: str, args: argparse.Namespace) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     import txsink
-    from coordinator.paths import SinkLayout
-    from coordinator.records import decode
+    from coordinator.formats.records import decode
+    from coordinator.plumbing.paths import SinkLayout
     from txsink.options import parse_options
 
     url = args.stream_url if store_kind == "zookeeper" else args.url

@@ -53,7 +53,7 @@ def metrics(scratch: Scratch, sink_prefix: str) -> dict:
     from kazoo.client import KazooClient
 
     from coordinator import Coordinator
-    from coordinator.store import list_sinks
+    from coordinator.plumbing.store import list_sinks
 
     client = KazooClient(hosts=scratch.zookeeper)
     client.start(timeout=15)

@@ -2,15 +2,14 @@
 
 Transactions (xids), their branches, decisions, fencing, recovery, retention and the
 audit verifier (writers use :class:`Coordinator`, operators :class:`SinkAdmin` too), kept
-in a node store (``nodes.py``): ZooKeeper (or ClickHouse Keeper) through kazoo, or
-KeeperMap tables of ClickHouse (``keepermap/``). It knows nothing about Spark or SQL:
-publishing and rolling back a branch are callbacks it is handed.
+in a node store (``plumbing/nodes.py``): ZooKeeper (or ClickHouse Keeper) through kazoo,
+or KeeperMap tables of ClickHouse (``plumbing/keepermap/``). It knows nothing about Spark
+or SQL: publishing and rolling back a branch are callbacks it is handed.
+
+At the top, the two fronts (``coordinator.py``, ``sink_admin.py``) and the package's
+errors; below them the wings ``protocol/``, ``upkeep/``, ``plumbing/`` and ``formats/``.
 """
 
-from coordinator.audit import Anomaly, AnomalyKind, audit
-from coordinator.auth import AccessDenied, DigestAuth, hosts_problem
-from coordinator.branch_ledger import Ledger
-from coordinator.callbacks import CallbackPolicy
 from coordinator.coordinator import Coordinator
 from coordinator.errors import (
     CallbackFailed,
@@ -37,12 +36,16 @@ from coordinator.errors import (
     XidAborted,
     XidDecided,
 )
-from coordinator.records import BranchRecord, StreamRecord, XidRecord
-from coordinator.recovery import RecoveryAction, RecoveryReport
+from coordinator.formats.records import BranchRecord, StreamRecord, XidRecord
+from coordinator.formats.states import BranchState, XidState
+from coordinator.plumbing.auth import AccessDenied, DigestAuth, hosts_problem
+from coordinator.plumbing.tls import ZooKeeperTLS, ZooKeeperTLSError, tls_hint
+from coordinator.protocol.branch_ledger import Ledger
+from coordinator.protocol.callbacks import CallbackPolicy
+from coordinator.protocol.recovery import RecoveryAction, RecoveryReport
+from coordinator.protocol.stream import ResetOutcome
 from coordinator.sink_admin import SinkAdmin
-from coordinator.states import BranchState, XidState
-from coordinator.stream import ResetOutcome
-from coordinator.tls import ZooKeeperTLS, ZooKeeperTLSError, tls_hint
+from coordinator.upkeep.audit import Anomaly, AnomalyKind, audit
 
 __all__ = [
     "AccessDenied",

@@ -51,29 +51,29 @@ from typing import Any
 from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.retry import KazooRetry
 
-from coordinator import steps
-from coordinator.branch_ledger import Ledger
-from coordinator.callbacks import BranchCallback, CallbackPolicy
-from coordinator.completion import Completion, PublishGroup
-from coordinator.epochs import EpochCounter, LastCommitted, TxnVersion
 from coordinator.errors import (
     PublishInProgress,
     PublishLeaseLost,
     RecoveryIncomplete,
     SinkTakenOver,
 )
-from coordinator.fencing import Generation
-from coordinator.liveness import Liveness, Verdict, holder_identity, judge
-from coordinator.nodes import NodeStore
-from coordinator.paths import SinkLayout
-from coordinator.publish_lease import PublishLease, actor_identity
-from coordinator.records import BranchRecord, StreamRecord, XidRecord
-from coordinator.recovery import ROLLED_FORWARD, Recovery, RecoveryReport
-from coordinator.retention import PASS_XIDS, Fold, Pass, Retention
-from coordinator.states import XidState
-from coordinator.store import SinkStore, default_retry
-from coordinator.stream import StreamOwnership
-from coordinator.transitions import Transitions
+from coordinator.formats import steps
+from coordinator.formats.records import BranchRecord, StreamRecord, XidRecord
+from coordinator.formats.states import XidState
+from coordinator.plumbing.nodes import NodeStore
+from coordinator.plumbing.paths import SinkLayout
+from coordinator.plumbing.store import SinkStore, default_retry
+from coordinator.protocol.branch_ledger import Ledger
+from coordinator.protocol.callbacks import BranchCallback, CallbackPolicy
+from coordinator.protocol.completion import Completion, PublishGroup
+from coordinator.protocol.epochs import EpochCounter, LastCommitted, TxnVersion
+from coordinator.protocol.fencing import Generation
+from coordinator.protocol.liveness import Liveness, Verdict, holder_identity, judge
+from coordinator.protocol.publish_lease import PublishLease, actor_identity
+from coordinator.protocol.recovery import ROLLED_FORWARD, Recovery, RecoveryReport
+from coordinator.protocol.stream import StreamOwnership
+from coordinator.protocol.transitions import Transitions
+from coordinator.upkeep.retention import PASS_XIDS, Fold, Pass, Retention
 
 StepHook = Callable[[str], None]
 LEASE_RETAKES = 3  # a commit re-takes a lease lost to session expiry this many times
@@ -83,7 +83,7 @@ log = logging.getLogger(__name__)
 
 class Coordinator:
     """Two-phase-commit coordinator for one sink, backed by a node store: a kazoo client
-    (ZooKeeper or Keeper) or ``coordinator.keepermap.KeeperMapNodes``.
+    (ZooKeeper or Keeper) or ``coordinator.plumbing.keepermap.KeeperMapNodes``.
 
     ``on_step(name)`` is called at every crash point of commit and abort
     (``commit.after_decision``, ``commit.after_branch_published``, ``commit.after_publish``,
@@ -120,7 +120,7 @@ class Coordinator:
 
     def readable(self) -> bool:
         """Whether this session may read the sink's records: False when their ACL names
-        other credentials (``coordinator/auth.py``). A sink not created yet is readable:
+        other credentials (``coordinator/plumbing/auth.py``). A sink not created yet is readable:
         this session will create it."""
         try:
             self.client.get(self.layout.sink)
@@ -151,7 +151,7 @@ class Coordinator:
         self._own_generation = self._sink_generation.claim(owner)
         return self._own_generation
 
-    # -- stream ownership (coordinator/stream.py) ------------------------------------
+    # -- stream ownership (coordinator/protocol/stream.py) ------------------------------------
 
     def own_stream(self, query_id: str, epoch: int) -> StreamRecord:
         """Refuse micro-batch ``epoch`` of streaming query ``query_id`` unless the sink's
@@ -199,7 +199,7 @@ class Coordinator:
 
         ``hold`` (a role, e.g. ``"batch driver"``): a new xid is created *watched*, with a
         liveness holder of this session in the same multi-op; until the decision, an xid
-        all of whose holders are gone is abandoned (``coordinator/liveness.py``). The
+        all of whose holders are gone is abandoned (``coordinator/protocol/liveness.py``). The
         caller keeps its session until it decides, or hands over with :meth:`hold`, and
         ends its holding with :meth:`release`. An adopted xid is not watched.
         """
@@ -369,7 +369,7 @@ class Coordinator:
 
     def retain(self, max_age_seconds: float, fold: Fold | None,
                limit: int = PASS_XIDS) -> Pass:
-        """One bounded retention pass (``coordinator/retention.py``): finished xids not
+        """One bounded retention pass (``coordinator/upkeep/retention.py``): finished xids not
         updated for ``max_age_seconds`` folded by ``fold`` into the sink's summary, added
         to ``pruned`` and deleted, at most ``limit`` of them. For a writer, after its own
         ``Committed`` write; safe beside other writers, operators and a crash at any of

@@ -26,17 +26,17 @@ import time
 from collections.abc import Iterable
 
 from coordinator.coordinator import Coordinator
-from coordinator.epochs import LastCommitted, TxnVersion
 from coordinator.errors import SinkTreeDamaged
-from coordinator.fencing import Generation
-from coordinator.liveness import Liveness, Verdict, judge
-from coordinator.multi import Multi, MultiFailed
-from coordinator.nodes import NodeStore
-from coordinator.records import XidRecord
-from coordinator.retention import Fold, Retention, Summary
-from coordinator.states import XidState
-from coordinator.store import list_sinks
-from coordinator.stream import ResetOutcome, StreamReset
+from coordinator.formats.records import XidRecord
+from coordinator.formats.states import XidState
+from coordinator.plumbing.multi import Multi, MultiFailed
+from coordinator.plumbing.nodes import NodeStore
+from coordinator.plumbing.store import list_sinks
+from coordinator.protocol.epochs import LastCommitted, TxnVersion
+from coordinator.protocol.fencing import Generation
+from coordinator.protocol.liveness import Liveness, Verdict, judge
+from coordinator.protocol.stream import ResetOutcome, StreamReset
+from coordinator.upkeep.retention import Fold, Retention, Summary
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class SinkAdmin:
 
     def verdicts(self, unwatched_after: float | None = None) -> list[Verdict]:
         """The verdict on every ``Initialized`` xid: abandoned (and why) or left (and
-        why); see ``coordinator/liveness.py``."""
+        why); see ``coordinator/protocol/liveness.py``."""
         generation = Generation(self.store).current()
         records = self.xids(states=(XidState.INITIALIZED,))
         holders = Liveness(self.store).holders()  # after the records: see Coordinator._judge
@@ -131,7 +131,7 @@ class SinkAdmin:
         """Remove finished xids last updated more than ``max_age_seconds`` ago; returns
         their epochs. ``last_committed``, the epoch counter and ``is_committed`` answers
         survive (pruned epochs are remembered as ranges), and with ``fold`` what the
-        committed ones wrote (the sink's summary, ``coordinator/retention.py``)."""
+        committed ones wrote (the sink's summary, ``coordinator/upkeep/retention.py``)."""
         return Retention(self.store, fold, self.coordinator.on_step).prune(max_age_seconds)
 
     def summary(self) -> Summary:

@@ -265,7 +265,7 @@ def zk(zk_hosts: str, zk_chroot: str) -> Iterator[KazooClient]:
 # -- The coordinator's two node stores -------------------------------------------------------
 # Coordinator tests that take ``nodes`` (a factory of started node stores, each rooted at the
 # test's own namespace) run once per store: ``[zookeeper]`` (kazoo, the test's chroot) and
-# ``[keepermap]`` (KeeperMap tables of the modern server, ``coordinator/keepermap/``).
+# ``[keepermap]`` (KeeperMap tables of the modern server, ``coordinator/plumbing/keepermap/``).
 
 STORES = ("zookeeper", "keepermap")
 RECORDS_DATABASE = "txsink_test_records"
@@ -320,7 +320,7 @@ def nodes(request, store_kind: str):
             opened.append(client)
             return client
     else:
-        from coordinator.keepermap import KeeperMapNodes
+        from coordinator.plumbing.keepermap import KeeperMapNodes
 
         table = request.getfixturevalue("records_table")
         namespace = f"/tests/{uuid.uuid4().hex[:10]}"

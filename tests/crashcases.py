@@ -62,7 +62,11 @@ from collections.abc import Iterator
 import pytest
 from kazoo.client import KazooClient
 
-from coordinator.steps import ABORT_AFTER_DECISION, COMMIT_AFTER_COMMITTED, COMMIT_AFTER_DECISION
+from coordinator.formats.steps import (
+    ABORT_AFTER_DECISION,
+    COMMIT_AFTER_COMMITTED,
+    COMMIT_AFTER_DECISION,
+)
 from tests.conftest import RECORDS_DATABASE, run_sql
 from tests.harness.chaos.crashrun import CrashPointRun
 from tests.sinkutil import SHORT_SESSION

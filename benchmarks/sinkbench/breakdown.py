@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import server_ext
 from coordinator import Coordinator
-from coordinator.transitions import Transitions
+from coordinator.protocol.transitions import Transitions
 from sinkbench import workload
 from sinkbench.environment import ARROW_BATCH_ROWS, Scratch, load
 from txsink.core import driver

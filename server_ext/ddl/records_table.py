@@ -1,6 +1,6 @@
 """A KeeperMap table of string keys and values: the SQL of the coordinator's records table.
 
-The ``keepermap`` coordinator store (``coordinator/keepermap/``) keeps its records in a
+The ``keepermap`` coordinator store (``coordinator/plumbing/keepermap/``) keeps its records in a
 ClickHouse ``KeeperMap`` table, ``(k String, v String) PRIMARY KEY k``, through this small
 key-value API, so that all SQL text stays in ``server_ext`` and the coordinator knows no
 SQL. What the server guarantees, as measured on 26.9 over ZooKeeper 3.8 and as

@@ -13,7 +13,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from coordinator import AnomalyKind, audit
-from coordinator.paths import SinkLayout
+from coordinator.plumbing.paths import SinkLayout
 from coordinator.sink_admin import SinkAdmin
 from tests.coordinator.test_coordinator_support import (
     SINK,

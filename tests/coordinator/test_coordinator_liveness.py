@@ -15,7 +15,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from coordinator import BranchState, Coordinator, WinnerNotPrepared, XidAborted, XidState
-from coordinator.liveness import ALIVE, SUPERSEDED, UNWATCHED, UNWATCHED_OLD, WRITER_GONE
+from coordinator.protocol.liveness import ALIVE, SUPERSEDED, UNWATCHED, UNWATCHED_OLD, WRITER_GONE
 from coordinator.sink_admin import SinkAdmin
 from tests.conftest import kazoo_client
 from tests.coordinator.test_coordinator_support import (

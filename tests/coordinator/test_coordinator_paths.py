@@ -15,7 +15,7 @@ from coordinator import (
     SinkTreeDamaged,
     UnknownBranch,
 )
-from coordinator.paths import SinkLayout, escape, unescape
+from coordinator.plumbing.paths import SinkLayout, escape, unescape
 from coordinator.sink_admin import SinkAdmin
 from server_ext.publish.publish_ledger import PublishLedger as LedgerProtocol
 from tests.coordinator.test_coordinator_support import new_coordinator

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from coordinator import Coordinator, XidDecided, XidState
-from coordinator.nodes import NodeStore
+from coordinator.plumbing.nodes import NodeStore
 from tests.coordinator.test_coordinator_support import (
     SINK,
     Target,

@@ -21,7 +21,7 @@ from coordinator import (
     RecoveryIncomplete,
     XidState,
 )
-from coordinator.recovery import Recovery
+from coordinator.protocol.recovery import Recovery
 from coordinator.sink_admin import SinkAdmin
 from tests.coordinator.test_coordinator_support import (
     SINK,

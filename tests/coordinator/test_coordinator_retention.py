@@ -14,10 +14,10 @@ import pytest
 from kazoo.client import KazooClient
 
 from coordinator import Coordinator, XidState
-from coordinator.nodes import NodeStore
-from coordinator.retention import DecidedXid, Pass, Retention, add_to_ranges
+from coordinator.formats.steps import RETAIN_STEPS
+from coordinator.plumbing.nodes import NodeStore
 from coordinator.sink_admin import SinkAdmin
-from coordinator.steps import RETAIN_STEPS
+from coordinator.upkeep.retention import DecidedXid, Pass, Retention, add_to_ranges
 from tests.coordinator.test_coordinator_support import (
     SINK,
     Crash,

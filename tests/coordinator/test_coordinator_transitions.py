@@ -23,7 +23,7 @@ from coordinator import (
     XidDecided,
     XidState,
 )
-from coordinator.nodes import NodeStore
+from coordinator.plumbing.nodes import NodeStore
 from coordinator.sink_admin import SinkAdmin
 from tests.coordinator.test_coordinator_support import (
     Crash,

@@ -14,14 +14,14 @@ from collections.abc import Iterable
 import pytest
 from kazoo.exceptions import BadVersionError, ConnectionLoss
 
-from coordinator.keepermap import KeeperMapNodes
+from coordinator.plumbing.keepermap import KeeperMapNodes
 from tests.coordinator.test_keepermap_store import SINK, tree
 
 RETAIN = 0.2  # seconds
 
 
 class MemoryTable:
-    """A dict with the KeeperMap table's API (``coordinator.keepermap.KeyValueTable``)."""
+    """A dict with the KeeperMap table's API (``coordinator.plumbing.keepermap.KeyValueTable``)."""
 
     def __init__(self) -> None:
         self.rows: dict[str, str] = {}
@@ -96,7 +96,7 @@ def test_entries_within_the_retention_are_kept(table) -> None:
 
 
 def test_a_log_never_trimmed_is_trimmed_in_steps_of_the_batch(table, monkeypatch) -> None:
-    monkeypatch.setattr("coordinator.keepermap.snapshot.TRIM_BATCH", 25)
+    monkeypatch.setattr("coordinator.plumbing.keepermap.snapshot.TRIM_BATCH", 25)
     writer = store(table)
     write(writer, 60)
     time.sleep(RETAIN * 1.5)
@@ -210,7 +210,7 @@ def test_a_writers_own_tree_is_what_every_reader_folds_times_included(table,
     """The writer applies an entry to its tree with the time the entry records, so a
     snapshot of its tree and a fold of its entries agree to the millisecond."""
     ticks = iter(range(10**9))
-    monkeypatch.setattr("coordinator.keepermap.log_store.time.time",
+    monkeypatch.setattr("coordinator.plumbing.keepermap.log_store.time.time",
                         lambda: 1.8e9 + next(ticks) / 7)
     writer = store(table, every=1000)
     write(writer, 5)

@@ -20,10 +20,10 @@ from kazoo.exceptions import BadVersionError
 
 import txsink
 from coordinator import Coordinator, PublishLeaseLost, SinkTreeDamaged, XidState
-from coordinator.keepermap import KeeperMapNodes
-from coordinator.multi import Multi, MultiFailed
-from coordinator.nodes import NodeStore
-from coordinator.publish_lease import LEASE, PublishLease
+from coordinator.plumbing.keepermap import KeeperMapNodes
+from coordinator.plumbing.multi import Multi, MultiFailed
+from coordinator.plumbing.nodes import NodeStore
+from coordinator.protocol.publish_lease import LEASE, PublishLease
 from coordinator.sink_admin import SinkAdmin
 from server_ext.client.http_client import ClickHouseClient
 from server_ext.ddl.records_table import FORMAT_KEY, KeeperMapTable
@@ -226,7 +226,7 @@ def test_writers_that_snapshot_in_turn_leave_every_reader_the_same_tree(
         records_table, monkeypatch) -> None:
     """Snapshots of several chunks, taken by two writers at interleaved entries: a fresh
     reader, which starts from the newest one, folds the same tree as the writers."""
-    monkeypatch.setattr("coordinator.keepermap.snapshot.SNAPSHOT_CHUNK", 64)
+    monkeypatch.setattr("coordinator.plumbing.keepermap.snapshot.SNAPSHOT_CHUNK", 64)
     namespace = f"/tests/{uuid.uuid4().hex[:10]}"
     first, second = (KeeperMapNodes(records_table, namespace=namespace, compact_every=3)
                      for _ in range(2))
@@ -480,7 +480,7 @@ def test_the_reset_a_stream_refusal_prints_reaches_the_keepermap_store_it_came_f
     the default ZooKeeper and create an empty sink there instead)."""
     import shlex
 
-    from coordinator.stream import reset_command
+    from coordinator.protocol.stream import reset_command
 
     store = KeeperMapNodes(records_table)
     root = f"/tests/{uuid.uuid4().hex[:10]}"

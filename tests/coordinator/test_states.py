@@ -1,7 +1,7 @@
 """The transition tables, pair by pair, and the records that enforce them (pure logic: no
 server needed).
 
-The table in ``coordinator/states.py`` is the one statement of what is legal: the records'
+The table in ``coordinator/formats/states.py`` is the one statement of what is legal: the records'
 ``moved_to``/``changed`` consult it, so every illegal move raises wherever it is attempted.
 These tests walk every (from, to, event) of both enums at the record level, check that no
 module of ``coordinator/`` changes a record's state around the records, and compare the
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from coordinator import BranchRecord, BranchState, InvalidTransition, XidRecord, XidState
-from coordinator.states import (
+from coordinator.formats.states import (
     BRANCH_MOVES,
     BRANCH_TRANSITIONS,
     XID_MOVES,
@@ -204,7 +204,7 @@ def test_no_module_of_the_coordinator_changes_a_state_around_the_table() -> None
     """``dataclasses.replace(record, state=...)`` only inside the records' ``moved_to``,
     and a record is only constructed in ``Unknown`` (then moved) or read from bytes."""
     offences = []
-    for path in sorted((ROOT / "coordinator").glob("*.py")):
+    for path in sorted((ROOT / "coordinator").rglob("*.py")):
         tree = ast.parse(path.read_text(), str(path))
         for function in [n for n in ast.walk(tree)
                          if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]:

@@ -1,6 +1,6 @@
 """ZooKeeper digest authentication (option ``zookeeper_auth`` / ``TXSINK_ZOOKEEPER_AUTH``)
 against the real ZooKeeper 3.8: a sink written with credentials keeps its records from
-every session without them (``coordinator/auth.py``)."""
+every session without them (``coordinator/plumbing/auth.py``)."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from coordinator import Coordinator, SinkStateLost, XidState
-from coordinator.keepermap import KeeperMapNodes
-from coordinator.recovery import IN_PROGRESS
+from coordinator.plumbing.keepermap import KeeperMapNodes
+from coordinator.protocol.recovery import IN_PROGRESS
 from tests.coordinator.test_keepermap_retention import MemoryTable
 from txsink.core import pipeline
 from txsink.core.metrics import EpochMetrics

@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING
 
 import requests
 
-from coordinator.tls import ZooKeeperTLS, handshake_problem
+from coordinator.plumbing.tls import ZooKeeperTLS, handshake_problem
 from tests.harness.processes import (
     READONLY_USER,
     SECRET_PASSWORD,

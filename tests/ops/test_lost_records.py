@@ -16,7 +16,7 @@ from kazoo.client import KazooClient
 
 import txsink
 from coordinator import Coordinator, SinkTreeDamaged, XidState
-from coordinator.paths import SinkLayout
+from coordinator.plumbing.paths import SinkLayout
 from coordinator.sink_admin import SinkAdmin
 from server_ext.staging.manifest import Manifest, PartitionManifest, StagedPart
 from tests.conftest import run_sql

@@ -19,8 +19,8 @@ from kazoo.client import KazooClient
 
 import server_ext
 from coordinator import Coordinator
+from coordinator.formats.steps import RETAIN_AFTER_FOLD
 from coordinator.sink_admin import SinkAdmin
-from coordinator.steps import RETAIN_AFTER_FOLD
 from server_ext.client.http_client import ClickHouseClient
 from server_ext.staging import staging_qualified
 from server_ext.target_rows import table_rows

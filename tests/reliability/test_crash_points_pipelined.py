@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from coordinator.steps import COMMIT_AFTER_COMMITTED
+from coordinator.formats.steps import COMMIT_AFTER_COMMITTED
 from tests.crashcases import assert_exactly_once_after, crash_point_run
 from tests.harness.chaos.crashrun import CrashPointRun
 from txsink.core.crashpoints import PIPELINE_BEFORE_PUBLISH, PIPELINE_BEFORE_SETTLE

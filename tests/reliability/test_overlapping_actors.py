@@ -38,9 +38,9 @@ from pyspark.sql.types import DateType, DoubleType, LongType, StringType, Struct
 import txsink
 import txsink.core.crashpoints
 from coordinator import Coordinator, Fenced, SinkTakenOver, XidDecided, XidState
-from coordinator.keepermap import CLOCK_MARGIN
-from coordinator.nodes import NodeStore
-from coordinator.steps import RETAIN_STEPS
+from coordinator.formats.steps import RETAIN_STEPS
+from coordinator.plumbing.keepermap import CLOCK_MARGIN
+from coordinator.plumbing.nodes import NodeStore
 from tests.conftest import RECORDS_DATABASE, kazoo_client, run_sql
 from tests.coordinator.test_coordinator_session import expire_session
 from tests.harness.chaos.pipeline import create_fed_view, fed_table

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 import txsink
-from coordinator.steps import COMMIT_AFTER_DECISION
+from coordinator.formats.steps import COMMIT_AFTER_DECISION
 from server_ext.publish.publish_steps import STEP_AFTER_ATTACH
 from tests.conftest import run_sql
 from tests.crashcases import assert_exactly_once_after, crash_point_run

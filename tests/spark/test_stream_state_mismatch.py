@@ -1,6 +1,6 @@
 """A streaming checkpoint and the sink's ZooKeeper state that no longer agree are refused.
 
-The sink's epochs are one query's micro-batch ids (coordinator/stream.py). A deleted
+The sink's epochs are one query's micro-batch ids (coordinator/protocol/stream.py). A deleted
 checkpoint (its batches would be skipped as already committed) and a deleted sink state
 (a replayed batch would be written again) both fail the query with a
 ``StreamStateMismatch`` until an operator runs ``txsink reset``; then the stream goes on
@@ -19,7 +19,7 @@ from kazoo.client import KazooClient
 
 import txsink
 from coordinator import Coordinator, ResetRefused, XidState
-from coordinator.paths import SinkLayout
+from coordinator.plumbing.paths import SinkLayout
 from coordinator.sink_admin import SinkAdmin
 from tests.sinkutil import assert_exactly_once, create_events
 from tests.spark.test_sink_streaming import run_stream, write_input_file

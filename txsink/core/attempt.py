@@ -302,7 +302,7 @@ def write_branch(
     if generation is None:  # streaming: the first task of a run fences older runs
         _, _, owner = _task_identity()
         # Before anything is claimed, begun or staged: the sink's epochs must be this
-        # query's micro-batches (StreamStateMismatch otherwise; coordinator/stream.py).
+        # query's micro-batches (StreamStateMismatch otherwise; coordinator/protocol/stream.py).
         coord.own_stream(plan.stream_query or streaming_query_id(), epoch)
         generation = coord.claim(str(owner.get("run_id") or owner["host"]))
     try:

@@ -22,8 +22,8 @@ from coordinator import (
     hosts_problem,
     tls_hint,
 )
-from coordinator.keepermap import KeeperMapNodes
-from coordinator.nodes import SESSION_TIMEOUT, NodeStore
+from coordinator.plumbing.keepermap import KeeperMapNodes
+from coordinator.plumbing.nodes import SESSION_TIMEOUT, NodeStore
 from server_ext.client import DEFAULT_RETRIES, DEFAULT_TIMEOUT, ClickHouseClient
 from server_ext.ddl import KeeperMapTable
 from txsink.core import crashpoints
@@ -53,8 +53,8 @@ def zookeeper(hosts: str, timeout: float = 15.0, auth: str | None = None,
               ca_advice: str = "give the zookeeper_ca_file option") -> KazooClient:
     """A started kazoo client for ``hosts`` (which may end in a chroot path); with
     ``auth`` (``user:password``) its session authenticates with the digest scheme and
-    creates znodes only that identity may touch (``coordinator/auth.py``); with
-    ``ca_file`` it speaks TLS, verifying the server with that CA (``coordinator/tls.py``).
+    creates znodes only that identity may touch (``coordinator/plumbing/auth.py``); with
+    ``ca_file`` it speaks TLS, verifying the server with that CA (``coordinator/plumbing/tls.py``).
     ``timeout`` bounds the connection attempt; ``session_timeout`` is the session's
     (ZooKeeper may narrow it to its minSessionTimeout .. maxSessionTimeout).
 

@@ -1,7 +1,7 @@
 """The protocol's named steps, and the hook each passes: where fault tests crash it.
 
 Every step an epoch passes where a crash leaves a distinct state has a name here (the
-tasks' own) or in the module that owns it (the coordinator's ``coordinator.steps``,
+tasks' own) or in the module that owns it (the coordinator's ``coordinator.formats.steps``,
 publish's ``server_ext.publish.publish_steps``, ``server_ext.publish.combined``). The product calls
 :func:`hit` at each; what happens there is up to the hook that the environment variable
 ``TXSINK_STEP_HOOK`` (``module:function``) names, loaded once per process. Fault tests
@@ -15,7 +15,7 @@ import importlib
 import os
 from collections.abc import Callable
 
-from coordinator import steps
+from coordinator.formats import steps
 from server_ext.publish import COMBINE_STEPS, PUBLISH_STEPS
 
 BRANCH_AFTER_REGISTER = "branch.after_register"  # task: branch recorded, nothing staged

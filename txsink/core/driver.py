@@ -173,7 +173,7 @@ def open_xid(options: SinkOptions, sink_id: str, hold: str) -> OpenedXid:
     fence and recover the sink, check its ``txn_version``, allocate the epoch and begin
     the xid, watched by this process's session under ``hold`` (a writer killed before
     its decision leaves an xid that ``txsink recover``/``gc`` roll back,
-    ``coordinator/liveness.py``)."""
+    ``coordinator/protocol/liveness.py``)."""
     coord, generation = open_sink(options, sink_id)
     covered = covered_txn_version(options, coord)
     if covered is not None:

@@ -1,6 +1,6 @@
 """What a committed xid wrote, per target partition, and the sink's summary of pruned ones.
 
-Retention (``coordinator/retention.py``) removes finished xids; before a committed one
+Retention (``coordinator/upkeep/retention.py``) removes finished xids; before a committed one
 goes, :func:`fold_into` adds what it wrote to the sink's summary: per (server, database,
 table, partition) the rows and the content digest since the last dynamic overwrite of
 that partition (both add up: ``server_ext.types.digest``), the epochs and decision times
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from coordinator import Coordinator
-from coordinator.retention import DecidedXid, Fold, Summary
+from coordinator.upkeep.retention import DecidedXid, Fold, Summary
 from server_ext.types import ContentDigest, digest_union
 from txsink.core.metrics import EpochMetrics
 from txsink.core.payload import contributions, from_record
@@ -147,7 +147,7 @@ def summary_entries(summary: Summary) -> list[SummaryEntry]:
 
 
 def fold_into(default_url: str | None) -> Fold:
-    """The fold retention calls before a committed xid goes (``coordinator.retention``):
+    """The fold retention calls before a committed xid goes (``coordinator.upkeep.retention``):
     its writes added to the summary's partitions; None when they cannot be told."""
 
     def fold(partitions: dict[str, Any], decided: DecidedXid) -> dict[str, Any] | None:

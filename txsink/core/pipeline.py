@@ -37,7 +37,7 @@ from txsink.options import INLINE, PIPELINED, SinkOptions
 
 log = logging.getLogger(__name__)
 
-#: The role a pipelined commit holds its leases under (``coordinator.publish_lease``):
+#: The role a pipelined commit holds its leases under (``coordinator.protocol.publish_lease``):
 #: a restarted driver's recovery waits for any other holder, not for this process's own.
 ROLE = "pipelined publisher"
 

@@ -2,7 +2,7 @@
 
 Why a process of its own: Spark begins a batch job's xid in a Python *planner* worker,
 which it stops after a minute idle, long before a big job decides. A liveness holder of
-that worker's session (``coordinator/liveness.py``) would vanish mid-job and the job
+that worker's session (``coordinator/protocol/liveness.py``) would vanish mid-job and the job
 would look abandoned. So the planner starts a keeper, detached in its own session (a
 kill of the driver's process group leaves it), which joins the xid's holders and holds
 until the xid is decided or the Spark driver process (the nearest ``java`` ancestor of

@@ -181,8 +181,9 @@ def _positive(text: str) -> int:
 
 
 def _zk_root(text: str) -> str:
-    """argparse type of ``--zk-root``: the sinks' rule (``coordinator.paths.check_root``)."""
-    from coordinator.paths import check_root
+    """argparse type of ``--zk-root``: the sinks' rule
+    (``coordinator.plumbing.paths.check_root``)."""
+    from coordinator.plumbing.paths import check_root
 
     try:
         return check_root(text, "root")

@@ -8,9 +8,9 @@ from typing import Any
 from coordinator import (
     XidState,
 )
-from coordinator.recovery import ROLLED_BACK
+from coordinator.formats.states import OPEN_STATES
+from coordinator.protocol.recovery import ROLLED_BACK
 from coordinator.sink_admin import SinkAdmin
-from coordinator.states import OPEN_STATES
 from server_ext.staging import StagingName, root_tag, sink_key, sweep
 from txsink.core.history_summary import fold_into
 from txsink.core.publisher import (

@@ -26,7 +26,13 @@ from coordinator import (
     SinkTreeDamaged,
     XidState,
 )
-from coordinator.recovery import FAILED, IN_PROGRESS, ROLLED_BACK, ROLLED_FORWARD, RecoveryAction
+from coordinator.protocol.recovery import (
+    FAILED,
+    IN_PROGRESS,
+    ROLLED_BACK,
+    ROLLED_FORWARD,
+    RecoveryAction,
+)
 from coordinator.sink_admin import SinkAdmin
 from server_ext.publish import PublishRecord, ledger_key, resolve_partition, strategy_problem
 from server_ext.sql import qualified_name
@@ -58,10 +64,10 @@ class RecoverCommands(Session):
     def recover(self, sink: str | None = None, epoch: int | None = None,
                 strategy: str | None = None,
                 unwatched_after: float | None = None) -> dict[str, Any]:
-        """Finish unfinished xids and roll back abandoned ones (``coordinator/liveness.py``:
-        the writer's session gone, its generation superseded, or, with
-        ``unwatched_after``, an unwatched xid not updated for that many seconds); a live
-        writer's xid is left. With ``epoch`` only that xid of ``sink``; with
+        """Finish unfinished xids and roll back abandoned ones
+        (``coordinator/protocol/liveness.py``: the writer's session gone, its generation
+        superseded, or, with ``unwatched_after``, an unwatched xid not updated for that many
+        seconds); a live writer's xid is left. With ``epoch`` only that xid of ``sink``; with
         ``strategy`` publish its winners whose recorded strategy the server cannot run
         with ``strategy`` instead.
 

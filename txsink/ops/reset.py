@@ -1,4 +1,4 @@
-"""``txsink reset``: the way out of a stream state mismatch (``coordinator/stream.py``)."""
+"""``txsink reset``: the way out of a stream state mismatch (``coordinator/protocol/stream.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from txsink.ops.session import Session, shown_epoch
 class ResetCommand(Session):
     def reset(self, sink_id: str, forget_epochs: bool = False,
               committed_through: int | None = None) -> dict[str, Any]:
-        """The way out of a stream state mismatch (``coordinator/stream.py``).
+        """The way out of a stream state mismatch (``coordinator/protocol/stream.py``).
 
         ``forget_epochs``: a new query (new or deleted checkpoint) takes the sink over,
         its micro-batches counted from 0. ``committed_through=N``: the sink's state was

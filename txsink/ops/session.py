@@ -16,7 +16,7 @@ from coordinator import (
     AccessDenied,
     Coordinator,
 )
-from coordinator.nodes import NodeStore
+from coordinator.plumbing.nodes import NodeStore
 from coordinator.sink_admin import SinkAdmin
 from server_ext.client import ClickHouseClient
 from txsink.core import connections

@@ -13,9 +13,9 @@ from coordinator import (
     XidRecord,
     XidState,
 )
-from coordinator.liveness import Verdict
+from coordinator.formats.states import OPEN_STATES
+from coordinator.protocol.liveness import Verdict
 from coordinator.sink_admin import SinkAdmin
-from coordinator.states import OPEN_STATES
 from txsink.core.metrics import UNKNOWN, WRITER, EpochMetrics
 from txsink.core.payload import from_record, task_branches
 from txsink.ops.session import (
@@ -31,7 +31,7 @@ from txsink.ops.status_report import SinkHealth, sink_health
 @dataclass(frozen=True)
 class OpenXid:
     """An open xid as ``status`` shows it: its state and age, its winners, and for an
-    undecided one whether its writer lives (``coordinator/liveness.py``) and, when it is
+    undecided one whether its writer lives (``coordinator/protocol/liveness.py``) and, when it is
     abandoned, the staging a rollback will drop."""
 
     epoch: int
@@ -170,7 +170,7 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 def _retention(admin: SinkAdmin, records: list[XidRecord]) -> dict[str, Any]:
     """What the sink's store holds of its history: the retained xids, the pruned epochs'
-    ranges and the summary's partitions (``coordinator/retention.py``)."""
+    ranges and the summary's partitions (``coordinator/upkeep/retention.py``)."""
     pruned = admin.store.run(admin.store.read_json, admin.layout.pruned)
     ranges = pruned[0] if pruned else {}
     summary = admin.summary()

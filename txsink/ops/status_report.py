@@ -9,7 +9,7 @@ older one). ``docs/operations.md`` ("Monitoring") says which field to alert on a
 What it counts, per sink:
 - open xids by state (``Initialized``, ``Committing``, ``Aborting``): how many and the
   age of the oldest, from the open index;
-- abandoned xids (``coordinator/liveness.py``: their writer is gone) and the oldest's age;
+- abandoned xids (``coordinator/protocol/liveness.py``: their writer is gone) and the oldest's age;
 - staging tables of the sink on the ClickHouse servers it could read (those its open
   xids' branches recorded, and ``--url``): how many, their bytes on disk, and how many of
   them belong to no open xid (``txsink gc`` drops those);
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator import BranchRecord, XidRecord, XidState
-from coordinator.liveness import Verdict
-from coordinator.states import OPEN_STATES
+from coordinator.formats.states import OPEN_STATES
+from coordinator.protocol.liveness import Verdict
 from server_ext.client import SqlClient
 from server_ext.errors import ClickHouseError
 from server_ext.sql import sql_string

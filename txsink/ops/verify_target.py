@@ -1,6 +1,6 @@
 """The target check of ``txsink verify``: rows the targets hold against rows committed.
 
-The audit of the ZooKeeper history (``coordinator.audit``) cannot see a duplicate or a
+The audit of the ZooKeeper history (``coordinator.upkeep.audit``) cannot see a duplicate or a
 loss that happened in ClickHouse: a publish repeated outside the protocol, a partition
 dropped by hand. This check compares, per target partition, what the server holds with
 what the committed xids put there, and says precisely when it cannot judge.
@@ -57,15 +57,15 @@ from typing import Any, Literal
 
 import server_ext
 from coordinator import XidState
-from coordinator.audit import (
+from coordinator.plumbing.nodes import NodeStore
+from coordinator.sink_admin import SinkAdmin
+from coordinator.upkeep.audit import (
     SinkHistory,
     changed_since,
     read_all_branches,
     read_history,
 )
-from coordinator.nodes import NodeStore
-from coordinator.retention import DecidedXid, Ranges
-from coordinator.sink_admin import SinkAdmin
+from coordinator.upkeep.retention import DecidedXid, Ranges
 from server_ext.client import SqlClient
 from server_ext.target_rows import TableRows, table_rows
 from server_ext.types import MODULUS, ContentDigest, digest_union

@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
-from coordinator.auth import DigestAuth, hosts_problem
-from coordinator.nodes import SESSION_TIMEOUT as DEFAULT_SESSION_TIMEOUT
-from coordinator.paths import check_root
+from coordinator.plumbing.auth import DigestAuth, hosts_problem
+from coordinator.plumbing.nodes import SESSION_TIMEOUT as DEFAULT_SESSION_TIMEOUT
+from coordinator.plumbing.paths import check_root
 from server_ext.client import ENCODINGS, header_problem
 from server_ext.publish import STRATEGIES as server_strategies
 from server_ext.publish import Strategy
@@ -57,7 +57,7 @@ TX_GENERATION = "txsink.tx.generation"
 
 
 #: Where the coordinator's records live: ZooKeeper (or Keeper) through kazoo, or KeeperMap
-#: tables of a ClickHouse the sink writes to (``coordinator/keepermap/``).
+#: tables of a ClickHouse the sink writes to (``coordinator/plumbing/keepermap/``).
 ZOOKEEPER, KEEPERMAP = "zookeeper", "keepermap"
 STORES = (ZOOKEEPER, KEEPERMAP)
 DEFAULT_RECORDS_TABLE = "txsink.records"
@@ -109,7 +109,7 @@ class SinkOptions:
     # partitions one write's rows may span (server_ext.staging.partition_bound); 0: no bound
     max_partitions_per_job: int = DEFAULT_PARTITION_LIMIT
     # seconds a finished xid's records stay before the writers fold and remove them
-    # (coordinator/retention.py); 0: kept for ever
+    # (coordinator/upkeep/retention.py); 0: kept for ever
     retention: float = DEFAULT_RETENTION
     coordinator: str = ZOOKEEPER  # where the coordinator's records live: one of STORES
     records_url: str | None = None  # keepermap: the server of the records table (else url)

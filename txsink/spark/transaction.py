@@ -78,7 +78,7 @@ class Transaction:
         self._parsed = parsed
         self.tables: list[str] = []
         # watched by this process's session: a caller killed before the decision leaves
-        # an xid that txsink recover / gc roll back (coordinator/liveness.py)
+        # an xid that txsink recover / gc roll back (coordinator/protocol/liveness.py)
         opened = driver.open_xid(parsed, sink_id, hold="transaction")
         self.coord, self.generation = opened.coord, opened.generation
         #: None when the sink's txn_version covers this transaction's: nothing is written

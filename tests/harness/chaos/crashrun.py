@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coordinator.steps import RETAIN_STEPS
+from coordinator.formats.steps import RETAIN_STEPS
 from tests.harness.chaos import checker
 from tests.harness.chaos.faults import CrashArming
 from tests.harness.chaos.launcher import DriverProcess, PipelineSpec

@@ -19,8 +19,8 @@ from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpir
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from coordinator.errors import CallbackFailed, PublishFailed, PublishLeaseLost, RollbackFailed
-from coordinator.records import BranchRecord
-from coordinator.states import XidState
+from coordinator.formats.records import BranchRecord
+from coordinator.formats.states import XidState
 
 log = logging.getLogger(__name__)
 

@@ -28,10 +28,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from coordinator.nodes import NodeStore
-from coordinator.paths import SinkLayout
-from coordinator.records import BranchRecord, XidRecord
-from coordinator.retention import (
+from coordinator.formats.records import BranchRecord, XidRecord
+from coordinator.formats.states import BranchState, XidState
+from coordinator.plumbing.nodes import NodeStore
+from coordinator.plumbing.paths import SinkLayout
+from coordinator.plumbing.store import SinkStore, default_retry
+from coordinator.upkeep.retention import (
     DecidedXid,
     Ranges,
     Retention,
@@ -39,8 +41,6 @@ from coordinator.retention import (
     add_to_ranges,
     in_ranges,
 )
-from coordinator.states import BranchState, XidState
-from coordinator.store import SinkStore, default_retry
 
 
 class AnomalyKind(StrEnum):

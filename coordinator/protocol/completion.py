@@ -33,15 +33,15 @@ from typing import Any
 
 from kazoo.exceptions import KazooException
 
-from coordinator import steps
-from coordinator.callbacks import BranchCallback, CallbackPolicy
-from coordinator.epochs import LastCommitted, TxnVersion
 from coordinator.errors import CallbackFailed, CoordinatorError, PublishLeaseLost
-from coordinator.multi import CHUNK_BYTES, CONFLICT_RETRIES, Multi, MultiFailed
-from coordinator.publish_lease import LEASE, PublishLease
-from coordinator.records import BranchRecord, XidRecord
-from coordinator.states import BranchState, XidState
-from coordinator.store import SinkStore
+from coordinator.formats import steps
+from coordinator.formats.records import BranchRecord, XidRecord
+from coordinator.formats.states import BranchState, XidState
+from coordinator.plumbing.multi import CHUNK_BYTES, CONFLICT_RETRIES, Multi, MultiFailed
+from coordinator.plumbing.store import SinkStore
+from coordinator.protocol.callbacks import BranchCallback, CallbackPolicy
+from coordinator.protocol.epochs import LastCommitted, TxnVersion
+from coordinator.protocol.publish_lease import LEASE, PublishLease
 
 log = logging.getLogger(__name__)
 

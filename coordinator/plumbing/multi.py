@@ -24,7 +24,7 @@ from kazoo.exceptions import (
 )
 
 from coordinator.errors import GaveUp
-from coordinator.nodes import NodeStore
+from coordinator.plumbing.nodes import NodeStore
 
 _COLLATERAL = (RolledBackError, RuntimeInconsistency)  # "another op of the multi failed"
 

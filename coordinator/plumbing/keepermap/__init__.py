@@ -1,6 +1,6 @@
 """The KeeperMap node store: the coordinator's tree in a KeeperMap table, one log per sink.
 
-A second implementation of :class:`~coordinator.nodes.NodeStore` for deployments without a
+A second implementation of :class:`~coordinator.plumbing.nodes.NodeStore` for deployments without a
 ZooKeeper of their own (ClickHouse Cloud): every record the coordinator keeps lives in a
 KeeperMap table of the ClickHouse the sink writes to, reached through a small key-value
 table (:class:`KeyValueTable`; ``server_ext.ddl.KeeperMapTable`` is the SQL one).
@@ -16,9 +16,9 @@ Limits: an entry is one Keeper node, so a record near the coordinator's 900 kB c
 lock is this package's own (:class:`KeeperMapLock`, ``lock.py``).
 """
 
-from coordinator.keepermap.lock import KeeperMapLock
-from coordinator.keepermap.log import CLOCK_MARGIN, Stat
-from coordinator.keepermap.log_store import KeeperMapNodes
-from coordinator.keepermap.table import KeyValueTable
+from coordinator.plumbing.keepermap.lock import KeeperMapLock
+from coordinator.plumbing.keepermap.log import CLOCK_MARGIN, Stat
+from coordinator.plumbing.keepermap.log_store import KeeperMapNodes
+from coordinator.plumbing.keepermap.table import KeyValueTable
 
 __all__ = ["CLOCK_MARGIN", "KeeperMapLock", "KeeperMapNodes", "KeyValueTable", "Stat"]

@@ -38,8 +38,8 @@ import time
 
 from kazoo.exceptions import ConnectionLoss, RuntimeInconsistency
 
-from coordinator.keepermap.log import Log
-from coordinator.keepermap.table import KeyValueTable, TableKeys, call_table
+from coordinator.plumbing.keepermap.log import Log
+from coordinator.plumbing.keepermap.table import KeyValueTable, TableKeys, call_table
 
 logger = logging.getLogger(__name__)
 

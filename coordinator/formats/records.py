@@ -6,7 +6,7 @@ compare-and-set against the ``version`` it was read at. ``version`` is the znode
 version, not part of the JSON.
 
 A record changes state only through ``moved_to`` (and keeps it through ``changed``), which
-look the change up in the one table of ``coordinator/states.py`` and raise
+look the change up in the one table of ``coordinator/formats/states.py`` and raise
 :class:`InvalidTransition` for anything it does not list; a record in ``Unknown`` (a new
 one, not yet moved) is never written.
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from coordinator.errors import InvalidTransition, MalformedRecord, RecordTooLarge
-from coordinator.states import (
+from coordinator.formats.states import (
     BranchState,
     XidState,
     require_branch_transition,
@@ -72,7 +72,7 @@ class XidRecord:
     every state entered, with time, generation and attempt; ``txn_version`` is the batch
     job's idempotency version, written with the decision (None: not given);
     ``liveness`` is ``"session"`` when the writer that began the attempt holds a live
-    node for it until the decision (``coordinator/liveness.py``), None when nobody does
+    node for it until the decision (``coordinator/protocol/liveness.py``), None when nobody does
     (a streaming xid, an adopted one, or one recorded before liveness existed).
     """
 

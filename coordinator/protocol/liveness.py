@@ -53,11 +53,11 @@ from dataclasses import dataclass
 
 from kazoo.exceptions import NoNodeError
 
-from coordinator.multi import Multi, MultiFailed
-from coordinator.paths import EPOCH_DIGITS, unescape
-from coordinator.records import XidRecord
-from coordinator.states import XidState
-from coordinator.store import SinkStore
+from coordinator.formats.records import XidRecord
+from coordinator.formats.states import XidState
+from coordinator.plumbing.multi import Multi, MultiFailed
+from coordinator.plumbing.paths import EPOCH_DIGITS, unescape
+from coordinator.plumbing.store import SinkStore
 
 WATCHED = "session"  # XidRecord.liveness of an xid whose writer holds a live node
 

@@ -50,14 +50,14 @@ from typing import Any
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from coordinator.epochs import LAST_COMMITTED, LastCommitted
 from coordinator.errors import CheckpointReplaced, ResetRefused, SinkStateLost
-from coordinator.fencing import FENCE, Generation
-from coordinator.multi import Multi, MultiFailed, tries
-from coordinator.records import StreamRecord, XidRecord, decode, encode
-from coordinator.retention import add_to_ranges
-from coordinator.states import XidState
-from coordinator.store import SinkStore
+from coordinator.formats.records import StreamRecord, XidRecord, decode, encode
+from coordinator.formats.states import XidState
+from coordinator.plumbing.multi import Multi, MultiFailed, tries
+from coordinator.plumbing.store import SinkStore
+from coordinator.protocol.epochs import LAST_COMMITTED, LastCommitted
+from coordinator.protocol.fencing import FENCE, Generation
+from coordinator.upkeep.retention import add_to_ranges
 
 STREAM = "stream"  # label of the stream record's write in a multi-op
 

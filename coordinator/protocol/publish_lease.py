@@ -48,8 +48,8 @@ import time
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
 from coordinator.errors import PublishLeaseLost, UnknownXid
-from coordinator.multi import Multi
-from coordinator.store import SinkStore
+from coordinator.plumbing.multi import Multi
+from coordinator.plumbing.store import SinkStore
 
 LEASE = "lease"  # label of the lease check in a multi-op
 

@@ -29,7 +29,7 @@ from kazoo.exceptions import NoNodeError
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, make_digest_acl
 
 from coordinator.errors import CoordinatorError
-from coordinator.nodes import NodeStore
+from coordinator.plumbing.nodes import NodeStore
 
 
 def hosts_problem(hosts: str) -> str | None:

@@ -21,10 +21,10 @@ import time
 from kazoo.exceptions import BadVersionError
 
 from coordinator.errors import SinkTreeDamaged
-from coordinator.multi import Multi, tries
-from coordinator.records import encode
-from coordinator.states import XidState
-from coordinator.store import SinkStore
+from coordinator.formats.records import encode
+from coordinator.formats.states import XidState
+from coordinator.plumbing.multi import Multi, tries
+from coordinator.plumbing.store import SinkStore
 
 LAST_COMMITTED = "last_committed"  # label of the last_committed write in a multi-op
 TXN_VERSION = "txn_version"  # label of the txn_version write in a multi-op

@@ -12,7 +12,7 @@ To save a round trip, a step may start from the record this instance last wrote 
 
 Each step raises its own typed error (``Fenced``, ``XidDecided``, ``XidAborted``,
 ``WinnerNotPrepared``, ...) before it builds a new record; the new record itself comes
-from ``moved_to``/``changed``, which check the one table in ``coordinator/states.py``.
+from ``moved_to``/``changed``, which check the one table in ``coordinator/formats/states.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 from kazoo.exceptions import NodeExistsError
 from kazoo.retry import ForceRetryError
 
-from coordinator.epochs import LastCommitted
 from coordinator.errors import (
     Fenced,
     InvalidTransition,
@@ -37,13 +36,14 @@ from coordinator.errors import (
     XidAborted,
     XidDecided,
 )
-from coordinator.fencing import Generation, settle
-from coordinator.liveness import WATCHED, Liveness
-from coordinator.multi import CONFLICT_RETRIES, Multi, MultiFailed
-from coordinator.records import BranchRecord, XidRecord, decode, encode
-from coordinator.retention import Retention
-from coordinator.states import BranchState, XidState
-from coordinator.store import SinkStore
+from coordinator.formats.records import BranchRecord, XidRecord, decode, encode
+from coordinator.formats.states import BranchState, XidState
+from coordinator.plumbing.multi import CONFLICT_RETRIES, Multi, MultiFailed
+from coordinator.plumbing.store import SinkStore
+from coordinator.protocol.epochs import LastCommitted
+from coordinator.protocol.fencing import Generation, settle
+from coordinator.protocol.liveness import WATCHED, Liveness
+from coordinator.upkeep.retention import Retention
 
 T = TypeVar("T")
 NO_FENCE = -1  # the generation of steps that are not fenced (prepare, metrics)
@@ -73,7 +73,7 @@ class Transitions:
     def begin(self, epoch: int, generation: int,
               holder: tuple[str, bytes] | None = None) -> XidState:
         """``holder`` (name, data): a new xid is created watched, with this session's
-        liveness holder in the same multi-op (``coordinator/liveness.py``)."""
+        liveness holder in the same multi-op (``coordinator/protocol/liveness.py``)."""
         if holder is not None:
             Liveness(self.store).ensure()
         return self._run(epoch, generation, lambda _: self._begin_once(
@@ -298,7 +298,7 @@ class Transitions:
         That epoch committed, and only a streaming replay begins it again; its record
         exists (or was pruned, recorded as such). Missing, it was lost, and a new xid
         would write the micro-batch a second time. (An allocated epoch lies above it; a
-        streaming query cannot go below it: ``coordinator/stream.py``.)"""
+        streaming query cannot go below it: ``coordinator/protocol/stream.py``.)"""
         last = LastCommitted(self.store).read()[0]
         if epoch != last:
             return

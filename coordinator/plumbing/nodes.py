@@ -7,7 +7,7 @@ transitions, fencing, liveness and publish lease run over either store:
 
 - ZooKeeper (or ClickHouse Keeper): a started kazoo ``KazooClient`` *is* a node store, as
   it is; nothing wraps it, so the default path costs nothing extra;
-- KeeperMap tables of the ClickHouse the sink writes to (``coordinator/keepermap/``):
+- KeeperMap tables of the ClickHouse the sink writes to (``coordinator/plumbing/keepermap/``):
   the same tree, kept as an ordered log of multi-ops in a KeeperMap table.
 
 Errors are kazoo's exception classes for both stores (``NoNodeError``,

@@ -4,7 +4,7 @@ legal.
 Why a table: every writer (commit, abort, recovery, a task registering a branch, an
 operator's reset) asks the same question — "may this record go from A to B?" — and must
 get the same answer. The records ask it themselves: ``XidRecord.moved_to`` /
-``XidRecord.changed`` and ``BranchRecord.moved_to`` (``coordinator/records.py``) look the
+``XidRecord.changed`` and ``BranchRecord.moved_to`` (``coordinator/formats/records.py``) look the
 change up here and raise :class:`InvalidTransition` for anything not listed, whichever
 step attempts it, and a record is only ever written in a state it reached that way. The
 steps raise their own typed errors first (:class:`Fenced`, :class:`XidDecided`,

@@ -7,7 +7,7 @@ and an undecided one is aborted if its owner is gone, i.e. it belongs to a gener
 older than the recovering writer's. Undecided xids of the current generation are live
 work and are left alone, unless the caller asks for abandoned xids too (``txsink
 recover`` and ``txsink gc`` do): then an xid whose writer's liveness holders are all gone
-(``coordinator/liveness.py``) is rolled back as well, guarded by the version it was
+(``coordinator/protocol/liveness.py``) is rolled back as well, guarded by the version it was
 judged at.
 
 Recovery never takes a decided xid from a live actor: it finishes an xid only while it
@@ -27,14 +27,14 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 
-from coordinator.callbacks import BranchCallback
-from coordinator.completion import Completion
 from coordinator.errors import CoordinatorError, Fenced, PublishInProgress, RecoveryIncomplete
-from coordinator.liveness import Verdict
-from coordinator.publish_lease import PublishLease
-from coordinator.records import XidRecord
-from coordinator.states import XidState
-from coordinator.store import SinkStore
+from coordinator.formats.records import XidRecord
+from coordinator.formats.states import XidState
+from coordinator.plumbing.store import SinkStore
+from coordinator.protocol.callbacks import BranchCallback
+from coordinator.protocol.completion import Completion
+from coordinator.protocol.liveness import Verdict
+from coordinator.protocol.publish_lease import PublishLease
 
 log = logging.getLogger(__name__)
 

@@ -46,12 +46,12 @@ from typing import Any
 
 from kazoo.exceptions import NoNodeError
 
-from coordinator import steps
 from coordinator.errors import RecordTooLarge
-from coordinator.multi import CHUNK_BYTES, Multi, MultiFailed, tries
-from coordinator.records import BranchRecord, XidRecord, encode
-from coordinator.states import XidState
-from coordinator.store import SinkStore
+from coordinator.formats import steps
+from coordinator.formats.records import BranchRecord, XidRecord, encode
+from coordinator.formats.states import XidState
+from coordinator.plumbing.multi import CHUNK_BYTES, Multi, MultiFailed, tries
+from coordinator.plumbing.store import SinkStore
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Reading a sink's records from ZooKeeper, inside the retry policy.
 
-Writes are not here: each state change is a :class:`~coordinator.multi.Multi` built by
+Writes are not here: each state change is a :class:`~coordinator.plumbing.multi.Multi` built by
 the module that owns that change. Reads of many records (all branches of an xid, all open
 xids) are pipelined with kazoo's ``get_async`` so their cost is one round trip plus a few
 hundred microseconds per record, not one round trip each.
@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 from kazoo.exceptions import NoNodeError
 from kazoo.retry import KazooRetry
 
-from coordinator.nodes import NodeStore
-from coordinator.paths import SinkLayout, unescape
-from coordinator.records import BranchRecord, XidRecord, decode
+from coordinator.formats.records import BranchRecord, XidRecord, decode
+from coordinator.plumbing.nodes import NodeStore
+from coordinator.plumbing.paths import SinkLayout, unescape
 
 T = TypeVar("T")
 

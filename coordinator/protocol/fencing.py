@@ -16,9 +16,9 @@ import time
 from kazoo.exceptions import BadVersionError, NoNodeError
 
 from coordinator.errors import Fenced, SinkTakenOver, SinkTreeDamaged
-from coordinator.multi import Multi, MultiFailed, tries
-from coordinator.records import decode, encode
-from coordinator.store import SinkStore
+from coordinator.formats.records import decode, encode
+from coordinator.plumbing.multi import Multi, MultiFailed, tries
+from coordinator.plumbing.store import SinkStore
 
 FENCE = "fence"  # label of the generation check in every multi-op
 PAST_OWNERS_KEPT = 64  # superseded run ids remembered, to refuse their late claims

@@ -27,11 +27,11 @@ from typing import Any
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from coordinator.errors import CoordinatorError, PublishLeaseLost, UnknownBranch
-from coordinator.multi import Multi, MultiFailed
-from coordinator.paths import unescape
-from coordinator.publish_lease import LEASE, PublishLease
-from coordinator.records import decode, encode
-from coordinator.store import SinkStore
+from coordinator.formats.records import decode, encode
+from coordinator.plumbing.multi import Multi, MultiFailed
+from coordinator.plumbing.paths import unescape
+from coordinator.plumbing.store import SinkStore
+from coordinator.protocol.publish_lease import LEASE, PublishLease
 
 
 class LedgerConflict(CoordinatorError):

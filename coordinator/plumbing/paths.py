@@ -13,7 +13,7 @@ One sink's tree (``root`` defaults to ``/txsink``; a kazoo chroot may sit above 
       open/<epoch>    (empty) index of unfinished xids: all that recovery reads
       live/<epoch>.<holder>  (ephemeral) an open xid's writer is alive (liveness.py)
       xids/<epoch>    xid record (state, generation, attempt, winners, metrics, history)
-        publisher/<lock node>        publish lease (ephemeral; coordinator/publish_lease.py)
+        publisher/<lock node>        publish lease (ephemeral; publish_lease.py)
         branches/<branch>            branch record (state, attempt, owner, manifest)
           ledger/<key>               publish ledger entry (key: a staging table name)
 
@@ -34,11 +34,11 @@ from urllib.parse import quote, unquote
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.security import OPEN_ACL_UNSAFE
 
-from coordinator.auth import require_acl, sink_acl
 from coordinator.errors import SinkTreeDamaged
-from coordinator.multi import Multi, MultiFailed
-from coordinator.nodes import NodeStore
-from coordinator.records import decode, encode
+from coordinator.formats.records import decode, encode
+from coordinator.plumbing.auth import require_acl, sink_acl
+from coordinator.plumbing.multi import Multi, MultiFailed
+from coordinator.plumbing.nodes import NodeStore
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class SinkLayout:
         is completed or refused rather than retried forever.
 
         The shared ancestors are created open whatever the client's default ACL: other
-        sinks, with other credentials, must be able to add theirs (coordinator/auth.py).
+        sinks, with other credentials, must be able to add theirs (coordinator/plumbing/auth.py).
         """
         client.ensure_path(self.sinks, acl=OPEN_ACL_UNSAFE)
         multi = Multi(client)

@@ -1,7 +1,7 @@
 """The KeeperMap node store: each sink's tree as a log of multi-ops in a key-value table.
 
-:class:`KeeperMapNodes` serves :class:`~coordinator.nodes.NodeStore` (kazoo's surface) over
-a :class:`~coordinator.keepermap.table.KeyValueTable`: a multi-op is validated against the
+:class:`KeeperMapNodes` serves :class:`~coordinator.plumbing.nodes.NodeStore` (kazoo's surface) over
+a :class:`~coordinator.plumbing.keepermap.table.KeyValueTable`: a multi-op is validated against the
 writer's folded copy of the sink's log (``log.py``) and appended as the next entry by a
 strict INSERT; a read first folds the entries written since. One instance serves many
 threads (one lock), and any number of processes share a table.
@@ -39,9 +39,9 @@ from kazoo.exceptions import (
 )
 
 from coordinator.errors import SinkTreeDamaged
-from coordinator.keepermap.heartbeat import Heartbeat
-from coordinator.keepermap.lock import KeeperMapLock
-from coordinator.keepermap.log import (
+from coordinator.plumbing.keepermap.heartbeat import Heartbeat
+from coordinator.plumbing.keepermap.lock import KeeperMapLock
+from coordinator.plumbing.keepermap.log import (
     CLOCK_MARGIN,
     KEPT_IDS,
     Log,
@@ -51,9 +51,9 @@ from coordinator.keepermap.log import (
     parent_of,
     partition_of,
 )
-from coordinator.keepermap.snapshot import COMPACT_EVERY, RETAIN, Snapshots
-from coordinator.keepermap.table import KeyValueTable, TableKeys, call_table
-from coordinator.nodes import SESSION_TIMEOUT
+from coordinator.plumbing.keepermap.snapshot import COMPACT_EVERY, RETAIN, Snapshots
+from coordinator.plumbing.keepermap.table import KeyValueTable, TableKeys, call_table
+from coordinator.plumbing.nodes import SESSION_TIMEOUT
 
 READ_AHEAD = 8  # log keys asked for per point-lookup SELECT
 PIPELINE_GAP = 0.005  # seconds between reads of one pipelined batch
