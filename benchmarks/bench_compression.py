@@ -28,9 +28,10 @@ from bench_writer import DATABASE, QUALIFIED, check_count, make_table, reset_tab
 from server_ext.capabilities import detect_capabilities
 from server_ext.client import ENCODINGS, ClickHouseClient, compress, encoding_problem
 from server_ext.errors import ServerUnreachable
+from server_ext.old_server import encode_native_block
 from server_ext.sql import quote_identifier
 from server_ext.staging import BranchWriter
-from server_ext.types import check_arrow_schema, describe_table, encode_native_block
+from server_ext.types import check_arrow_schema, describe_table
 
 RESULTS = Path(__file__).parent / "results" / "compression.json"
 SERVERS = {"ch18": "http://127.0.0.1:8123", "ch26": "http://127.0.0.1:8124"}

@@ -26,9 +26,10 @@ import requests
 
 from server_ext.capabilities import detect_capabilities
 from server_ext.client import ClickHouseClient
+from server_ext.old_server import encode_native_block
 from server_ext.sql import qualified_name, quote_identifier
 from server_ext.staging import BranchWriter
-from server_ext.types import check_arrow_schema, describe_table, encode_native_block
+from server_ext.types import check_arrow_schema, describe_table
 
 DATABASE = "txsink_bench"
 TABLE = "writer_rows"

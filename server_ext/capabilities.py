@@ -22,7 +22,9 @@ from dataclasses import dataclass
 
 from server_ext.client.client_protocol import SqlClient
 from server_ext.errors import KEEPER_EXCEPTION, ClickHouseError
+from server_ext.old_server.native_encoder import NATIVE
 from server_ext.sql import qualified_name, quote_identifier, sql_string
+from server_ext.types.arrow_stream import ARROW_STREAM, InsertFormat
 from server_ext.types.chtypes import (
     DATE32_CALENDAR,
     DATE_MAX_DAYS,
@@ -53,6 +55,17 @@ class Capabilities:
     keeper: bool  # the server has a ZooKeeper/Keeper configured (Replicated tables work)
     hash_any_type: bool  # cityHash64 takes Decimal, UUID and Nullable elements (digest)
     value_ranges: ValueRanges  # Date/DateTime values it stores and reads back unchanged
+
+    @property
+    def insert_format(self) -> InsertFormat:
+        """The body format of staging INSERTs: ArrowStream where the server reads it, else
+        the old-server wing's Native encoder (18.16 reads no ArrowStream)."""
+        if self.arrow_stream:
+            return ARROW_STREAM
+        if self.native:
+            return NATIVE
+        raise ClickHouseError("the server reads neither ArrowStream nor Native input",
+                              name="UNSUPPORTED_SERVER", purpose="create branch writer")
 
     def with_overrides(self, **changes: object) -> Capabilities:
         """A copy with some detected values replaced (unknown names raise TypeError)."""

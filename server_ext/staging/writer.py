@@ -49,10 +49,10 @@ Contract (like Spark's ``DataWriter``: one writer per task attempt, used from on
   repeated, while the seal counts the staged rows right after ``flush()`` and every
   INSERT must be all-or-nothing on its own.
 
-Format: ArrowStream where the server reads it (one IPC stream per INSERT, Arrow types cast
-to the column types first), Native otherwise (``encoder``). The body is streamed, and its
-encoding starts as soon as the block is complete, in its own thread: the server parses
-one chunk while the next is encoded.
+Format: the one ``Capabilities.insert_format`` chooses, ArrowStream where the server reads
+it (one IPC stream per INSERT, Arrow types cast to the column types first). The body is
+streamed, and its encoding starts as soon as the block is complete, in its own thread: the
+server parses one chunk while the next is encoded.
 """
 
 from __future__ import annotations
@@ -72,14 +72,8 @@ from server_ext.client.client_protocol import InsertClient
 from server_ext.errors import ClickHouseError, SchemaMismatch
 from server_ext.sql import shown_name
 from server_ext.types.arrow_schema import check_arrow_schema
+from server_ext.types.arrow_stream import InsertFormat, Piece
 from server_ext.types.bad_values import BadRows
-from server_ext.types.encoder import (
-    Piece,
-    arrow_stream_chunks,
-    encode_native_block,
-    native_problem,
-    to_arrow_stream_batch,
-)
 from server_ext.types.prepare import checked_batch, split_batch
 from server_ext.types.target_table import Column, TargetTable
 
@@ -115,14 +109,12 @@ class BranchWriter:
     ) -> None:
         if block_rows < 1 or chunk_rows < 1:
             raise ValueError("block_rows and chunk_rows must be positive")
-        if not (caps.arrow_stream or caps.native):
-            raise ClickHouseError("the server reads neither ArrowStream nor Native input",
-                                  name="UNSUPPORTED_SERVER", purpose="create branch writer")
+        self.insert_format = caps.insert_format
         self.client = client
         self.target = target
         self.staging_table = staging_table
         self.encoding = encoding  # Content-Encoding of the bodies (server_ext.client.compression)
-        self.format = "ArrowStream" if caps.arrow_stream else "Native"
+        self.format = self.insert_format.name
         self.insert_settings: dict[str, object] = {
             **(extra_settings or {}),  # the user's; the protocol's own below win
             "max_insert_block_size": block_rows,
@@ -215,12 +207,10 @@ class BranchWriter:
         if self._checked_schema is not None and schema.equals(self._checked_schema):
             return self._columns or []
         columns = check_arrow_schema(self.target, schema)
-        if self.format == "Native":
-            problems = [f"column `{c.name}`: {problem}" for c in columns
-                        if (problem := native_problem(c.chtype))]
-            if problems:
-                raise SchemaMismatch(shown_name(self.target.database, self.target.name),
-                                     problems)
+        problems = [f"column `{c.name}`: {problem}" for c in columns
+                    if (problem := self.insert_format.column_problem(c.chtype))]
+        if problems:
+            raise SchemaMismatch(shown_name(self.target.database, self.target.name), problems)
         if self._columns is None:
             self._columns = columns
         elif {c.name for c in columns} != {c.name for c in self._columns}:
@@ -246,7 +236,7 @@ class BranchWriter:
 
     def _submit(self, batches: list[pa.RecordBatch]) -> None:
         """Start encoding ``batches`` now; send them once the previous INSERT is done."""
-        body = _InsertBody(self._chunks(batches), self._columns or [], self.format)
+        body = _InsertBody(self._chunks(batches), self._columns or [], self.insert_format)
         body.prepare()
         try:
             self._wait()
@@ -323,8 +313,8 @@ class _InsertBody:
     """An INSERT body encoded in a helper thread; each iteration encodes it anew, so the
     client can resend it after a transient error."""
 
-    def __init__(self, chunks: list[list[pa.RecordBatch]], columns: list[Column], fmt: str
-                 ) -> None:
+    def __init__(self, chunks: list[list[pa.RecordBatch]], columns: list[Column],
+                 fmt: InsertFormat) -> None:
         self._chunks = chunks
         self._columns = columns
         self._format = fmt
@@ -351,12 +341,7 @@ class _InsertBody:
             pieces.close()
 
     def _pieces(self) -> Iterator[Piece]:
-        if self._format == "ArrowStream":
-            converted = (to_arrow_stream_batch(_concat(c), self._columns) for c in self._chunks)
-            yield from arrow_stream_chunks(converted)
-            return
-        for chunk in self._chunks:
-            yield from _coalesce(encode_native_block(_concat(chunk), self._columns))
+        yield from self._format.body((_concat(c) for c in self._chunks), self._columns)
 
 
 _DONE = object()
@@ -409,22 +394,3 @@ def _put(queue: Queue, item: object, stop: threading.Event) -> bool:
             continue
     return False
 
-
-def _coalesce(pieces: list[Piece], small: int = 1 << 16) -> Iterator[Piece]:
-    """Join runs of small pieces so each HTTP chunk is worth its framing."""
-    run: list[Piece] = []
-    run_size = 0
-    for piece in pieces:
-        if len(piece) >= small:
-            if run:
-                yield b"".join(run)
-                run, run_size = [], 0
-            yield piece
-        else:
-            run.append(piece)
-            run_size += len(piece)
-            if run_size >= small:
-                yield b"".join(run)
-                run, run_size = [], 0
-    if run:
-        yield b"".join(run)

@@ -1,12 +1,11 @@
 """Column types and values: the target table as described, whether an Arrow schema and
-each value fit it, content digests of stored rows, and the encoding of rows into what
-the server reads."""
+each value fit it, content digests of stored rows, and the encoding of rows into an
+ArrowStream body (the Native encoder of servers without one is in ``server_ext.old_server``)."""
 
 from server_ext.types.arrow_schema import check_arrow_schema, type_problem
 from server_ext.types.bad_values import BadRows
 from server_ext.types.chtypes import ChType
 from server_ext.types.digest import MODULUS, ContentDigest, digest_union
-from server_ext.types.encoder import encode_native_block
 from server_ext.types.nested import flatten_schema
 from server_ext.types.prepare import checked_batch, prepare_batch
 from server_ext.types.row_checks import check_batch
@@ -24,7 +23,6 @@ __all__ = [
     "checked_batch",
     "prepare_batch",
     "BadRows",
-    "encode_native_block",
     "flatten_schema",
     "MODULUS",
     "ContentDigest",

@@ -1,4 +1,5 @@
-"""Arrow record batches encoded for ClickHouse INSERTs: Native blocks, or an ArrowStream.
+"""Arrow record batches encoded as Native blocks, for a server without ArrowStream input
+(ClickHouse 18.16): the ``NATIVE`` insert format ``Capabilities.insert_format`` chooses there.
 
 Why our own encoder. Checked before writing it (November 2026, this machine):
 - ``clickhouse-connect`` (the official client, with a Native serializer) cannot even create
@@ -31,9 +32,7 @@ first); Enum8/16 its Int8/Int16 codes; Tuple each element's column in turn. Type
 lacks (Decimal256, Map, Bool, Date32, DateTime64, IPs, JSON, wide integers) are not
 written as Native (``native_problem``): every server that has them reads ArrowStream.
 
-On servers that read ArrowStream (``to_arrow_stream_batch`` + ``arrow_stream_chunks``) the
-batch is cast to the Arrow types matching the columns (``stream_array``) and sent as an IPC
-stream; the server parses text types and widens integers (exact after the checks).
+Servers that read ArrowStream get it instead (``server_ext.types.arrow_stream``).
 
 Contract: the batch must be what ``prepare.checked_batch`` returned for the same columns
 (prepared and checked: values are converted without further range checks). Each call
@@ -51,15 +50,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from server_ext.types.arrow_schema import struct_fields_for
-from server_ext.types.chtypes import FLOAT_TYPES, INTEGER_TYPES, WIDE_INTEGER_TYPES, ChType
+from server_ext.types.arrow_stream import InsertFormat, Piece, arrow_type_for
+from server_ext.types.chtypes import FLOAT_TYPES, INTEGER_TYPES, ChType
 from server_ext.types.conversions import to_days, to_seconds
-from server_ext.types.row_checks import decimal_arrow_type, list_values, to_decimal
+from server_ext.types.row_checks import to_decimal
 from server_ext.types.target_table import Column
-
-Piece = bytes | memoryview
-
-# The end-of-stream marker of the Arrow IPC stream format.
-ARROW_STREAM_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
 def has_low_cardinality(ch: ChType) -> bool:
@@ -411,153 +406,36 @@ def _bytes_of(values: np.ndarray) -> memoryview:
     return memoryview(np.ascontiguousarray(values)).cast("B")
 
 
-# -- ArrowStream ---------------------------------------------------------------------------
+class _Native:
+    name = "Native"
+
+    def column_problem(self, ch: ChType) -> str | None:
+        return native_problem(ch)
+
+    def body(self, batches: Iterable[pa.RecordBatch], columns: list[Column]
+             ) -> Iterator[Piece]:
+        for batch in batches:
+            yield from _coalesce(encode_native_block(batch, columns))
 
 
-def arrow_type_for(ch: ChType) -> pa.DataType:
-    """The Arrow type that carries values of ClickHouse ``ch`` exactly into ArrowStream input.
-
-    Types the server parses from text (UUID, IPv4/IPv6, JSON, Enum labels) travel as
-    strings; wide integers as int64 (``stream_array`` keeps a decimal source as it is).
-    """
-    ch = ch.unwrap_low_cardinality()
-    if ch.is_nullable and ch.inner is not None:
-        return arrow_type_for(ch.inner)
-    if ch.base == "Array" and ch.inner is not None:
-        return pa.list_(arrow_type_for(ch.inner))
-    if ch.base == "Map":
-        return pa.map_(arrow_type_for(ch.elements[0]), arrow_type_for(ch.elements[1]))
-    if ch.base == "Tuple":
-        return pa.struct([pa.field(name, arrow_type_for(element))
-                          for name, element in zip(ch.tuple_names, ch.elements, strict=True)])
-    if ch.base in INTEGER_TYPES:
-        return pa.from_numpy_dtype(np.dtype(INTEGER_TYPES[ch.base][0]))
-    if ch.base in FLOAT_TYPES:
-        return pa.from_numpy_dtype(np.dtype(FLOAT_TYPES[ch.base]))
-    if ch.base == "Decimal":
-        return decimal_arrow_type(ch)
-    if ch.base in ("String", "FixedString"):
-        return pa.binary()
-    if ch.base in ("Date", "Date32"):
-        return pa.date32()
-    if ch.base == "DateTime":
-        return pa.timestamp("s", tz="UTC")
-    if ch.base == "DateTime64":
-        return pa.timestamp(_unit_for(int(ch.params[0])), tz="UTC")
-    if ch.base == "Bool":
-        return pa.bool_()
-    if ch.base in _PARSED_BY_SERVER:
-        return pa.string()
-    if ch.base in WIDE_INTEGER_TYPES:
-        return pa.int64()
-    raise TypeError(f"the encoder does not support {ch}")
+NATIVE: InsertFormat = _Native()
 
 
-# Sent as the caller's Arrow values; the server converts them (measured exact on 26.x for
-# what ``schema.check_batch`` lets through: canonical text, existing labels or codes).
-_PARSED_BY_SERVER = frozenset({"UUID", "IPv4", "IPv6", "JSON", "Enum8", "Enum16", "Variant",
-                               "Dynamic"})
-
-
-def _unit_for(precision: int) -> str:
-    """The coarsest Arrow unit holding 10^-precision s: the server rescales exactly from it
-    (26.x truncates toward zero when it must drop digits; the checks leave none to drop)."""
-    return "s" if precision == 0 else "ms" if precision <= 3 else "us" if precision <= 6 \
-        else "ns"
-
-
-def to_arrow_stream_batch(batch: pa.RecordBatch, columns: list[Column]) -> pa.RecordBatch:
-    """``batch`` reduced to ``columns``, each as ``stream_array`` makes it."""
-    arrays = [stream_array(batch.column(column.name), column.chtype) for column in columns]
-    fields = [pa.field(column.name, array.type, nullable=True)
-              for column, array in zip(columns, arrays, strict=True)]
-    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
-
-
-def stream_array(array: pa.Array, ch: ChType) -> pa.Array:
-    """``array`` in the Arrow types ``arrow_type_for`` gives, for an ArrowStream INSERT.
-
-    Scalars and lists of scalars are one ``cast`` (none when the type already matches);
-    Map and Tuple, and lists of them, are rebuilt around their converted children (struct
-    fields renamed and ordered as the Tuple's elements: the server matches by name).
-    """
-    if pa.types.is_dictionary(array.type):
-        array = array.dictionary_decode()
-    ch = ch.value_type()
-    if pa.types.is_null(array.type):
-        return pa.nulls(len(array), arrow_type_for(ch))
-    if ch.base in _PARSED_BY_SERVER or (ch.base in WIDE_INTEGER_TYPES
-                                         and not pa.types.is_boolean(array.type)):
-        return array
-    if ch.base == "Tuple":
-        children = array.flatten()
-        order = struct_fields_for(array.type, ch) or []
-        converted = [stream_array(children[index], ch.elements[position])
-                     for position, index in enumerate(order)]
-        return pa.StructArray.from_arrays(converted, names=list(ch.tuple_names),
-                                          mask=_null_mask_array(array))
-    if ch.base == "Map":
-        values, _ = list_values(array, _same_row)
-        keys = stream_array(values.field(0), ch.elements[0])
-        items = stream_array(values.field(1), ch.elements[1])
-        return pa.MapArray.from_arrays(_zero_based(array), keys, items,
-                                       mask=_null_mask_array(array))
-    if ch.base == "Array" and ch.inner is not None and _is_composite(ch.inner):
-        values, _ = list_values(array, _same_row)
-        return pa.ListArray.from_arrays(_zero_based(array), stream_array(values, ch.inner),
-                                        mask=_null_mask_array(array))
-    wanted = arrow_type_for(ch)
-    return array if array.type == wanted else _cast_exact(array, wanted)
-
-
-def _is_composite(ch: ChType) -> bool:
-    t = ch.value_type()
-    return t.base in ("Map", "Tuple") or t.base in _PARSED_BY_SERVER \
-        or t.base in WIDE_INTEGER_TYPES or (t.base == "Array" and t.inner is not None
-                                            and _is_composite(t.inner))
-
-
-def _same_row(index: int) -> int:
-    return index
-
-
-def _zero_based(array: pa.Array) -> pa.Array:
-    """A list or map array's offsets, rebased to start at 0 (int32)."""
-    offsets = array.offsets
-    return pc.subtract(offsets, offsets[0]).cast(pa.int32())
-
-
-def _null_mask_array(array: pa.Array) -> pa.Array | None:
-    return pc.is_null(array) if array.null_count else None
-
-
-def _cast_exact(array: pa.Array, wanted: pa.DataType) -> pa.Array:
-    if pa.types.is_timestamp(wanted) and pa.types.is_timestamp(array.type) \
-            and wanted.unit == "s":  # DateTime: whole seconds, rounded down
-        seconds = pa.array(to_seconds(array), pa.int64(), mask=_null_mask(array))
-        return seconds.cast(wanted)
-    if pa.types.is_timestamp(wanted):  # DateTime64: exact (checked), so a safe cast
-        return pc.cast(array, wanted, safe=True)
-    if pa.types.is_decimal(wanted):
-        return to_decimal(array, wanted)
-    # values were checked to fit; unsafe only skips the truncation of sub-units
-    return pc.cast(array, wanted, safe=False)
-
-
-def _null_mask(array: pa.Array) -> np.ndarray | None:
-    return _null_map(array).astype(bool) if array.null_count else None
-
-
-def arrow_stream_chunks(batches: Iterable[pa.RecordBatch]) -> Iterator[Piece]:
-    """An Arrow IPC stream (schema, batches, end marker) as pieces, one per batch.
-
-    All batches must share the first one's schema. No batch, no stream (empty output).
-    """
-    schema_sent = False
-    for batch in batches:
-        if not schema_sent:
-            yield memoryview(batch.schema.serialize()).cast("B")
-            schema_sent = True
-        yield memoryview(batch.serialize()).cast("B")
-    if schema_sent:
-        yield ARROW_STREAM_END
+def _coalesce(pieces: list[Piece], small: int = 1 << 16) -> Iterator[Piece]:
+    """Join runs of small pieces so each HTTP chunk is worth its framing."""
+    run: list[Piece] = []
+    run_size = 0
+    for piece in pieces:
+        if len(piece) >= small:
+            if run:
+                yield b"".join(run)
+                run, run_size = [], 0
+            yield piece
+        else:
+            run.append(piece)
+            run_size += len(piece)
+            if run_size >= small:
+                yield b"".join(run)
+                run, run_size = [], 0
+    if run:
+        yield b"".join(run)

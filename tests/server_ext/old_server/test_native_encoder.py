@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from server_ext.client.http_client import ClickHouseClient
+from server_ext.old_server.native_encoder import encode_column, encode_native_block
 from server_ext.types.arrow_schema import check_arrow_schema
 from server_ext.types.chtypes import STORAGE_RANGES
-from server_ext.types.encoder import encode_column, encode_native_block
 from server_ext.types.prepare import checked_batch
 from server_ext.types.target_table import Column, describe_table
 from tests import roundtrip
