@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import uuid
 from dataclasses import dataclass
 
 from server_ext.client.client_protocol import SqlClient
 from server_ext.errors import KEEPER_EXCEPTION, ClickHouseError
+from server_ext.old_server.hash_arguments import hashes_any_type, old_hash_argument
 from server_ext.old_server.native_encoder import NATIVE
-from server_ext.sql import qualified_name, quote_identifier, sql_string
+from server_ext.old_server.probes import moves_partitions, view_chains_fire
+from server_ext.sql import sql_string
 from server_ext.types.arrow_stream import ARROW_STREAM, InsertFormat
 from server_ext.types.chtypes import (
     DATE32_CALENDAR,
@@ -32,9 +33,7 @@ from server_ext.types.chtypes import (
     DATETIME_MAX_SECONDS,
     ValueRanges,
 )
-from server_ext.types.digest import hashes_any_type
-
-SCRATCH_DATABASE = "txsink_scratch"
+from server_ext.types.digest import HashArgument, any_type_argument
 
 
 @dataclass(frozen=True)
@@ -67,6 +66,13 @@ class Capabilities:
         raise ClickHouseError("the server reads neither ArrowStream nor Native input",
                               name="UNSUPPORTED_SERVER", purpose="create branch writer")
 
+    @property
+    def hash_argument(self) -> HashArgument:
+        """How the row hash of a content digest takes each column: as it is where
+        ``cityHash64`` takes any type, else as the old-server wing makes it one 18.16's
+        takes."""
+        return _hash_argument(self.hash_any_type)
+
     def with_overrides(self, **changes: object) -> Capabilities:
         """A copy with some detected values replaced (unknown names raise TypeError)."""
         return dataclasses.replace(self, **changes)
@@ -91,6 +97,16 @@ def detect_capabilities(client: SqlClient, *, refresh: bool = False) -> Capabili
     return caps
 
 
+def row_hash_argument(client: SqlClient) -> HashArgument:
+    """``Capabilities.hash_argument`` of the server behind ``client``, asked in one
+    read-only query rather than the whole probe (``txsink verify``)."""
+    return _hash_argument(hashes_any_type(client))
+
+
+def _hash_argument(any_type: bool) -> HashArgument:
+    return any_type_argument if any_type else old_hash_argument
+
+
 def known_settings(client: SqlClient, wanted: tuple[str, ...]) -> frozenset[str]:
     """Which of the query settings ``wanted`` the server knows (cached per url and names).
 
@@ -108,40 +124,11 @@ def known_settings(client: SqlClient, wanted: tuple[str, ...]) -> frozenset[str]
 
 
 _SETTINGS_CACHE: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {}
-_CHAINS_CACHE: dict[str, bool] = {}
-
-
 def fires_view_chains(client: SqlClient) -> bool:
     """Whether the server fires a materialized view on the rows another view writes (a
-    chain of views). Measured: 18.16 does not (neither through a ``TO`` table nor an inner
-    table), 26.x does. Asked of the server itself, once per process and url, with scratch
-    tables and two views, and only for a target whose views feed views."""
-    with _CACHE_LOCK:
-        cached = _CHAINS_CACHE.get(client.url)
-    if cached is not None:
-        return cached
-    suffix = uuid.uuid4().hex[:12]
-    source, middle, end, first, second = (
-        qualified_name(SCRATCH_DATABASE, f"chain_{suffix}_{name}")
-        for name in ("source", "middle", "end", "first_mv", "second_mv"))
-    client.execute(f"CREATE DATABASE IF NOT EXISTS {quote_identifier(SCRATCH_DATABASE)}",
-                   purpose="create scratch database")
-    try:
-        for ddl in (f"CREATE TABLE {source} (k UInt8) ENGINE = Null",
-                    f"CREATE TABLE {middle} (k UInt8) ENGINE = Memory",
-                    f"CREATE TABLE {end} (k UInt8) ENGINE = Memory",
-                    f"CREATE MATERIALIZED VIEW {first} TO {middle} AS SELECT k FROM {source}",
-                    f"CREATE MATERIALIZED VIEW {second} TO {end} AS SELECT k FROM {middle}",
-                    f"INSERT INTO {source} VALUES (1)"):
-            client.execute(ddl, purpose="check whether views fire on a view's output")
-        fires = int(client.query_value(f"SELECT count() FROM {end}",
-                                       purpose="check whether views fire on a view's output")) > 0
-    finally:
-        for name in (second, first, end, middle, source):
-            client.execute(f"DROP TABLE IF EXISTS {name}", purpose="drop scratch table")
-    with _CACHE_LOCK:
-        _CHAINS_CACHE[client.url] = fires
-    return fires
+    chain of views): 26.x does, 18.16 does not. Asked only for a target whose views feed
+    views, once per process and url (the old-server wing's probe, ``view_chains_fire``)."""
+    return view_chains_fire(client)
 
 
 def _probe(client: SqlClient) -> Capabilities:
@@ -151,7 +138,7 @@ def _probe(client: SqlClient) -> Capabilities:
     return Capabilities(
         version=_version_tuple(version_text),
         version_text=version_text,
-        move_partition=_probe_move_partition(client),
+        move_partition=moves_partitions(client),
         arrow_stream="ArrowStream" in formats,
         native="Native" in formats,
         row_binary="RowBinary" in formats,
@@ -222,31 +209,6 @@ def _keeper_configured(client: SqlClient) -> bool:
     except ClickHouseError as exc:
         return exc.code == KEEPER_EXCEPTION
     return True
-
-
-def _probe_move_partition(client: SqlClient) -> bool:
-    """Try MOVE PARTITION between two empty throwaway tables; a syntax error means no."""
-    suffix = uuid.uuid4().hex[:12]
-    source = qualified_name(SCRATCH_DATABASE, f"probe_move_src_{suffix}")
-    dest = qualified_name(SCRATCH_DATABASE, f"probe_move_dst_{suffix}")
-    client.execute(f"CREATE DATABASE IF NOT EXISTS {quote_identifier(SCRATCH_DATABASE)}",
-                   purpose="create scratch database")
-    try:
-        for table in (source, dest):
-            client.execute(
-                f"CREATE TABLE {table} (x UInt8) ENGINE = MergeTree() ORDER BY x",
-                purpose="create probe table",
-            )
-        client.execute(f"ALTER TABLE {source} MOVE PARTITION ID 'all' TO TABLE {dest}",
-                       purpose="probe MOVE PARTITION", retry=False)
-        return True
-    except ClickHouseError as exc:
-        if exc.code in (62, 48, 36):  # syntax error / not implemented / bad arguments
-            return False
-        raise
-    finally:
-        for table in (source, dest):
-            client.execute(f"DROP TABLE IF EXISTS {table}", purpose="drop probe table")
 
 
 # -- value ranges: which Date / DateTime values the server reads back unchanged -----------

@@ -24,6 +24,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+#: The database of the probes' throwaway tables (capabilities, the old-server wing's probes,
+#: staging's preflight), each named uniquely and dropped afterwards.
+SCRATCH_DATABASE = "txsink_scratch"
+
 _BARE_IDENTIFIER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 

@@ -29,12 +29,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
+from server_ext.capabilities import row_hash_argument
 from server_ext.client.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError, ServerUnreachable
 from server_ext.sql import qualified_name, sql_string, table_filter
 from server_ext.types.digest import (
     ContentDigest,
-    hashes_any_type,
     partition_digests,
     row_hash,
     scheme_of,
@@ -123,8 +123,8 @@ def _with_digests(client: SqlClient, found: TableRows, wanted: list[str],
         (r["name"], r["type"], r.get("default_type", "")) for r in client.query_rows(
             f"DESCRIBE TABLE {qualified_name(found.database, found.table)}", purpose=purpose))
     try:
-        any_type = hashes_any_type(client)
-        digests = partition_digests(client, found.database, found.table, columns, any_type,
+        argument = row_hash_argument(client)
+        digests = partition_digests(client, found.database, found.table, columns, argument,
                                     partition_ids=wanted, purpose=purpose)
     except ServerUnreachable:
         raise
@@ -133,7 +133,7 @@ def _with_digests(client: SqlClient, found: TableRows, wanted: list[str],
     counts = {pid: n for pid, n in found.partitions.items() if pid not in wanted}
     counts.update({pid: d.rows for pid, d in digests.items()})
     return replace(found, partitions=counts, digests=digests,
-                   digest_scheme=scheme_of(row_hash(columns, any_type)))
+                   digest_scheme=scheme_of(row_hash(columns, argument)))
 
 
 def _column_ttl(info: dict) -> bool:

@@ -30,10 +30,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Protocol
 
-from server_ext.capabilities import SCRATCH_DATABASE
 from server_ext.client.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError
-from server_ext.sql import qualified_name, quote_identifier, sql_string
+from server_ext.sql import SCRATCH_DATABASE, qualified_name, quote_identifier, sql_string
 from server_ext.types.chtypes import ChType
 from server_ext.types.target_table import Column, TargetTable
 

@@ -220,7 +220,7 @@ def staged_digests(client: SqlClient, target: TargetTable, staging: str
     columns = stored_columns((c.name, c.type, c.default_kind) for c in target.columns)
     try:
         return partition_digests(client, database, table, columns,
-                                 detect_capabilities(client).hash_any_type,
+                                 detect_capabilities(client).hash_argument,
                                  purpose="digest staged rows")
     except ServerUnreachable:
         raise

@@ -56,11 +56,12 @@ from dataclasses import dataclass
 
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
-from server_ext.capabilities import SCRATCH_DATABASE, detect_capabilities, known_settings
+from server_ext.capabilities import detect_capabilities, known_settings
 from server_ext.client.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError
 from server_ext.sharding.engine_args import engine_arguments
 from server_ext.sql import (
+    SCRATCH_DATABASE,
     clause,
     qualified_name,
     quote_identifier,

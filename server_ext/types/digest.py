@@ -17,10 +17,9 @@ differ in what ``cityHash64`` takes:
 - current servers hash any type; a top-level NULL (``Nullable``, a ``Dynamic`` holding
   NULL) makes the whole hash NULL, which ``sum`` would skip, so such a column is hashed
   on its own and a NULL becomes a fixed value;
-- ClickHouse 18.16 refuses Nullable (also inside Array or Tuple), LowCardinality, UUID and
-  Decimal arguments: each is turned into a value it takes (``isNull`` with
-  ``assumeNotNull``, a cast to the inner type, the UUID's 16 bytes, the Decimal's text),
-  element by element inside arrays.
+- ClickHouse 18.16 refuses Nullable, LowCardinality, UUID and Decimal arguments: the
+  old-server wing turns each into a value it takes (``server_ext.old_server.hash_arguments``).
+Which of the two a server gets is one ``HashArgument``, chosen in ``capabilities``.
 The scheme is a fingerprint of the expression itself (so of every column's name and
 type): a digest is only compared with one of the same scheme, and a table whose columns
 changed since a branch was sealed is judged by its row count alone.
@@ -29,11 +28,10 @@ changed since a branch was sealed is judged by its row count alone.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from server_ext.errors import ClickHouseError, ServerUnreachable
 from server_ext.sql import qualified_name, quote_identifier, sql_string
 from server_ext.types.chtypes import ChType, parse_type
 
@@ -44,7 +42,9 @@ DIGEST_VERSION = 1  # part of every scheme: a new hash rule never compares with 
 MODULUS = 2**64
 NULL_HASH = 0x9E3779B97F4A7C15  # the row hash's argument for a top-level NULL
 STORELESS_KINDS = frozenset({"ALIAS", "EPHEMERAL"})
-# Types 18.16's cityHash64 takes as they are (inside Array and Tuple too).
+#: The row hash's argument for one column: (the column's expression, its type) -> SQL.
+HashArgument = Callable[[str, ChType], str]
+# Types every server's cityHash64 takes as they are (inside Array and Tuple too).
 _PLAIN = frozenset({"UInt8", "UInt16", "UInt32", "UInt64", "Int8", "Int16", "Int32", "Int64",
                     "Float32", "Float64", "String", "FixedString", "Date", "DateTime",
                     "Enum8", "Enum16"})
@@ -89,11 +89,11 @@ def stored_columns(columns: Iterable[tuple[str, str, str]]) -> list[tuple[str, s
     return [(name, type_) for name, type_, kind in columns if kind not in STORELESS_KINDS]
 
 
-def row_hash(columns: list[tuple[str, str]], any_type: bool) -> str:
-    """The row hash expression over ``columns`` (name, type); ``any_type``: the server's
-    ``cityHash64`` takes any type (``Capabilities.hash_any_type``)."""
-    args = [_column_arg(quote_identifier(name), parse_type(type_), any_type)
-            for name, type_ in columns]
+def row_hash(columns: list[tuple[str, str]], argument: HashArgument) -> str:
+    """The row hash expression over ``columns`` (name, type), each column made the hash's
+    argument by ``argument`` (``Capabilities.hash_argument``: what the server's
+    ``cityHash64`` takes)."""
+    args = [argument(quote_identifier(name), parse_type(type_)) for name, type_ in columns]
     return f"cityHash64({', '.join(args)})" if args else "toUInt64(0)"
 
 
@@ -101,60 +101,25 @@ def scheme_of(expression: str) -> str:
     return hashlib.sha1(f"{DIGEST_VERSION}|{expression}".encode()).hexdigest()[:16]
 
 
-def _column_arg(expr: str, t: ChType, any_type: bool) -> str:
-    if not any_type:
-        return _old(expr, t, 1)
-    if _plain(t):
+def any_type_argument(expr: str, t: ChType) -> str:
+    """The argument of a column of type ``t`` for a ``cityHash64`` that takes any type."""
+    if hashed_as_is(t):
         return expr
     # may be NULL at the top (Nullable, Dynamic, ...): hashed alone, NULL a fixed value
     return f"ifNull(cityHash64({expr}), {NULL_HASH})"
 
 
-def _old(expr: str, t: ChType, depth: int) -> str:
-    """An argument 18.16's cityHash64 takes, holding the value of ``expr`` of type ``t``."""
-    if _plain(t):
-        return expr
-    if t.base == "Nullable" and t.inner is not None:
-        inner = _old(f"assumeNotNull({expr})", t.inner, depth)
-        return f"cityHash64(isNull({expr}), {inner})"
-    if t.base == "LowCardinality" and t.inner is not None:
-        return _old(f"CAST({expr} AS {t.inner})", t.inner, depth)
-    if t.base == "UUID":
-        return f"reinterpretAsString({expr})"
-    if t.base == "Array" and t.inner is not None:
-        x = f"x{depth}"
-        return f"arrayMap({x} -> {_old(x, t.inner, depth + 1)}, {expr})"
-    if t.base == "Tuple" and t.elements:
-        parts = [_old(f"tupleElement({expr}, {i + 1})", e, depth)
-                 for i, e in enumerate(t.elements)]
-        return f"cityHash64({', '.join(parts)})"
-    return f"toString({expr})"  # Decimal and anything else: its text
-
-
-def _plain(t: ChType) -> bool:
+def hashed_as_is(t: ChType) -> bool:
+    """Whether every server's ``cityHash64`` takes a value of ``t`` as it is."""
     if t.base in _PLAIN:
         return True
     if t.base == "Array" and t.inner is not None:
-        return _plain(t.inner)
-    return t.base == "Tuple" and bool(t.elements) and all(_plain(e) for e in t.elements)
-
-
-def hashes_any_type(client: SqlClient) -> bool:
-    """Whether the server's ``cityHash64`` takes the types 18.16's refuses (one read-only
-    query; ``Capabilities.hash_any_type`` caches it for writers)."""
-    try:
-        client.query_value(
-            "SELECT cityHash64(toDecimal32(1, 2), [toNullable(1)], "
-            "toUUID('00000000-0000-0000-0000-000000000000'))", purpose="probe hash types")
-    except ClickHouseError as exc:
-        if isinstance(exc, ServerUnreachable):
-            raise
-        return False
-    return True
+        return hashed_as_is(t.inner)
+    return t.base == "Tuple" and bool(t.elements) and all(hashed_as_is(e) for e in t.elements)
 
 
 def partition_digests(client: SqlClient, database: str, table: str,
-                      columns: list[tuple[str, str]], any_type: bool, *,
+                      columns: list[tuple[str, str]], argument: HashArgument, *,
                       partition_ids: Iterable[str] | None = None,
                       purpose: str) -> dict[str, ContentDigest]:
     """The digest of each non-empty partition of ``database.table`` (one scan of it).
@@ -162,7 +127,7 @@ def partition_digests(client: SqlClient, database: str, table: str,
     Grouped by part (``_part`` exists on every server) and summed per partition id, the
     part name's prefix. ``partition_ids`` limits the scan to those partitions' parts.
     """
-    expression = row_hash(columns, any_type)
+    expression = row_hash(columns, argument)
     scheme = scheme_of(expression)
     where = ""
     if partition_ids is not None:

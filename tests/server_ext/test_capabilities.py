@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 
 import pytest
 
-from server_ext import capabilities
-from server_ext.capabilities import SCRATCH_DATABASE, Capabilities, detect_capabilities
+from server_ext.capabilities import Capabilities, detect_capabilities
 from server_ext.client.http_client import ClickHouseClient
 from server_ext.publish.strategy_choice import choose_strategy
 
@@ -45,17 +43,6 @@ def test_18_16_has_no_async_insert_setting(caps: Capabilities) -> None:
     # Staging inserts send async_insert=0 only where the setting exists: 18.16 would refuse
     # the INSERT for an unknown setting.
     assert not caps.async_insert
-
-
-def test_the_move_probe_leaves_no_table_behind(clickhouse_url: str, monkeypatch) -> None:
-    marker = uuid.UUID("00000000-0000-4000-8000-00000000beef")
-    monkeypatch.setattr(capabilities.uuid, "uuid4", lambda: marker)
-    client = ClickHouseClient(clickhouse_url)
-    detect_capabilities(client, refresh=True)
-    leftovers = client.query_value(
-        f"SELECT count() FROM system.tables WHERE database = '{SCRATCH_DATABASE}' "
-        f"AND name LIKE '%{marker.hex[:12]}'", purpose="count probe tables")
-    assert leftovers == "0"
 
 
 def test_detection_is_cached_per_url(clickhouse_url: str) -> None:

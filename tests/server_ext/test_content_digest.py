@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+from server_ext.capabilities import row_hash_argument
 from server_ext.client.http_client import ClickHouseClient
-from server_ext.types.digest import ContentDigest, digest_union, hashes_any_type, partition_digests
+from server_ext.types.digest import ContentDigest, digest_union, partition_digests
 from server_ext.types.target_table import describe_table
 from tests.conftest import run_sql
 
@@ -46,7 +47,7 @@ def digests_of(client: ClickHouseClient, table: str) -> dict[str, ContentDigest]
     database, name = table.split(".")
     target = describe_table(client, table)
     columns = [(c.name, c.type) for c in target.columns]
-    return partition_digests(client, database, name, columns, hashes_any_type(client),
+    return partition_digests(client, database, name, columns, row_hash_argument(client),
                              purpose="test")
 
 
