@@ -12,6 +12,7 @@ import time
 
 from server_ext.client.client_protocol import SqlClient
 from server_ext.errors import StagingChanged
+from server_ext.old_server.leftover_clones import repeat_past_leftover_clones
 from server_ext.publish.publish_ledger import PUBLISHED, PublishLedger, PublishRecord, ledger_key
 from server_ext.publish.publish_steps import (
     STEP_AFTER_ATTACH,
@@ -23,7 +24,6 @@ from server_ext.publish.publish_steps import (
     alter_in_chunks,
     drop_partitions,
     no_step,
-    repeat_past_leftover_clones,
 )
 from server_ext.sql import qualified_name, sql_string
 from server_ext.staging.manifest import Manifest, PartitionManifest

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 
 from server_ext.client.client_protocol import SqlClient
-from server_ext.publish.attach_marked import AttachMarkedRun
+from server_ext.old_server.attach_marked import AttachMarkedRun
 from server_ext.publish.attach_replicated import AttachReplicatedRun
 from server_ext.publish.move import MoveRun
 from server_ext.publish.overwrite import publish_overwrite

@@ -9,17 +9,11 @@ in a ``PublishReport``.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from server_ext.client.client_protocol import SqlClient
-from server_ext.errors import (
-    DIRECTORY_ALREADY_EXISTS,
-    UNKNOWN_DATABASE,
-    UNKNOWN_TABLE,
-    ClickHouseError,
-)
+from server_ext.errors import UNKNOWN_DATABASE, UNKNOWN_TABLE, ClickHouseError
 from server_ext.sql import sql_string
 
 log = logging.getLogger(__name__)
@@ -70,51 +64,6 @@ def alter_in_chunks(client: SqlClient, table: str, commands: list[str], *, purpo
     for start in range(0, len(commands), MAX_COMMANDS_PER_ALTER):
         chunk = commands[start:start + MAX_COMMANDS_PER_ALTER]
         client.execute(f"ALTER TABLE {table} {', '.join(chunk)}", purpose=purpose, retry=retry)
-
-
-_LEFTOVER_CLONE_RE = re.compile(r"(tmp_replace_from_[^/\s,]+) already exists")
-
-
-def leftover_clone(exc: ClickHouseError) -> str | None:
-    """The directory an interrupted ``ATTACH``/``REPLACE PARTITION ... FROM`` left behind,
-    if ``exc`` is a later one failing on it; None for any other error.
-
-    18.16 clones each source part into ``tmp_replace_from_<partition>_<n>_<n>_<level>`` in
-    the receiving table's directory, ``n`` from a counter of the table that starts again at
-    1 whenever the table is loaded (a server restart). A server killed inside such a
-    statement leaves its clones there until ``temporary_directories_lifetime`` (a day) has
-    passed, and a statement that draws the same ``n`` fails with code 84. Measured: the
-    failing command has attached nothing and removed its own clones, the commands before it
-    in the same ``ALTER`` took effect, and the failure used up its ``n``.
-    """
-    if exc.code != DIRECTORY_ALREADY_EXISTS:
-        return None
-    match = _LEFTOVER_CLONE_RE.search(str(exc))
-    return match.group(1) if match else None
-
-
-def repeat_past_leftover_clones(attempt: Callable[[bool], None], table: str) -> None:
-    """Call ``attempt(repeat)`` until it does not fail on a leftover clone (see
-    :func:`leftover_clone`); ``repeat`` is False on the first call only.
-
-    Each failure uses up the number it drew, so the repeats pass the leftovers one by one;
-    failing twice on the same one (the server restarted in between) is raised. ``attempt``
-    is called again after a failure whose ``ALTER`` may have run some of its commands: it
-    must be safe to repeat then (``REPLACE``), or find out what they did (``ATTACH``).
-    """
-    passed: set[str] = set()
-    while True:
-        try:
-            attempt(bool(passed))
-            return
-        except ClickHouseError as exc:
-            leftover = leftover_clone(exc)
-            if leftover is None or leftover in passed:
-                raise
-            passed.add(leftover)
-            log.warning("%s holds %s, left by an interrupted statement (the server removes it "
-                        "after temporary_directories_lifetime): repeating past it",
-                        table, leftover)
 
 
 def drop_partitions(client: SqlClient, table: str, partition_ids: Iterable[str]) -> None:

@@ -5,7 +5,7 @@ The ATTACH is not idempotent, so the intent carries a watermark W (the target's 
 block number) and the target's merges are stopped from before the intent until after the
 mark; a repeat decides each intended partition from the parts above W
 (``attach_decision``): attached, not attached (attach now), or ``InDoubtPublish``. Repeats
-past the clones an interrupted ATTACH left (``publish_steps.leftover_clone``). Reasons:
+past the clones an interrupted ATTACH left (``leftover_clones``). Reasons:
 ``docs/design.md``, "The ``attach_marked`` window and what closes it".
 """
 
@@ -14,13 +14,10 @@ from __future__ import annotations
 import logging
 
 from server_ext.errors import InDoubtPublish
+from server_ext.old_server.leftover_clones import repeat_past_leftover_clones
 from server_ext.publish.attach_decision import max_block_number
 from server_ext.publish.publish_ledger import PublishRecord
-from server_ext.publish.publish_steps import (
-    STEP_AFTER_ATTACH,
-    alter_in_chunks,
-    repeat_past_leftover_clones,
-)
+from server_ext.publish.publish_steps import STEP_AFTER_ATTACH, alter_in_chunks
 from server_ext.publish.strategy_run import StrategyRun
 from server_ext.staging.manifest import PartitionManifest
 
