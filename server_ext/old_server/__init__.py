@@ -13,6 +13,7 @@ imports the import-linter contract of ``server_ext`` lists. Dropping 18.16 is de
 folder, its tests (``tests/server_ext/old_server/``) and those imports.
 """
 
+from server_ext.old_server.insert_memory import memory_problem
 from server_ext.old_server.native_encoder import encode_native_block
 
-__all__ = ["encode_native_block"]
+__all__ = ["encode_native_block", "memory_problem"]

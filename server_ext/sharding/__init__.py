@@ -30,8 +30,9 @@ tests/server_ext/test_sharding.py. Exceptions found: ``farmHash64`` changed afte
 ``xxHash64``/``javaHash`` do not exist on 18.16. Result *types* may differ too (18.16 types
 ``Int64 % 3`` as Int8, 26.9 as Int16); the router uses chdb's type, which gives the same
 shard whenever both types are at most 32 bits wide or both are 64 bits wide. Values may
-differ too (18.16: ``toInt32(-8) % 70001`` is 55933): ``key_probe`` compares both engines
-over probe rows before the first row and refuses a key they route differently.
+differ too (18.16: ``toInt32(-8) % 70001`` is 55933): the old-server wing's ``key_probe``
+(``server_ext.old_server``) compares both engines over probe rows before the first row and
+refuses a key they route differently.
 
 Pass the target's column types (``describe_table(...).columns``) to ``ShardRouter`` when
 the Arrow types may differ from the table's: the server hashes its own column type
@@ -49,8 +50,8 @@ Modules, one job each:
 - ``discovery``   ``layout_from_distributed``: the layout read from a Distributed table;
 - ``routing``     ``ShardRouter``: each row's shard, as the server chooses it;
 - ``key_values``  unsigned key values and the bare-integer-column key (numpy);
-- ``chdb_key``    expression keys evaluated by chdb;
-- ``key_probe``   the check that chdb routes a key as the server does.
+- ``chdb_key``    expression keys evaluated by chdb, once ``old_server.key_probe`` found
+  that chdb routes the key as the server does.
 
 Their one error is ``server_ext.errors.ShardingError``.
 """

@@ -15,8 +15,8 @@ import pyarrow as pa
 
 from server_ext.client.client_protocol import SqlClient
 from server_ext.errors import ShardingError
+from server_ext.old_server.key_probe import check_agreement
 from server_ext.sharding.engine_args import tokens, unquote
-from server_ext.sharding.key_probe import check_agreement
 from server_ext.sharding.key_values import KeyValues, reject_nulls, unsigned_key_values
 from server_ext.sql import quote_identifier, sql_string
 from server_ext.types.chtypes import INTEGER_TYPES, parse_type
@@ -32,7 +32,7 @@ def expression_key(key: str, schema: pa.Schema, types: dict[str, str],
                    server: SqlClient | None = None, total_weight: int = 1) -> KeyValues:
     """Any other expression: evaluated by chdb over the batch's key columns. With
     ``server`` (the one an INSERT through the Distributed table would route on), the key is
-    first checked to route probe rows as that server does (``key_probe``), once per
+    first checked to route probe rows as that server does (``old_server.key_probe``), once per
     process, server and key."""
     session = _chdb_session(key)
     used = _referenced_columns(key, schema)

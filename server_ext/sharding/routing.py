@@ -34,7 +34,7 @@ class ShardRouter:
     stand in (int64 for Int64, string for String, ...). The key is checked here, before
     any batch: missing columns and non-integer results are errors (with one shard the key
     decides nothing and is not checked). ``server``: the server whose routing an
-    expression key must match (``key_probe``).
+    expression key must match (``old_server.key_probe``).
     """
 
     def __init__(self, layout: ShardLayout, schema: pa.Schema,

@@ -1,7 +1,6 @@
 """A branch's staging table: its name and creation, the rows written into it within the
 bounds of one write, its seal and manifest, its rollback and sweep."""
 
-from server_ext.staging.insert_memory import memory_problem
 from server_ext.staging.manifest import Manifest, PartitionManifest, StagedPart
 from server_ext.staging.partition_bound import (
     DEFAULT_LIMIT,
@@ -63,6 +62,5 @@ __all__ = [
     "PartitionCounter",
     "check_partition_bound",
     "partition_bound_settings",
-    "memory_problem",
     "sweep",
 ]

@@ -15,7 +15,7 @@ import pytest
 
 import txsink
 from coordinator.sink_admin import SinkAdmin
-from server_ext.staging.insert_memory import column_files
+from server_ext.old_server.insert_memory import column_files
 from server_ext.types.chtypes import parse_type
 from tests.conftest import run_sql
 from tests.sinkutil import assert_exactly_once, staging_tables

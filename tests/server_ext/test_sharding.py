@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server_ext.client.http_client import ClickHouseClient
+from server_ext.old_server.key_probe import probe_sql, probe_values
 from server_ext.sharding import (
     Shard,
     ShardingError,
@@ -32,7 +33,6 @@ from server_ext.sharding import (
     parse_shard_urls,
     shown_url,
 )
-from server_ext.sharding.key_probe import probe_sql, probe_values
 from server_ext.sql import qualified_name, sql_string
 from server_ext.types.chtypes import INTEGER_TYPES
 from tests.conftest import run_sql

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import server_ext
 from server_ext.client import encoding_problem
 from server_ext.ddl import ViewNode, ViewProblem, discover, tree_problem
+from server_ext.old_server import memory_problem
 from server_ext.publish import (
     Strategy,
     StrategyProblem,
@@ -37,7 +38,7 @@ from server_ext.sharding import (
     parse_shard_urls,
     shown_url,
 )
-from server_ext.staging import memory_problem, publish_problem
+from server_ext.staging import publish_problem
 from txsink.core import connections
 from txsink.core.spark_arrow import arrow_schema
 from txsink.core.write_plan import single_server
@@ -337,8 +338,8 @@ def check_publishable(options: SinkOptions, checked: CheckedTarget) -> None:
 def check_insert_memory(options: SinkOptions, checked: CheckedTarget) -> None:
     """Refuse, before any xid is opened or anything staged, a target (or view table) too
     wide for one staging INSERT within its server's per-query memory limit
-    (``server_ext.insert_memory``: 18.16 holds ~2 MiB per column file, so its 4 GB limit
-    takes ~1,900 plain columns), on every shard. Found by the tasks, it would fail every
+    (``server_ext.old_server.insert_memory``: 18.16 holds ~2 MiB per column file, so its
+    4 GB limit takes ~1,900 plain columns), on every shard. Found by the tasks, it would fail every
     attempt after the xid was opened, with only the server's "Memory limit exceeded"."""
     shards = _described_shards(options, checked)
     several = len(shards) > 1
