@@ -56,9 +56,10 @@ from dataclasses import dataclass
 
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
-from server_ext.capabilities import detect_capabilities, known_settings
+from server_ext.capabilities import detect_capabilities
 from server_ext.client.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError
+from server_ext.old_server.low_cardinality import ddl_settings
 from server_ext.sharding.engine_args import engine_arguments
 from server_ext.sql import (
     SCRATCH_DATABASE,
@@ -217,18 +218,6 @@ def create_staging(client: SqlClient, target: TargetTable, table_name: str,
 
 
 _DATABASE_MADE: set[str] = set()  # servers where this process made the staging database
-LOW_CARDINALITY_SETTING = "allow_experimental_low_cardinality_type"
-
-
-def ddl_settings(client: SqlClient, target: TargetTable) -> dict[str, object] | None:
-    """Settings a staging table of ``target`` needs to be created: 18.16 creates a table
-    with a LowCardinality column only with ``allow_experimental_low_cardinality_type``
-    (newer servers know the setting as obsolete, or not at all)."""
-    if not any("LowCardinality" in column.type for column in target.columns):
-        return None
-    if LOW_CARDINALITY_SETTING not in known_settings(client, (LOW_CARDINALITY_SETTING,)):
-        return None
-    return {LOW_CARDINALITY_SETTING: 1}
 UNKNOWN_DATABASE = 81
 
 
