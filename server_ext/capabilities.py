@@ -4,6 +4,13 @@ Why not from the version number: forks, backports and ClickHouse Cloud make vers
 numbers a poor guide, so every capability that changes behaviour is probed directly
 (``system.formats``, ``system.settings``, and a throwaway ``ALTER ... MOVE PARTITION`` on
 two empty tables in a scratch database). The version is kept as a hint for humans.
+
+The one place the old-server wing (``server_ext.old_server``, ClickHouse 18.16 only) is
+chosen from: its probes are asked here, and what the modern path calls is picked here from
+the answers, so that path never names the old server: ``Capabilities.insert_format``
+(ArrowStream, or the wing's Native encoder), ``Capabilities.hash_argument`` and
+``row_hash_argument`` (the digest's row hash), ``fires_view_chains``; ``move_partition``
+is what ``publish.strategy_choice`` picks ``attach_marked`` by.
 The Date/DateTime values the server reads back unchanged (``value_ranges``) are measured
 the same way, by text round trips of boundary values (~9 small queries).
 
@@ -124,6 +131,8 @@ def known_settings(client: SqlClient, wanted: tuple[str, ...]) -> frozenset[str]
 
 
 _SETTINGS_CACHE: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {}
+
+
 def fires_view_chains(client: SqlClient) -> bool:
     """Whether the server fires a materialized view on the rows another view writes (a
     chain of views): 26.x does, 18.16 does not. Asked only for a target whose views feed
