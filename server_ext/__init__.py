@@ -3,7 +3,8 @@
 Folders, one job each: ``client/`` (talking to a server), ``types/`` (the target's columns
 and whether values fit them, encoding), ``staging/`` (a branch's staging table up to its
 seal), ``publish/`` (making sealed branches visible exactly once), ``ddl/`` (tables the
-sink creates or reads the shape of), ``sharding/`` (shard layouts and row routing); at the
+sink creates or reads the shape of), ``sharding/`` (shard layouts and row routing),
+``old_server/`` (what only ClickHouse 18.16 needs, chosen in ``capabilities``); at the
 top ``sql`` (SQL text and quoting), ``errors``, ``capabilities`` (what a server can do) and
 ``target_rows`` (a target's rows per partition for ``txsink verify``). This module
 re-exports the names a write's path uses most; the rest are public in their folder.
