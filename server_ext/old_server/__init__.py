@@ -25,9 +25,8 @@ run on every server (the memory check, the key probe, the clone repeat, the DDL 
 are reached from their one call site each; the import-linter contract of ``server_ext``
 (``pyproject.toml``) declares every import into this folder, so a new one fails the check.
 Dropping 18.16 is deleting this folder, its tests (``tests/server_ext/old_server/``; the
-key probe's and the memory check's stay beside the modern tests they share fixtures with:
-``probe_*`` in ``tests/server_ext/test_sharding.py``, ``tests/core/test_wide_tables.py``)
-and those declared imports with the branches that chose them.
+memory check's end-to-end ones stay in ``tests/core/test_wide_tables.py``, whose targets
+are wide for either server) and those declared imports with the branches that chose them.
 """
 
 from server_ext.old_server.insert_memory import memory_problem
