@@ -71,6 +71,8 @@ from txsink.core.write_plan import WritePlan, send_columns
 log = logging.getLogger(__name__)
 DIGEST_WORKERS = 2  # staged tables of a task digested at once, beside its contributions
 CONTRIBUTE_WORKERS = 4  # a task's staged tables contributed at once
+#: Spark's local property holding the running streaming query's id (kept in its checkpoint).
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
 
 class XidNotWritable(RuntimeError):
@@ -103,15 +105,16 @@ def streaming_epoch() -> int:
     return int(batch_id)
 
 
-def streaming_query_id() -> str:
-    """The running streaming query's id: kept in its checkpoint, so the same on every
-    restart of that checkpoint and new for a new one (the run id changes every restart)."""
+def task_query_id() -> str:
+    """In a streaming task, the running query's id: kept in its checkpoint, so the same
+    on every restart of that checkpoint and new for a new one (the run id changes every
+    restart)."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
-    query_id = ctx.getLocalProperty("sql.streaming.queryId") if ctx else None
+    query_id = ctx.getLocalProperty(QUERY_ID_PROPERTY) if ctx else None
     if not query_id:
-        raise RuntimeError("sql.streaming.queryId is not set: not a streaming task")
+        raise RuntimeError(f"{QUERY_ID_PROPERTY} is not set: not a streaming task")
     return query_id
 
 
@@ -303,7 +306,7 @@ def write_branch(
         _, _, owner = _task_identity()
         # Before anything is claimed, begun or staged: the sink's epochs must be this
         # query's micro-batches (StreamStateMismatch otherwise; coordinator/protocol/stream.py).
-        coord.own_stream(plan.stream_query or streaming_query_id(), epoch)
+        coord.own_stream(plan.stream_query or task_query_id(), epoch)
         generation = coord.claim(str(owner.get("run_id") or owner["host"]))
     try:
         return _write_branch(plan, coord, epoch, generation, batches)

@@ -421,7 +421,7 @@ def finish_clean_up(plan: WritePlan, coord: Coordinator, epoch: int) -> None:
     """
     with publisher_for(plan.options, coord) as publisher:
         for record in coord.branches(epoch):
-            publisher.rollback(record)
+            publisher.drop_staging(record)
 
 
 def abort_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> None:
