@@ -21,6 +21,7 @@ from server_ext.publish.publish_steps import (
     alter_in_chunks,
     repeat_past_leftover_clones,
 )
+from server_ext.publish.strategy_choice import Strategy
 from server_ext.publish.strategy_run import StrategyRun
 from server_ext.staging.manifest import PartitionManifest
 
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 class AttachMarkedRun(StrategyRun):
-    strategy = "attach_marked"
+    strategy = Strategy.ATTACH_MARKED
 
     def publish_pending(self, pending: list[PartitionManifest], record: PublishRecord,
                         sealed: dict[str, bool]) -> None:

@@ -20,6 +20,7 @@ from server_ext.errors import (
     UNKNOWN_TABLE,
     ClickHouseError,
 )
+from server_ext.publish.strategy_choice import Strategy
 from server_ext.sql import sql_string
 
 log = logging.getLogger(__name__)
@@ -35,11 +36,12 @@ STEP_AFTER_INSERT = "publish.after_insert"
 
 # The crash points each way of publishing passes, in order.
 PUBLISH_STEPS: dict[str, tuple[str, ...]] = {
-    "move": (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH, STEP_AFTER_MARK),
-    "attach_replicated": (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH,
-                          STEP_AFTER_MARK, STEP_AFTER_DROP),
-    "attach_marked": (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH,
-                      STEP_AFTER_MARK, STEP_AFTER_DROP),
+    Strategy.MOVE: (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH,
+                    STEP_AFTER_MARK),
+    Strategy.ATTACH_REPLICATED: (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH,
+                                 STEP_AFTER_MARK, STEP_AFTER_DROP),
+    Strategy.ATTACH_MARKED: (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH,
+                             STEP_AFTER_MARK, STEP_AFTER_DROP),
     "replace": (STEP_BEFORE_PARTITION, STEP_AFTER_ATTACH, STEP_AFTER_MARK, STEP_AFTER_DROP),
 }
 

@@ -38,10 +38,10 @@ from server_ext.sharding import ShardingError
 from server_ext.sql import qualified_name
 from server_ext.staging import check_partition_bound
 from txsink.core import combine, connections, payload, pipeline, quarantine_share
-from txsink.core.history_summary import retain_after_commit
 from txsink.core.messages import BranchMessage, SkippedMessage
 from txsink.core.metrics import EpochMetrics
 from txsink.core.publisher import BranchPublisher, server_of
+from txsink.core.retention_step import retain_after_commit
 from txsink.core.write_plan import WritePlan
 from txsink.options import INLINE, PIPELINED, SinkOptions
 

@@ -34,11 +34,11 @@ from pyspark.sql import DataFrame, SparkSession
 
 from coordinator import XidRecord
 from txsink.core import driver
-from txsink.core.history_summary import retain_after_commit
 from txsink.core.metrics import EpochMetrics
 from txsink.core.payload import from_record, task_branches
 from txsink.core.plan import plan_write
 from txsink.core.plan_checks import check_server_options
+from txsink.core.retention_step import retain_after_commit
 from txsink.options import (
     TX_EPOCH,
     TX_GENERATION,
