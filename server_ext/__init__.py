@@ -1,4 +1,4 @@
-"""server_ext: the ClickHouse side of txsink. Knows nothing about Spark or ZooKeeper.
+"""server_ext: the ClickHouse side of txsink. Knows nothing about Spark or the coordinator's store.
 
 Folders, one job each: ``client/`` (talking to a server), ``types/`` (the target's columns
 and whether values fit them, encoding), ``staging/`` (a branch's staging table up to its

@@ -1,4 +1,4 @@
-"""Publish and roll back branches from their ZooKeeper records alone.
+"""Publish and roll back branches from their records in the coordinator's store alone.
 
 The coordinator decides; this module is the callback that turns a decision into
 ClickHouse statements. It needs nothing but the branch records (payload, strategy,

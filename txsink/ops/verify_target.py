@@ -1,6 +1,6 @@
 """The target check of ``txsink verify``: rows the targets hold against rows committed.
 
-The audit of the ZooKeeper history (``coordinator.upkeep.audit``) cannot see a duplicate or a
+The audit of the coordinator's history (``coordinator.upkeep.audit``) cannot see a duplicate or a
 loss that happened in ClickHouse: a publish repeated outside the protocol, a partition
 dropped by hand. This check compares, per target partition, what the server holds with
 what the committed xids put there, and says precisely when it cannot judge.
@@ -8,7 +8,7 @@ what the committed xids put there, and says precisely when it cannot judge.
 What it claims, per (table, partition id) touched by a retained decided xid of the sink:
 
 - **expected rows** = the manifest rows of every committed xid (of every sink under the
-  same ZooKeeper root) that wrote the partition, counted from the last dynamic overwrite
+  same coordinator root) that wrote the partition, counted from the last dynamic overwrite
   (``REPLACE PARTITION``: what came before is gone). Xids are ordered by decision time.
 - **held rows** = the active parts' rows of the partition on the table's server (on each
   recorded replica of a Replicated table: the same ZooKeeper path is the same table).
