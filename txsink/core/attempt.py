@@ -1,17 +1,19 @@
 """The task side of an epoch: one task attempt writes one branch per shard it has rows for.
 
-This module is the attempt's flow: :func:`write_branch` runs in a Spark task attempt,
-once per attempt, on the attempt's thread (its digests and contributions on small pools);
-a retried or speculative attempt of the same task runs it again with new branch ids, and
-only the branches of the messages Spark hands the driver's commit are published. It
-begins the xid (or finds it decided), routes the rows to the attempt's branches, opened
-per shard that gets rows, and seals and prepares them. The branch kinds are in
+Where it runs: :func:`write_branch` in a Spark task attempt on an executor, once per
+attempt, on the attempt's thread (its digests and contributions on small pools). Every
+task of the epoch runs it at once, on any executors; a retried or speculative attempt of
+the same task runs it again with new branch ids, and only the branches of the messages
+the driver's commit receives (one attempt's per partition) are published, the others
+rolled back as non-winners. It begins the xid (idempotent: every task does, or finds it
+decided), routes the rows to the attempt's branches, opened per shard that gets rows,
+and seals and prepares them. The branch kinds are in
 ``txsink.core.shard_branch`` and ``txsink.core.quarantine_share``, their common
 interface in ``txsink.core.staged_table``.
 
 Contract (what Spark's ``DataWriter`` asks, made exactly-once):
 
-- A branch is registered in ZooKeeper *before* its staging table exists, so every
+- A branch is registered in the store *before* its staging table exists, so every
   staging table a coordinator may have to drop is known to it. A registration after the
   xid is decided (a zombie or speculative loser) is refused; a staging table such a
   task creates anyway is left to the sweeper. An attempt that registered in time but
@@ -22,7 +24,7 @@ Contract (what Spark's ``DataWriter`` asks, made exactly-once):
   publishes. A failed or killed attempt leaves staging that the driver's commit (as a
   non-winner) or recovery drops.
 - The manifest is recorded (branch ``Prepared``) before the commit message is returned,
-  so a driver that crashes after the decision can publish from ZooKeeper alone. It
+  so a driver that crashes after the decision can publish from the store alone. It
   carries each partition's content digest (``server_ext.types.digest``), which ``txsink
   verify`` compares with the target's.
 - In streaming, a task of a replayed micro-batch whose xid is already ``Committed``

@@ -14,6 +14,10 @@ rolls it back. Any exception before the commit returns aborts the xid
 (:func:`~txsink.core.driver.abort_epoch`) and is raised again. The result is collected
 once: a second action on the same plan would run the tasks again and stage again.
 
+``txsink.foreach_batch``'s function runs on the driver, on the thread Spark calls it
+from, once per micro-batch, and again for a replayed one: its xid (sink, batch id) is
+then ``Committed`` and its tasks write nothing.
+
 These forms hand the tasks the same Arrow batches as the data source's Arrow writers (the
 JVM converts the rows alike), and were measured no slower (docs/design.md, "The ways in").
 """

@@ -10,6 +10,12 @@ fails the transaction even when the caller caught its exception: the transaction
 then only abort (``TransactionFailed`` at its end, and for any later write or commit),
 never commit without that write's rows.
 
+Where it runs: in the caller's process (the driver), on the thread of the ``with`` block:
+the xid is begun once at its start, each ``tx.write`` plans there and runs one Spark job
+whose tasks are ``txsink.core.attempt``'s (one after another: a transaction is not
+shared between threads), and the block's end decides once (``driver.decide``); a commit
+repeated after that is a no-op.
+
 Options the server must honour are checked before the xid begins: ``strategy`` against
 the ``url`` server here (:func:`txsink.core.plan_checks.check_server_options`), everything that
 depends on a table by each ``tx.write`` before it stages anything. A write refused for its
