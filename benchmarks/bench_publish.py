@@ -30,7 +30,7 @@ from pathlib import Path
 from server_ext.client import ClickHouseClient
 from server_ext.publish import MemoryLedger, publish
 from server_ext.sql import qualified_name, quote_identifier
-from server_ext.staging import create_staging, rollback, seal, staging_table_name
+from server_ext.staging import create_staging_table, rollback, seal, staging_table_name
 from server_ext.types import describe_table
 
 PARTITION_COUNTS = (1, 10, 100)
@@ -66,7 +66,7 @@ def one_epoch(client: ClickHouseClient, table: str, strategy: str, partitions: i
     """Stage one epoch (untimed), then time seal, publish and drop."""
     target = describe_table(client, table)
     name = staging_table_name("bench-publish", epoch, f"p0-a0-{uuid.uuid4().hex[:8]}")
-    staging = create_staging(client, target, name)
+    staging = create_staging_table(client, target, name)
     client.execute(
         f"INSERT INTO {staging} SELECT toDate('2026-01-01') + number % {partitions}, "
         f"{epoch} * {ROWS_PER_EPOCH} + number, toString(number), number / 3 "

@@ -3,7 +3,7 @@
 What it measures: one sink driven through epochs as a streaming driver drives it (begin,
 ``--branches`` branches registered and prepared with a sealed manifest of one partition
 and its content digest, the decision with no-op publish callbacks, the metrics, then the
-writers' retention step ``txsink.core.history_summary.retain_after_commit``), with no
+writers' retention step ``txsink.core.retention_step.retain_after_commit``), with no
 Spark and no ClickHouse data, on each store: ZooKeeper, and a KeeperMap table of the
 modern server (its log retention set to ``--log-retain``). Every ``--sample-every``
 seconds it samples the sink's nodes and bytes (a tree walk through the store), ZooKeeper's
@@ -125,7 +125,7 @@ def open_store(store_kind: str, args: argparse.Namespace, options: Any,
 
 def drive(store_kind: str, args: argparse.Namespace) -> dict[str, Any]:
     from coordinator import Coordinator
-    from txsink.core.history_summary import retain_after_commit
+    from txsink.core.retention_step import retain_after_commit
     from txsink.options import parse_options
 
     root = f"/bench-retention-{uuid.uuid4().hex[:6]}"

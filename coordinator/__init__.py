@@ -41,7 +41,15 @@ from coordinator.formats.states import BranchState, XidState
 from coordinator.plumbing.auth import AccessDenied, DigestAuth, hosts_problem
 from coordinator.plumbing.tls import ZooKeeperTLS, ZooKeeperTLSError, tls_hint
 from coordinator.protocol.branch_ledger import Ledger
-from coordinator.protocol.callbacks import CallbackPolicy
+from coordinator.protocol.callbacks import (
+    AlreadyDone,
+    BranchCallback,
+    CallbackPolicy,
+    Done,
+    Failed,
+    Outcome,
+    RetryLater,
+)
 from coordinator.protocol.recovery import RecoveryAction, RecoveryReport
 from coordinator.protocol.stream import ResetOutcome
 from coordinator.sink_admin import SinkAdmin
@@ -49,8 +57,10 @@ from coordinator.upkeep.audit import Anomaly, AnomalyKind, audit
 
 __all__ = [
     "AccessDenied",
+    "AlreadyDone",
     "Anomaly",
     "AnomalyKind",
+    "BranchCallback",
     "BranchRecord",
     "BranchState",
     "CallbackFailed",
@@ -59,11 +69,14 @@ __all__ = [
     "Coordinator",
     "CoordinatorError",
     "DigestAuth",
+    "Done",
+    "Failed",
     "Fenced",
     "GaveUp",
     "InvalidTransition",
     "Ledger",
     "MalformedRecord",
+    "Outcome",
     "PublishFailed",
     "PublishInProgress",
     "PublishLeaseLost",
@@ -73,6 +86,7 @@ __all__ = [
     "RecoveryReport",
     "ResetOutcome",
     "ResetRefused",
+    "RetryLater",
     "RollbackFailed",
     "SinkAdmin",
     "SinkStateLost",

@@ -2,7 +2,7 @@
 
 Every refusal is a distinct type so the caller can tell "someone newer owns this sink"
 (:class:`Fenced`) from "this xid was already decided" (:class:`XidDecided`) from a
-programming error (:class:`InvalidTransition`). ZooKeeper outages that outlast the retry
+programming error (:class:`InvalidTransition`). Outages of the store that outlast the retry
 policy surface as kazoo's own errors (``RetryFailedError``, ``ConnectionLoss``): no
 coordinator state was changed by the failed call beyond what a re-run finishes.
 """

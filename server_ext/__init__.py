@@ -1,4 +1,4 @@
-"""server_ext: the ClickHouse side of txsink. Knows nothing about Spark or ZooKeeper.
+"""server_ext: the ClickHouse side of txsink. Knows nothing about Spark or the coordinator's store.
 
 Folders, one job each: ``client/`` (talking to a server), ``types/`` (the target's columns
 and whether values fit them, encoding), ``staging/`` (a branch's staging table up to its
@@ -20,7 +20,7 @@ from server_ext.staging import (
     Manifest,
     PartitionManifest,
     UnsupportedTarget,
-    create_staging,
+    create_staging_table,
     digested,
     read_staged_tables,
     rollback,
@@ -47,7 +47,7 @@ __all__ = [
     "check_arrow_schema",
     "checked_batch",
     "choose_strategy",
-    "create_staging",
+    "create_staging_table",
     "describe_table",
     "detect_capabilities",
     "digested",

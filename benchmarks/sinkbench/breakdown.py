@@ -57,7 +57,7 @@ PROBES = (
     (Coordinator, "register_branch", "stage"),
     (server_ext, "describe_table", "stage"),
     (server_ext, "detect_capabilities", "stage"),
-    (server_ext, "create_staging", "stage"),
+    (server_ext, "create_staging_table", "stage"),
     (server_ext.BranchWriter, "write", "insert"),
     (server_ext.BranchWriter, "flush", "insert"),
     (server_ext, "seal", "seal"),

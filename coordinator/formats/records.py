@@ -1,4 +1,4 @@
-"""The xid, branch and stream records as stored in ZooKeeper (compact JSON, one znode
+"""The xid, branch and stream records as the store keeps them (compact JSON, one node
 each).
 
 Records are immutable values: a change is a new record written with a versioned

@@ -1,4 +1,4 @@
-"""All-or-nothing ZooKeeper multi-ops that say which operation failed.
+"""All-or-nothing multi-ops of the store that say which operation failed.
 
 Every state change of the coordinator is one multi-op: a ``check`` of the sink's
 generation (fencing), ``check``/``set_data`` with the version the record was read at

@@ -1,4 +1,4 @@
-"""Where each record lives in ZooKeeper.
+"""Where each record lives in the store.
 
 One sink's tree (``root`` defaults to ``/txsink``; a kazoo chroot may sit above it)::
 

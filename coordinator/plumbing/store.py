@@ -1,4 +1,4 @@
-"""Reading a sink's records from ZooKeeper, inside the retry policy.
+"""Reading a sink's records from the store, inside the retry policy.
 
 Writes are not here: each state change is a :class:`~coordinator.plumbing.multi.Multi` built by
 the module that owns that change. Reads of many records (all branches of an xid, all open

@@ -1,6 +1,6 @@
 """A durable key/value ledger under one branch, for the publish step's own records.
 
-This is the ZooKeeper implementation of ``server_ext.publish.PublishLedger``, the protocol the
+This is the store's implementation of ``server_ext.publish.PublishLedger``, the protocol the
 publish step takes (structurally: ``coordinator`` and ``server_ext`` never import each
 other). A publish that cannot make a step idempotent by itself (ClickHouse 18.x attaches a
 partition into a plain MergeTree: running it twice duplicates the rows) keeps one record

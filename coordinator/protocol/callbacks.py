@@ -1,12 +1,20 @@
-"""Calling the caller's publish and rollback callbacks, with retries on transient errors.
+"""Calling the caller's publish and rollback callbacks, and judging what they answer.
 
-The coordinator knows nothing about what publishing means; it only knows the callback's
-contract: idempotent (it may be called again for the same branch after any crash, by this
-process or by a later recovery) and raising on failure. An exception is *transient* when
-it carries ``retryable = True`` (the convention of ``server_ext`` errors) or is a kazoo
-connection error (the callback's own ledger writes hit a ZooKeeper hiccup); those are
-retried with exponential back-off. Anything else fails at once: retrying a deterministic
-error only delays the report.
+The coordinator knows nothing about what publishing means; it only knows the contract
+of a :data:`BranchCallback` (as Flink's ``Committer.CommitRequest``):
+
+- it is handed one :class:`BranchRecord` and everything it needs is in that record;
+- it is idempotent: it may be called again for the same branch after any crash, by this
+  process or by a later recovery, and for a winner only under the xid's publish lease;
+- it may be called concurrently for different branches (winners of different publish
+  groups, non-winners' rollbacks), never twice at once for one branch by one actor;
+- it answers with an :data:`Outcome`: :class:`Done`, :class:`AlreadyDone` (a repeat found
+  the work done: success, logged at debug), :class:`RetryLater` (transient: called again
+  with exponential back-off, up to :class:`CallbackPolicy`'s tries) or :class:`Failed`
+  (reported at once: retrying a deterministic error only delays the report). Returning
+  None means ``Done``. An exception it raises is ``Failed``, except a kazoo connection
+  error (the callback's own ledger writes hit a store hiccup), which is ``RetryLater``,
+  and :class:`PublishLeaseLost`, which is not the callback's failure and propagates.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpiredError
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
 from coordinator.errors import CallbackFailed, PublishFailed, PublishLeaseLost, RollbackFailed
 from coordinator.formats.records import BranchRecord
@@ -24,15 +32,54 @@ from coordinator.formats.states import XidState
 
 log = logging.getLogger(__name__)
 
-BranchCallback = Callable[[BranchRecord], None]
+
+@dataclass(frozen=True)
+class Done:
+    """The branch is published (or rolled back) by this call."""
+
+
+@dataclass(frozen=True)
+class AlreadyDone:
+    """A repeat: the work was already done by an earlier call; success."""
+
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class RetryLater:
+    """A transient failure: calling again may succeed. ``error``: what was raised, if
+    anything (the cause of the report once the tries run out)."""
+
+    reason: str
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A failure with a known reason that another call would repeat."""
+
+    reason: str
+    error: BaseException | None = None
+
+
+Outcome = Done | AlreadyDone | RetryLater | Failed
+BranchCallback = Callable[[BranchRecord], "Outcome | None"]
 
 _KAZOO_TRANSIENT = (ConnectionLoss, OperationTimeoutError, SessionExpiredError)
 
 
-def is_retryable_callback_error(error: BaseException) -> bool:
-    """Whether a publish or rollback callback's ``error`` is worth another try (module
-    docstring); not ``server_ext.errors.is_transient``, which judges a server's answer."""
-    return getattr(error, "retryable", False) is True or isinstance(error, _KAZOO_TRANSIENT)
+def outcome_of(callback: BranchCallback, branch: BranchRecord) -> Outcome:
+    """What ``callback(branch)`` answered, a raised exception judged as the module
+    docstring says."""
+    try:
+        outcome = callback(branch)
+    except PublishLeaseLost:
+        raise  # not the callback's failure: this actor must stop finishing the xid
+    except _KAZOO_TRANSIENT as exc:
+        return RetryLater(str(exc), exc)
+    except Exception as exc:  # noqa: BLE001 - any other callback error is a failure
+        return Failed(str(exc), exc)
+    return Done() if outcome is None else outcome
 
 
 @dataclass(frozen=True)
@@ -49,31 +96,39 @@ class CallbackPolicy:
 
     def call(self, callback: BranchCallback, branch: BranchRecord, action: str,
              xid_state: XidState) -> None:
-        """Run ``callback(branch)``; raise :class:`PublishFailed`/:class:`RollbackFailed`
-        saying the xid stays in ``xid_state``."""
+        """Run ``callback(branch)`` until it is done; raise
+        :class:`PublishFailed`/:class:`RollbackFailed` saying the xid stays in
+        ``xid_state`` when it fails or keeps asking to be retried."""
         retrying = Retrying(
             stop=stop_after_attempt(self.attempts),
             wait=wait_exponential(multiplier=self.initial_wait, max=self.max_wait),
-            retry=retry_if_exception(is_retryable_callback_error),
+            retry=retry_if_result(lambda outcome: isinstance(outcome, RetryLater)),
             before_sleep=lambda state: log.warning(
                 "xid %s: %s of branch %s failed (try %d), retrying: %s", branch.xid, action,
-                branch.branch_id, state.attempt_number, state.outcome.exception()),
-            reraise=True,
+                branch.branch_id, state.attempt_number, _said(state.outcome.result())),
+            retry_error_callback=lambda state: state.outcome.result(),
         )
-        try:
-            retrying(callback, branch)
-        except PublishLeaseLost:
-            raise  # not the callback's failure: this actor must stop finishing the xid
-        except Exception as exc:  # noqa: BLE001 - any callback error becomes a typed one
-            raise _failure(action, branch, exc, xid_state) from exc
+        outcome = retrying(outcome_of, callback, branch)
+        if isinstance(outcome, AlreadyDone):
+            log.debug("xid %s: %s of branch %s was already done%s", branch.xid, action,
+                      branch.branch_id, f": {outcome.reason}" if outcome.reason else "")
+        elif isinstance(outcome, RetryLater | Failed):
+            raise _failure(action, branch, outcome, xid_state) from outcome.error
 
 
-def _failure(action: str, branch: BranchRecord, exc: Exception,
+def _said(outcome: RetryLater | Failed) -> str:
+    """An outcome's reason as reports print it: the exception's type and text if any."""
+    if outcome.error is not None:
+        return f"{type(outcome.error).__name__}: {outcome.error}"
+    return outcome.reason
+
+
+def _failure(action: str, branch: BranchRecord, outcome: RetryLater | Failed,
              xid_state: XidState) -> CallbackFailed:
     kind = PublishFailed if action == "publish" else RollbackFailed
     return kind(
         f"xid {branch.xid}: {action} of branch {branch.branch_id} failed "
-        f"({type(exc).__name__}: {exc}); {_what_next(xid_state)}",
+        f"({_said(outcome)}); {_what_next(xid_state)}",
         xid=branch.xid, branch_id=branch.branch_id,
     )
 

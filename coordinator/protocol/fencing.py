@@ -1,6 +1,6 @@
 """The sink's generation: the fencing token bumped by every new writer of the sink.
 
-Kafka's producer epoch, in ZooKeeper: the generation *is* the data version of the
+Kafka's producer epoch, in the store: the generation *is* the data version of the
 ``generation`` znode. Bumping it is one versioned write, and fencing costs nothing extra:
 every decision or branch registration adds ``check(generation node, generation)`` to its
 own multi-op, so a writer holding an older generation fails atomically, in the same step

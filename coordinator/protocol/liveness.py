@@ -8,7 +8,7 @@ abandoned ones back without a rerun and never touch a live writer's xid.
 
 How a writer says it lives: ``begin`` of a new xid may create, in the same multi-op as
 the xid, an ephemeral *holder* node ``<sink>/live/<epoch>.<holder>`` owned by the
-writer's ZooKeeper session, and records ``liveness = "session"`` in the xid. More holders
+writer's session of the store, and records ``liveness = "session"`` in the xid. More holders
 may join while one exists (``hold``: a batch job's keeper process, which outlives the
 Spark planner worker that began the xid); each dies with its session. Who holds:
 

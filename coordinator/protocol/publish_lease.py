@@ -4,7 +4,7 @@ After the decision, an xid is finished (published or rolled back) by whoever hol
 lease: the driver that decided it, a second driver's recovery at job start, a restarted
 stream replaying the epoch, or an operator's ``txsink recover``. The lease is kazoo's
 ``Lock`` recipe on ``<xid>/publisher``: an ephemeral sequential znode, so it dies with its
-holder's ZooKeeper session and a crashed holder never blocks anyone for longer than the
+holder's session of the store and a crashed holder never blocks anyone for longer than the
 session timeout.
 
 Contract:
@@ -23,7 +23,7 @@ Contract:
 What the lease cannot fence: a statement the old holder already sent to ClickHouse. The
 ``attach_marked`` repeat waits for such statements (``server_ext.publish``) before it
 decides, and a holder checks its lease right before each ATTACH, so the remaining window is
-a process pause longer than the ZooKeeper session timeout between that check and the
+a process pause longer than the store's session timeout between that check and the
 statement reaching the server (see docs/design.md, "Publish ownership").
 
 Usage::

@@ -23,7 +23,7 @@ every task of a micro-batch before it claims the generation, begins the xid or s
 - the sink's epochs belong to another query and that query committed at least one of
   them → :class:`CheckpointReplaced` (the checkpoint was deleted or replaced);
 - ``last_committed`` is None and ``n > 0``, or ``n > last_committed + 1`` →
-  :class:`SinkStateLost` (the sink's ZooKeeper state was deleted or is an older copy);
+  :class:`SinkStateLost` (the sink's state in the store was deleted or is an older copy);
 - ``n < last_committed`` → :class:`CheckpointReplaced` (the checkpoint is older than the
   sink: restored from a copy);
 - otherwise it passes. A sink owned by nobody (first write, after ``txsink reset``, or a

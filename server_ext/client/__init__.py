@@ -1,5 +1,5 @@
 """Talking to a ClickHouse server: the HTTP client, the in-process chdb engine, the one
-client protocol both declare, and request compression."""
+client protocol both declare, the body they share, and request compression."""
 
 from server_ext.client.chdb_client import ChdbClient
 from server_ext.client.client_protocol import Client, SqlClient

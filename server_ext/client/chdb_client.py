@@ -21,7 +21,6 @@ There is no network, so nothing is retried; ``retry`` is accepted for API compat
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import shutil
 import tempfile
@@ -29,8 +28,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from server_ext.client.client_protocol import Client
-from server_ext.client.http_client import first_value
+from server_ext.client.text_client import TextClient
 from server_ext.errors import ClickHouseError, parse_exception
 from server_ext.sql import column_list, settings_clause, sql_string, strip_statement
 
@@ -64,7 +62,7 @@ def _session(path: str) -> Any:
         return _SESSIONS[path]
 
 
-class ChdbClient(Client):
+class ChdbClient(TextClient):
     """In-process ClickHouse with the same methods as ``ClickHouseClient``."""
 
     def __init__(self, path: str) -> None:
@@ -90,19 +88,6 @@ class ChdbClient(Client):
     ) -> None:
         """Run a statement that returns nothing. ``retry`` has no effect (no network)."""
         self._run(_with_settings(sql, settings), "TabSeparated", purpose)
-
-    def query_rows(self, sql: str, *, purpose: str, settings: dict | None = None) -> list[dict]:
-        """Rows as dicts, typed as ClickHouse's JSON output gives them."""
-        text = self._run(_with_settings(sql, settings), "JSON", purpose)
-        return list(json.loads(text)["data"]) if text.strip() else []
-
-    def query_value(self, sql: str, *, purpose: str, encoding: str | None = None) -> str:
-        """First column of the first row, as text. Raises when the result has no row.
-        ``encoding`` is the network client's: in-process, nothing is sent compressed."""
-        text = self._run(sql, "TabSeparated", purpose)
-        if not text:
-            raise ClickHouseError("the query returned no row", name="EMPTY_RESULT", purpose=purpose)
-        return first_value(text)
 
     def insert(
         self,
@@ -131,6 +116,11 @@ class ChdbClient(Client):
                       "TabSeparated", purpose)
         finally:
             os.unlink(spool.name)
+
+    def _answer(self, sql: str, fmt: str, purpose: str, settings: dict | None,
+                encoding: str | None = None) -> str:
+        """``encoding`` is the network client's: in-process, nothing is sent compressed."""
+        return self._run(_with_settings(sql, settings), fmt, purpose)
 
     def _run(self, sql: str, fmt: str, purpose: str) -> str:
         with _LOCK:

@@ -24,7 +24,6 @@ Contract (what a caller may assume):
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import ssl
@@ -43,8 +42,8 @@ from tenacity import (
     wait_exponential,
 )
 
-from server_ext.client.client_protocol import Client
 from server_ext.client.compression import compress
+from server_ext.client.text_client import TextClient
 from server_ext.errors import (
     ClickHouseError,
     ServerUnreachable,
@@ -103,7 +102,7 @@ def _read_environment_once(session: requests.Session, url: str, ca_file: str | N
     return found["verify"]
 
 
-class ClickHouseClient(Client):
+class ClickHouseClient(TextClient):
     """Talks to one ClickHouse server over HTTP (see the module contract)."""
 
     #: Statements may run from several threads at once: each is its own request, and the
@@ -158,24 +157,6 @@ class ClickHouseClient(Client):
         attempt = _Attempt(purpose, may_repeat=retry, outcome_unknown_ok=retry)
         self._send(self._params(settings), sql.encode("utf-8"), attempt)
 
-    def query_rows(self, sql: str, *, purpose: str, settings: dict | None = None) -> list[dict]:
-        """Rows of a SELECT as dicts, values typed as ClickHouse's JSON output gives them
-        (64-bit integers arrive as strings on servers that quote them)."""
-        body = self._query_text(f"{strip_statement(sql)}\nFORMAT JSON", purpose, settings)
-        if not body.strip():
-            return []
-        return list(json.loads(body)["data"])
-
-    def query_value(self, sql: str, *, purpose: str, encoding: str | None = None) -> str:
-        """First column of the first row, as text. Raises when the result has no row.
-        ``encoding``: send the statement compressed so (to ask the server whether it reads
-        that ``Content-Encoding``)."""
-        body = self._query_text(f"{strip_statement(sql)}\nFORMAT TabSeparated", purpose, None,
-                                encoding)
-        if not body:
-            raise ClickHouseError("the query returned no row", name="EMPTY_RESULT", purpose=purpose)
-        return first_value(body)
-
     def insert(
         self,
         table: str,
@@ -224,10 +205,10 @@ class ClickHouseClient(Client):
 
     # -- request plumbing ----------------------------------------------------------------
 
-    def _query_text(self, sql: str, purpose: str, settings: dict | None,
-                    encoding: str | None = None) -> str:
+    def _answer(self, sql: str, fmt: str, purpose: str, settings: dict | None,
+                encoding: str | None = None) -> str:
         attempt = _Attempt(purpose, may_repeat=True, outcome_unknown_ok=True)
-        data = sql.encode("utf-8")
+        data = f"{strip_statement(sql)}\nFORMAT {fmt}".encode()
         resp = self._send(self._params(settings), compress(data, encoding) if encoding else data,
                           attempt, encoding)
         return resp.content.decode("utf-8")
@@ -466,18 +447,3 @@ def _setting_text(value: object) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
     return str(value)
-
-
-_TSV_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "0": "\0", "\\": "\\", "'": "'", "b": "\b",
-                "f": "\f"}
-
-
-def first_value(text: str) -> str:
-    """The first field of the first row of a TabSeparated result, unescaped."""
-    return _unescape_tsv(text.split("\n", 1)[0].split("\t", 1)[0])
-
-
-def _unescape_tsv(field: str) -> str:
-    if "\\" not in field:
-        return field
-    return re.sub(r"\\(.)", lambda m: _TSV_ESCAPES.get(m.group(1), m.group(1)), field)

@@ -18,6 +18,7 @@ from server_ext.old_server.leftover_clones import repeat_past_leftover_clones
 from server_ext.publish.attach_decision import max_block_number
 from server_ext.publish.publish_ledger import PublishRecord
 from server_ext.publish.publish_steps import STEP_AFTER_ATTACH, alter_in_chunks
+from server_ext.publish.strategy_choice import Strategy
 from server_ext.publish.strategy_run import StrategyRun
 from server_ext.staging.manifest import PartitionManifest
 
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 class AttachMarkedRun(StrategyRun):
-    strategy = "attach_marked"
+    strategy = Strategy.ATTACH_MARKED
 
     def publish_pending(self, pending: list[PartitionManifest], record: PublishRecord,
                         sealed: dict[str, bool]) -> None:

@@ -24,6 +24,7 @@ from server_ext.publish.publish_steps import (
     STEP_AFTER_INSERT_INTENT,
     alter_in_chunks,
 )
+from server_ext.publish.strategy_choice import Strategy
 from server_ext.publish.strategy_run import StrategyRun
 from server_ext.sql import sql_string
 from server_ext.staging.manifest import PartitionManifest
@@ -39,7 +40,7 @@ OPTIMIZE_ON_INSERT = "optimize_on_insert"
 
 
 class AttachReplicatedRun(StrategyRun):
-    strategy = "attach_replicated"
+    strategy = Strategy.ATTACH_REPLICATED
 
     def require_within_window(self, record: PublishRecord, intended: list[str]) -> None:
         """Refuse a repeat that the server's deduplication may no longer cover.

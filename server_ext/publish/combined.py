@@ -79,7 +79,7 @@ from server_ext.staging.manifest import Manifest, PartitionManifest
 from server_ext.staging.seal import merge_partitions, read_staged_partitions, require_sealed, seal
 from server_ext.staging.staging_tables import (
     copied_columns,
-    create_staging,
+    create_staging_table,
     rollback,
     staging_qualified,
 )
@@ -146,7 +146,7 @@ def combine_key(combined_table: str) -> str:
 def create_precombined(client: SqlClient, target: TargetTable, name: str) -> str:
     """Create (if absent) the pre-combined table ``name`` in the staging database, with
     merges on; returns it quoted. Idempotent."""
-    return create_staging(client, target, name, merges=True)
+    return create_staging_table(client, target, name, merges=True)
 
 
 def attach_to_precombined(client: SqlClient, manifest: Manifest, precombined: str) -> bool:
@@ -255,7 +255,7 @@ def _build(client: SqlClient, sources: list[Manifest], combined_table: str,
 def _recreate(client: SqlClient, target: TargetTable, combined_table: str) -> None:
     """An empty combined table: whatever an unrecorded build left in it is dropped."""
     rollback(client, combined_table)
-    create_staging(client, target, combined_table)
+    create_staging_table(client, target, combined_table)
 
 
 def _adopt(client: SqlClient, sources: list[Manifest], precombined: str, staging: str,

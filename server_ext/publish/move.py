@@ -13,6 +13,7 @@ import logging
 from server_ext.errors import ClickHouseError
 from server_ext.publish.publish_ledger import PublishRecord
 from server_ext.publish.publish_steps import STEP_AFTER_ATTACH, alter_in_chunks
+from server_ext.publish.strategy_choice import Strategy
 from server_ext.publish.strategy_run import StrategyRun
 from server_ext.sql import sql_string
 from server_ext.staging.manifest import PartitionManifest
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 class MoveRun(StrategyRun):
-    strategy = "move"
+    strategy = Strategy.MOVE
     drops_staging = False
     watermark: int | None = None  # the target's, read with the staged parts
 

@@ -28,7 +28,7 @@ from server_ext.publish.publish_steps import (
 from server_ext.sql import qualified_name, sql_string
 from server_ext.staging.manifest import Manifest, PartitionManifest
 from server_ext.staging.seal import require_sealed
-from server_ext.staging.staging_tables import create_staging, rollback
+from server_ext.staging.staging_tables import create_staging_table, rollback
 from server_ext.types.target_table import describe_table
 
 
@@ -124,7 +124,7 @@ class _OverwritePublisher:
         if not shared:
             return origin
         assert self.combined is not None
-        combined = create_staging(self.client, describe_table(
+        combined = create_staging_table(self.client, describe_table(
             self.client, f"{self.database}.{self.table}"), self.combined)
         first, others = [], []
         for pid, parts in shared.items():

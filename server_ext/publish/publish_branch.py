@@ -48,6 +48,6 @@ def publish(
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown publish strategy {strategy!r}; expected one of "
                          f"{', '.join(STRATEGIES)}")
-    publisher_class = {"move": MoveRun, "attach_replicated": AttachReplicatedRun,
-                       "attach_marked": AttachMarkedRun}[strategy]
+    publisher_class = {run.strategy: run
+                       for run in (MoveRun, AttachReplicatedRun, AttachMarkedRun)}[strategy]
     return publisher_class(client, manifest, ledger, on_step or no_step).run()

@@ -1,12 +1,13 @@
 """Publish records: the small durable memory that makes publish re-runnable.
 
-The caller backs the ``PublishLedger`` with durable storage (txsink: ZooKeeper, under the branch
-record, through the coordinator). Publish keeps one :class:`PublishRecord` per staging
-table, keyed by the staging table's name: ``attaching`` (an intent) before the statement
-that makes rows visible, ``published`` after it; a combined table's build is recorded as
-``combined`` under its own key (``server_ext/publish/combined.py``). The record type is the
-only writer and reader of that JSON: every module reads and writes records through
-:meth:`PublishRecord.load` and :meth:`PublishRecord.store`.
+The caller backs the ``PublishLedger`` with durable storage (txsink: the coordinator's
+store, under the branch record, through the coordinator). Publish keeps one
+:class:`PublishRecord` per staging table, keyed by the staging table's name: ``attaching``
+(an intent) before the statement that makes rows visible, ``published`` after it; a
+combined table's build is recorded as ``combined`` under its own key
+(``server_ext/publish/combined.py``). The record type is the only writer and reader of
+that JSON: every module reads and writes records through :meth:`PublishRecord.load` and
+:meth:`PublishRecord.store`.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from server_ext.client.client_protocol import SqlClient
 from server_ext.errors import UNKNOWN_DATABASE, UNKNOWN_TABLE, ClickHouseError
+from server_ext.publish.strategy_choice import Strategy
 from server_ext.sql import sql_string
 
 log = logging.getLogger(__name__)
@@ -29,11 +30,12 @@ STEP_AFTER_INSERT = "publish.after_insert"
 
 # The crash points each way of publishing passes, in order.
 PUBLISH_STEPS: dict[str, tuple[str, ...]] = {
-    "move": (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH, STEP_AFTER_MARK),
-    "attach_replicated": (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH,
-                          STEP_AFTER_MARK, STEP_AFTER_DROP),
-    "attach_marked": (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH,
-                      STEP_AFTER_MARK, STEP_AFTER_DROP),
+    Strategy.MOVE: (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH,
+                    STEP_AFTER_MARK),
+    Strategy.ATTACH_REPLICATED: (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH,
+                                 STEP_AFTER_MARK, STEP_AFTER_DROP),
+    Strategy.ATTACH_MARKED: (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH,
+                             STEP_AFTER_MARK, STEP_AFTER_DROP),
     "replace": (STEP_BEFORE_PARTITION, STEP_AFTER_ATTACH, STEP_AFTER_MARK, STEP_AFTER_DROP),
 }
 

@@ -104,7 +104,7 @@ def strategy_problem(caps: Capabilities, target: DescribedTarget | None,
                          f"{', '.join(STRATEGIES)}")
     replicated = target is not None and target.replicated
     engine = f" ({target.engine})" if target is not None else ""
-    if strategy == "move":
+    if strategy == Strategy.MOVE:
         fallback = Strategy.ATTACH_REPLICATED if replicated else Strategy.ATTACH_MARKED
         if not caps.move_partition:
             return StrategyProblem(strategy, f"the server (ClickHouse {caps.version_text}) has "
@@ -115,7 +115,7 @@ def strategy_problem(caps: Capabilities, target: DescribedTarget | None,
                                    "family (staging is a plain MergeTree)", fallback,
                                    statement_runs=False)
         return None
-    if strategy == "attach_replicated":
+    if strategy == Strategy.ATTACH_REPLICATED:
         fallback = Strategy.MOVE if caps.move_partition else Strategy.ATTACH_MARKED
         if target is None and not caps.keeper:
             return StrategyProblem(strategy, "the server has no ZooKeeper/Keeper configured, "

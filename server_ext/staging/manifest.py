@@ -2,9 +2,9 @@
 
 Why a manifest: prepare and publish run in different processes (a Spark task seals, the
 driver or a later recovery publishes), possibly days apart. The manifest is what the task
-hands over. It is recorded in ZooKeeper with the branch (so it is kept compact) and lets
-publish check that the staging table still holds exactly what was sealed before anything
-is made visible.
+hands over. It is recorded in the coordinator's store with the branch (so it is kept
+compact) and lets publish check that the staging table still holds exactly what was sealed
+before anything is made visible.
 
 Contract: a ``Manifest`` is immutable; ``Manifest.from_dict(m.to_dict()) == m``; the dict
 holds only JSON types. Part names follow ClickHouse's ``<partition id>_<min block>_<max

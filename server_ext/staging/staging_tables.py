@@ -24,8 +24,8 @@ Contract:
   ``txs_<sink key>_`` stays a prefix of every table of a sink. Names written before the
   root tag existed (no ``_r<tag>``) still parse, with ``root_tag=None``: no root can
   claim them.
-- ``create_staging`` is idempotent (IF NOT EXISTS). The table has the target's columns
-  (types, defaults, materialized and alias columns included), partition key, sorting key,
+- ``create_staging_table`` is idempotent (IF NOT EXISTS). The table has the target's
+  columns (types, defaults, materialized and alias columns included), partition key, sorting key,
   primary key and MergeTree settings (index_granularity first of all), so that ATTACH /
   MOVE / REPLACE PARTITION accept its parts, and its TTL (see ``staging_ddl``). A task's
   staging has the target's MergeTree variant with its parameters (``mirror_engine``), so
@@ -178,9 +178,9 @@ def staging_qualified(table: str) -> str:
     return qualified_name(*split_table_name(table, default_database=STAGING_DATABASE))
 
 
-def create_staging(client: SqlClient, target: TargetTable, table_name: str,
-                   dedup_window: bool = False, merges: bool = False,
-                   mirror_engine: bool = False) -> str:
+def create_staging_table(client: SqlClient, target: TargetTable, table_name: str,
+                         dedup_window: bool = False, merges: bool = False,
+                         mirror_engine: bool = False) -> str:
     """Create (if absent) the staging table ``table_name`` for ``target``; returns it quoted.
 
     ``dedup_window``: give it a ``non_replicated_deduplication_window`` (servers that

@@ -19,6 +19,7 @@ from coordinator import (
     Coordinator,
     PublishFailed,
     RecoveryIncomplete,
+    RetryLater,
     XidState,
 )
 from coordinator.protocol.recovery import Recovery
@@ -159,13 +160,9 @@ def test_a_transient_publish_error_is_retried_until_it_succeeds(zk: KazooClient)
     winners = prepared_branches(driver, EPOCH, generation, 1)
     calls = []
 
-    class Busy(Exception):
-        retryable = True
-
-    def flaky(branch: BranchRecord) -> None:
+    def flaky(branch: BranchRecord) -> RetryLater | None:
         calls.append(branch.branch_id)
-        if len(calls) < 3:
-            raise Busy("too many parts")
+        return RetryLater("too many parts") if len(calls) < 3 else None
 
     assert driver.commit(EPOCH, generation, winners, flaky, Target().rollback).state \
         is XidState.COMMITTED

@@ -162,7 +162,7 @@ def live_xid(zk, url: str, zookeeper: str, table: str) -> tuple[Coordinator, int
     coord.register_branch(epoch, "p0-a0-s0-0000live", generation,
                           owner={"staging": staging, "server": url, "shard": 0})
     client = ClickHouseClient(url)
-    server_ext.create_staging(client, server_ext.describe_table(client, table), staging)
+    server_ext.create_staging_table(client, server_ext.describe_table(client, table), staging)
     return coord, epoch, staging
 
 

@@ -66,8 +66,8 @@ def stage(staged: list[str], coord: Coordinator | None, url: str, table: str, ep
     if coord is not None:
         coord.register_branch(epoch, branch_id, generation,
                               owner={"staging": staging, "server": url, "shard": 0})
-    qualified = server_ext.create_staging(client, server_ext.describe_table(client, table),
-                                          staging)
+    qualified = server_ext.create_staging_table(client, server_ext.describe_table(client, table),
+                                                staging)
     run_sql(url, f"INSERT INTO {qualified} SELECT number FROM system.numbers LIMIT 100")
 
 

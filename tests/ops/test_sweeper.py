@@ -21,7 +21,7 @@ from server_ext.staging.staging_tables import (
     STAGING_DATABASE,
     StagingName,
     branch_key,
-    create_staging,
+    create_staging_table,
     parse_staging_table_name,
     root_tag,
     sink_key,
@@ -63,7 +63,7 @@ def stage(client: ClickHouseClient, clickhouse_url: str,
     names: list[str] = []
 
     def create(name: str) -> str:
-        create_staging(client, target, name)
+        create_staging_table(client, target, name)
         names.append(name)
         return name
 
@@ -78,7 +78,7 @@ def stagings(client: ClickHouseClient, clickhouse_url: str, target: TargetTable,
     """Staging tables of epochs 1, 2 and 3 of this test's sink and root; dropped after."""
     names = {epoch: staging_table_name(sink, epoch, BRANCH, root=root) for epoch in (1, 2, 3)}
     for name in names.values():
-        create_staging(client, target, name)
+        create_staging_table(client, target, name)
     yield names
     for name in names.values():
         run_sql(clickhouse_url, f"DROP TABLE IF EXISTS `{STAGING_DATABASE}`.`{name}`")

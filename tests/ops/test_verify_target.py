@@ -85,7 +85,7 @@ class Writer:
         staging = server_ext.staging_table_name(self.sink, epoch, branch_id)
         self.coord.register_branch(epoch, branch_id, self.generation,
                                    owner={"staging": staging, "server": self.url, "shard": 0})
-        qualified = server_ext.create_staging(self.client, self.target, staging)
+        qualified = server_ext.create_staging_table(self.client, self.target, staging)
         for month, ids in rows.items():
             run_sql(self.url, f"INSERT INTO {qualified} SELECT number, toDate('{month}-15'), "
                               f"'x' FROM system.numbers WHERE number >= {ids.start} "

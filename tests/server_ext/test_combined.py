@@ -26,7 +26,11 @@ from server_ext.publish.publish_ledger import MemoryLedger
 from server_ext.publish.publish_steps import PUBLISH_STEPS
 from server_ext.staging.manifest import Manifest
 from server_ext.staging.seal import merge_partitions, seal
-from server_ext.staging.staging_tables import STAGING_DATABASE, create_staging, staging_table_name
+from server_ext.staging.staging_tables import (
+    STAGING_DATABASE,
+    create_staging_table,
+    staging_table_name,
+)
 from server_ext.types.target_table import describe_table
 from tests.conftest import run_sql
 from tests.server_ext.test_publish import Crash, crash_at, expect, keys_in, make_target, stage
@@ -195,7 +199,8 @@ def test_partitions_above_merge_max_bytes_keep_their_parts(
 
 def stage_sql(client: ClickHouseClient, url: str, target, sink_id: str, branch: int,
               select: str, rows: int):
-    staging = create_staging(client, target, staging_table_name(sink_id, 1, f"p{branch}-a0-0"))
+    staging = create_staging_table(client, target,
+                                   staging_table_name(sink_id, 1, f"p{branch}-a0-0"))
     run_sql(url, f"INSERT INTO {staging} {select}")
     return seal(client, target, staging, expected_rows=rows)
 

@@ -29,7 +29,7 @@ from server_ext.staging.manifest import Manifest
 from server_ext.staging.seal import seal
 from server_ext.staging.staging_tables import (
     STAGING_DATABASE,
-    create_staging,
+    create_staging_table,
     rollback,
     staging_table_name,
 )
@@ -107,7 +107,7 @@ def make_target(url: str, client: ClickHouseClient, database: str, kind: str) ->
 def stage(client: ClickHouseClient, url: str, target: TargetTable, name: str,
           first_key: int, rows: int = 90) -> Manifest:
     """Stage ``rows`` rows with keys from ``first_key`` over three months, and seal."""
-    staging = create_staging(client, target, name)
+    staging = create_staging_table(client, target, name)
     run_sql(url, f"INSERT INTO {staging} (d, k, n) SELECT toDate('2024-01-01') + number % 90, "
                  f"{first_key} + number, number FROM system.numbers LIMIT {rows}")
     return seal(client, target, staging, expected_rows=rows)
@@ -338,7 +338,7 @@ def stage_twice(client: ClickHouseClient, url: str, target: TargetTable, name: s
                 ) -> Manifest:
     """Staging whose every partition holds a part byte-identical to ``stage(..., 0)``'s and
     a part of other rows (keys 500..679, two a day)."""
-    staging = create_staging(client, target, name)
+    staging = create_staging_table(client, target, name)
     for first_key, rows in ((0, 90), (500, 180)):
         run_sql(url, f"INSERT INTO {staging} (d, k, n) SELECT toDate('2024-01-01') + "
                      f"number % 90, {first_key} + number, number FROM system.numbers "
@@ -398,7 +398,7 @@ def test_replicated_publish_into_a_table_views_read_keeps_the_servers_deduplicat
 def test_replicated_publish_of_identical_parts_within_one_branch_keeps_all_rows(
         client, clickhouse_url, ch_db, staging_names) -> None:
     target = make_target(clickhouse_url, client, ch_db, "replicated")
-    staging = create_staging(client, target, staging_names())
+    staging = create_staging_table(client, target, staging_names())
     for _ in range(3):
         run_sql(clickhouse_url, f"INSERT INTO {staging} (d, k) VALUES ('2024-01-01', 7)")
     manifest = seal(client, target, staging, expected_rows=3)

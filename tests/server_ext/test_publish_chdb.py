@@ -20,7 +20,11 @@ from server_ext.publish.publish_steps import PUBLISH_STEPS
 from server_ext.publish.strategy_choice import choose_strategy
 from server_ext.staging.manifest import Manifest
 from server_ext.staging.seal import seal
-from server_ext.staging.staging_tables import STAGING_DATABASE, create_staging, staging_table_name
+from server_ext.staging.staging_tables import (
+    STAGING_DATABASE,
+    create_staging_table,
+    staging_table_name,
+)
 from server_ext.types.target_table import TargetTable, describe_table
 
 
@@ -68,7 +72,7 @@ def make_target(chdb: ChdbClient, database: str) -> TargetTable:
 
 
 def stage(chdb: ChdbClient, target: TargetTable, name: str, rows: int = 90) -> Manifest:
-    staging = create_staging(chdb, target, name)
+    staging = create_staging_table(chdb, target, name)
     chdb.execute(f"INSERT INTO {staging} (d, k) SELECT toDate('2024-01-01') + number % 90, "
                  f"number FROM system.numbers LIMIT {rows}", purpose="test setup")
     return seal(chdb, target, staging, expected_rows=rows)
@@ -91,7 +95,7 @@ def test_modern_engine_gets_the_move_strategy_for_a_plain_target(chdb, database)
 def test_staging_on_modern_engine_has_the_target_keys_and_granularity(
         chdb, database, staging_name) -> None:
     target = make_target(chdb, database)
-    create_staging(chdb, target, staging_name)
+    create_staging_table(chdb, target, staging_name)
     staged = describe_table(chdb, f"{STAGING_DATABASE}.{staging_name}")
     assert (staged.partition_key, staged.sorting_key, staged.index_granularity) == (
         target.partition_key, target.sorting_key, 1024)

@@ -9,7 +9,7 @@ import pytest
 from server_ext.client.http_client import ClickHouseClient
 from server_ext.staging.manifest import Manifest
 from server_ext.staging.seal import StagedRowsMismatch, seal
-from server_ext.staging.staging_tables import STAGING_DATABASE, create_staging
+from server_ext.staging.staging_tables import STAGING_DATABASE, create_staging_table
 from server_ext.types.target_table import describe_table
 from tests.conftest import run_sql
 
@@ -21,7 +21,7 @@ def make_staging(client: ClickHouseClient, url: str, ch_db: str, staging_name: s
                  engine: str = "MergeTree()") -> tuple[object, str]:
     run_sql(url, f"CREATE TABLE `{ch_db}`.t " + TARGET.format(engine=engine))
     target = describe_table(client, f"{ch_db}.t")
-    return target, create_staging(client, target, staging_name)
+    return target, create_staging_table(client, target, staging_name)
 
 
 def test_seal_lists_parts_rows_and_bytes_per_partition(

@@ -13,7 +13,7 @@ from server_ext.staging.staging_tables import (
     StagingName,
     UnsupportedTarget,
     branch_key,
-    create_staging,
+    create_staging_table,
     parse_staging_table_name,
     rollback,
     sink_key,
@@ -85,7 +85,7 @@ def test_negative_epoch_is_refused() -> None:
 def test_staging_of_plain_target_has_its_columns_keys_and_granularity(
         client: ClickHouseClient, clickhouse_url: str, ch_db: str, staging_name: str) -> None:
     run_sql(clickhouse_url, f"CREATE TABLE `{ch_db}`.t " + MONTHLY.format(engine="MergeTree()"))
-    create_staging(client, describe_table(client, f"{ch_db}.t"), staging_name)
+    create_staging_table(client, describe_table(client, f"{ch_db}.t"), staging_name)
     target, staged = (table_meta(clickhouse_url, ch_db, "t"),
                       table_meta(clickhouse_url, STAGING_DATABASE, staging_name))
     for key in ("engine", "partition_key", "sorting_key", "primary_key"):
@@ -99,7 +99,7 @@ def test_staging_of_replicated_target_is_plain_merge_tree_with_same_keys(
         client: ClickHouseClient, clickhouse_url: str, ch_db: str, staging_name: str) -> None:
     engine = f"ReplicatedMergeTree('/clickhouse/tables/{ch_db}/t', '{{replica}}')"
     run_sql(clickhouse_url, f"CREATE TABLE `{ch_db}`.t " + MONTHLY.format(engine=engine))
-    create_staging(client, describe_table(client, f"{ch_db}.t"), staging_name)
+    create_staging_table(client, describe_table(client, f"{ch_db}.t"), staging_name)
     target, staged = (table_meta(clickhouse_url, ch_db, "t"),
                       table_meta(clickhouse_url, STAGING_DATABASE, staging_name))
     assert staged["engine"] == "MergeTree"
@@ -115,7 +115,7 @@ def test_staging_keeps_a_primary_key_shorter_than_the_sorting_key(
     run_sql(clickhouse_url, f"CREATE TABLE `{ch_db}`.t (d Date, k UInt64, v UInt64) "
                             "ENGINE = SummingMergeTree() PARTITION BY d PRIMARY KEY k "
                             "ORDER BY (k, d)")
-    create_staging(client, describe_table(client, f"{ch_db}.t"), staging_name)
+    create_staging_table(client, describe_table(client, f"{ch_db}.t"), staging_name)
     staged = table_meta(clickhouse_url, STAGING_DATABASE, staging_name)
     assert (staged["partition_key"], staged["sorting_key"], staged["primary_key"]) == (
         "d", "k, d", "k")
@@ -125,7 +125,7 @@ def test_staging_of_unpartitioned_unsorted_target_has_no_keys_either(
         client: ClickHouseClient, clickhouse_url: str, ch_db: str, staging_name: str) -> None:
     run_sql(clickhouse_url, f"CREATE TABLE `{ch_db}`.t (k UInt64) ENGINE = MergeTree() "
                             "ORDER BY tuple()")
-    create_staging(client, describe_table(client, f"{ch_db}.t"), staging_name)
+    create_staging_table(client, describe_table(client, f"{ch_db}.t"), staging_name)
     staged = table_meta(clickhouse_url, STAGING_DATABASE, staging_name)
     assert (staged["partition_key"], staged["sorting_key"]) == ("", "")
 
@@ -134,9 +134,9 @@ def test_create_staging_is_idempotent(
         client: ClickHouseClient, clickhouse_url: str, ch_db: str, staging_name: str) -> None:
     run_sql(clickhouse_url, f"CREATE TABLE `{ch_db}`.t " + MONTHLY.format(engine="MergeTree()"))
     target = describe_table(client, f"{ch_db}.t")
-    first = create_staging(client, target, staging_name)
+    first = create_staging_table(client, target, staging_name)
     run_sql(clickhouse_url, f"INSERT INTO {first} (d, k) VALUES ('2024-01-01', 1)")
-    assert create_staging(client, target, staging_name) == first
+    assert create_staging_table(client, target, staging_name) == first
     assert run_sql(clickhouse_url, f"SELECT count() FROM {first}").strip() == "1"
 
 
@@ -145,7 +145,7 @@ def test_target_in_deprecated_merge_tree_syntax_is_refused(
     run_sql(clickhouse_url, f"CREATE TABLE `{ch_db}`.t (d Date, k UInt64) "
                             "ENGINE = MergeTree(d, k, 8192)")
     with pytest.raises(UnsupportedTarget, match="deprecated"):
-        create_staging(client, describe_table(client, f"{ch_db}.t"), staging_name)
+        create_staging_table(client, describe_table(client, f"{ch_db}.t"), staging_name)
 
 
 # -- merges ----------------------------------------------------------------------------------
@@ -155,7 +155,7 @@ def test_staging_refuses_to_merge_while_merges_are_stopped(
         client: ClickHouseClient, clickhouse_url: str, ch_db: str, staging_name: str) -> None:
     run_sql(clickhouse_url, f"CREATE TABLE `{ch_db}`.t (k UInt64) ENGINE = MergeTree() "
                             "ORDER BY k")
-    staging = create_staging(client, describe_table(client, f"{ch_db}.t"), staging_name)
+    staging = create_staging_table(client, describe_table(client, f"{ch_db}.t"), staging_name)
     for i in range(3):
         run_sql(clickhouse_url, f"INSERT INTO {staging} VALUES ({i})")
     with pytest.raises(ClickHouseError, match="Cancelled merging parts"):
@@ -167,7 +167,7 @@ def test_staging_parts_stay_unmerged_when_the_server_forgets_stop_merges(
     """A restart forgets SYSTEM STOP MERGES; the table settings must still hold the parts."""
     run_sql(clickhouse_url, f"CREATE TABLE `{ch_db}`.t (k UInt64) ENGINE = MergeTree() "
                             "ORDER BY k")
-    staging = create_staging(client, describe_table(client, f"{ch_db}.t"), staging_name)
+    staging = create_staging_table(client, describe_table(client, f"{ch_db}.t"), staging_name)
     run_sql(clickhouse_url, f"SYSTEM START MERGES {staging}")  # as after a restart
     for i in range(6):
         run_sql(clickhouse_url, f"INSERT INTO {staging} VALUES ({i})")
@@ -185,7 +185,7 @@ def test_staging_parts_stay_unmerged_when_the_server_forgets_stop_merges(
 def test_rollback_after_partial_writes_drops_the_staging_table(
         client: ClickHouseClient, clickhouse_url: str, ch_db: str, staging_name: str) -> None:
     run_sql(clickhouse_url, f"CREATE TABLE `{ch_db}`.t " + MONTHLY.format(engine="MergeTree()"))
-    staging = create_staging(client, describe_table(client, f"{ch_db}.t"), staging_name)
+    staging = create_staging_table(client, describe_table(client, f"{ch_db}.t"), staging_name)
     run_sql(clickhouse_url, f"INSERT INTO {staging} (d, k) SELECT toDate('2024-01-01') + "
                             "number, number FROM system.numbers LIMIT 100")
     rollback(client, staging_name)
@@ -197,7 +197,7 @@ def test_rollback_is_idempotent_and_accepts_a_qualified_name(
         client: ClickHouseClient, clickhouse_url: str, ch_db: str, staging_name: str) -> None:
     run_sql(clickhouse_url, f"CREATE TABLE `{ch_db}`.t (k UInt64) ENGINE = MergeTree() "
                             "ORDER BY k")
-    staging = create_staging(client, describe_table(client, f"{ch_db}.t"), staging_name)
+    staging = create_staging_table(client, describe_table(client, f"{ch_db}.t"), staging_name)
     rollback(client, staging)
     rollback(client, staging)
     rollback(client, staging_name)
@@ -216,9 +216,9 @@ def test_staging_database_dropped_since_the_last_staging_table_is_made_again() -
     chdb.execute("CREATE TABLE IF NOT EXISTS remade.t (d Date, k UInt64) ENGINE = MergeTree "
                  "PARTITION BY d ORDER BY k", purpose="test")
     target = describe_table(chdb, "remade.t")
-    create_staging(chdb, target, "txs_remade_first")
+    create_staging_table(chdb, target, "txs_remade_first")
     chdb.execute(f"DROP DATABASE {STAGING_DATABASE}", purpose="test")
-    create_staging(chdb, target, "txs_remade_second")
+    create_staging_table(chdb, target, "txs_remade_second")
     assert chdb.query_value(f"SELECT count() FROM system.tables WHERE database = "
                             f"'{STAGING_DATABASE}' AND name = 'txs_remade_second'",
                             purpose="test") in (1, "1")

@@ -272,7 +272,7 @@ class LoseFirstAnswer:
 def tokened_staging(modern_clickhouse_url):
     """26.x: (client, capabilities, target, staging) where the staging table has a
     deduplication window; the posts of ``client`` lose the first INSERT's answer."""
-    from server_ext.staging.staging_tables import create_staging
+    from server_ext.staging.staging_tables import create_staging_table
 
     client = ClickHouseClient(modern_clickhouse_url)
     caps = detect_capabilities(client)
@@ -281,7 +281,7 @@ def tokened_staging(modern_clickhouse_url):
     client.execute(f"CREATE DATABASE `{database}`", purpose="create database")
     try:
         target = make_table(client, database, name="target")
-        staging = create_staging(client, target, f"{database}.staging", dedup_window=True)
+        staging = create_staging_table(client, target, f"{database}.staging", dedup_window=True)
         client._session.post = LoseFirstAnswer(client._session.post)
         yield client, caps, target, staging
     finally:

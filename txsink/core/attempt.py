@@ -1,17 +1,19 @@
 """The task side of an epoch: one task attempt writes one branch per shard it has rows for.
 
-This module is the attempt's flow: :func:`write_branch` runs in a Spark task attempt,
-once per attempt, on the attempt's thread (its digests and contributions on small pools);
-a retried or speculative attempt of the same task runs it again with new branch ids, and
-only the branches of the messages Spark hands the driver's commit are published. It
-begins the xid (or finds it decided), routes the rows to the attempt's branches, opened
-per shard that gets rows, and seals and prepares them. The branch kinds are in
+Where it runs: :func:`write_branch` in a Spark task attempt on an executor, once per
+attempt, on the attempt's thread (its digests and contributions on small pools). Every
+task of the epoch runs it at once, on any executors; a retried or speculative attempt of
+the same task runs it again with new branch ids, and only the branches of the messages
+the driver's commit receives (one attempt's per partition) are published, the others
+rolled back as non-winners. It begins the xid (idempotent: every task does, or finds it
+decided), routes the rows to the attempt's branches, opened per shard that gets rows,
+and seals and prepares them. The branch kinds are in
 ``txsink.core.shard_branch`` and ``txsink.core.quarantine_share``, their common
 interface in ``txsink.core.staged_table``.
 
 Contract (what Spark's ``DataWriter`` asks, made exactly-once):
 
-- A branch is registered in ZooKeeper *before* its staging table exists, so every
+- A branch is registered in the store *before* its staging table exists, so every
   staging table a coordinator may have to drop is known to it. A registration after the
   xid is decided (a zombie or speculative loser) is refused; a staging table such a
   task creates anyway is left to the sweeper. An attempt that registered in time but
@@ -22,7 +24,7 @@ Contract (what Spark's ``DataWriter`` asks, made exactly-once):
   publishes. A failed or killed attempt leaves staging that the driver's commit (as a
   non-winner) or recovery drops.
 - The manifest is recorded (branch ``Prepared``) before the commit message is returned,
-  so a driver that crashes after the decision can publish from ZooKeeper alone. It
+  so a driver that crashes after the decision can publish from the store alone. It
   carries each partition's content digest (``server_ext.types.digest``), which ``txsink
   verify`` compares with the target's.
 - In streaming, a task of a replayed micro-batch whose xid is already ``Committed``
@@ -71,6 +73,8 @@ from txsink.core.write_plan import WritePlan, send_columns
 log = logging.getLogger(__name__)
 DIGEST_WORKERS = 2  # staged tables of a task digested at once, beside its contributions
 CONTRIBUTE_WORKERS = 4  # a task's staged tables contributed at once
+#: Spark's local property holding the running streaming query's id (kept in its checkpoint).
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
 
 class XidNotWritable(RuntimeError):
@@ -103,15 +107,16 @@ def streaming_epoch() -> int:
     return int(batch_id)
 
 
-def streaming_query_id() -> str:
-    """The running streaming query's id: kept in its checkpoint, so the same on every
-    restart of that checkpoint and new for a new one (the run id changes every restart)."""
+def task_query_id() -> str:
+    """In a streaming task, the running query's id: kept in its checkpoint, so the same
+    on every restart of that checkpoint and new for a new one (the run id changes every
+    restart)."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
-    query_id = ctx.getLocalProperty("sql.streaming.queryId") if ctx else None
+    query_id = ctx.getLocalProperty(QUERY_ID_PROPERTY) if ctx else None
     if not query_id:
-        raise RuntimeError("sql.streaming.queryId is not set: not a streaming task")
+        raise RuntimeError(f"{QUERY_ID_PROPERTY} is not set: not a streaming task")
     return query_id
 
 
@@ -303,7 +308,7 @@ def write_branch(
         _, _, owner = _task_identity()
         # Before anything is claimed, begun or staged: the sink's epochs must be this
         # query's micro-batches (StreamStateMismatch otherwise; coordinator/protocol/stream.py).
-        coord.own_stream(plan.stream_query or streaming_query_id(), epoch)
+        coord.own_stream(plan.stream_query or task_query_id(), epoch)
         generation = coord.claim(str(owner.get("run_id") or owner["host"]))
     try:
         return _write_branch(plan, coord, epoch, generation, batches)

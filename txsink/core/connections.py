@@ -2,7 +2,8 @@
 
 Spark reuses its Python workers across tasks, so a worker keeps one kazoo session per
 ensemble (or one KeeperMap store session per records table) and one HTTP connection pool
-per ClickHouse URL and user instead of paying the ~16 ms ZooKeeper handshake on every task.
+per ClickHouse URL and user instead of paying the store's handshake (~16 ms for
+ZooKeeper) on every task.
 """
 
 from __future__ import annotations

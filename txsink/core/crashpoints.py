@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 
 from coordinator.formats import steps
-from server_ext.publish import COMBINE_STEPS, PUBLISH_STEPS
+from server_ext.publish import COMBINE_STEPS, PUBLISH_STEPS, Strategy
 
 BRANCH_AFTER_REGISTER = "branch.after_register"  # task: branch recorded, nothing staged
 BRANCH_AFTER_VIEWS = "branch.after_views"  # task: staging and its staging views made, no row
@@ -40,7 +40,7 @@ CRASH_POINTS: tuple[str, ...] = (
     BRANCH_AFTER_CONTRIBUTE, BRANCH_AFTER_PREPARE,
     steps.COMMIT_AFTER_DECISION,
     *COMBINE_STEPS,
-    *PUBLISH_STEPS["attach_marked"],
+    *PUBLISH_STEPS[Strategy.ATTACH_MARKED],
     *steps.COMMIT_STEPS[1:],
     *steps.ABORT_STEPS,
     *steps.RETAIN_STEPS,

@@ -9,7 +9,7 @@ tables), so other servers need it only for queries, and creating it there is the
 operator's (``ON CLUSTER``), as is the cluster itself.
 
 Everything is checked on the ``url`` server before any statement of the write's table
-setup runs (:func:`planned`): the cluster is in its ``system.clusters`` with the shards
+setup runs (:func:`checked_statement`): the cluster is in its ``system.clusters`` with the shards
 and replicas ``shards`` names, the database exists, and an existing table of that name
 is a Distributed table over ``table``. The statement is built then too, with the local
 table's columns as shard 1 has them (or will be created with). It runs after the local
@@ -61,7 +61,7 @@ class DistributedStatement:
     sql: str
 
 
-def planned(options: SinkOptions, schema: pa.Schema) -> DistributedStatement | None:
+def checked_statement(options: SinkOptions, schema: pa.Schema) -> DistributedStatement | None:
     """Check the Distributed table on the ``url`` server and build its statement; None
     when no ``distributed_table`` is given or it exists already (checked). Runs nothing
     that changes a server."""
@@ -96,7 +96,7 @@ def planned(options: SinkOptions, schema: pa.Schema) -> DistributedStatement | N
 
 
 def create(options: SinkOptions, statement: DistributedStatement | None) -> None:
-    """Run the statement :func:`planned` built (the local tables exist by now)."""
+    """Run the statement :func:`checked_statement` built (the local tables exist by now)."""
     if statement is None:
         return
     connections.clickhouse(options).execute(

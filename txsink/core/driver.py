@@ -1,18 +1,28 @@
 """The driver side of an epoch: open the sink, commit, abort.
 
+Where it runs: on the driver, never in a task: for the data source in Spark's driver-side
+Python workers (the planner's for the opening, ``commit()``'s and ``abort()``'s for the
+rest), for the ``mapInArrow`` ways and ``txsink.transaction()`` in the caller's process.
+
 Contract (Spark's ``BatchWrite``/``StreamingWrite``, made exactly-once):
 
-- :func:`open_sink` runs before any task of a batch job: it bumps the sink's generation
-  (fencing every older driver of the same sink) and recovers what an earlier driver
-  left: ``Committing`` xids are published, undecided ones rolled back. :func:`open_xid`
-  then begins the xid; it and :func:`decide` are the one start and the one commit of
-  every batch writer, a job's and ``transaction()``'s alike.
-  :func:`open_stream` is its streaming counterpart (see there why it cannot fence).
-- :func:`commit_epoch` may be called more than once for the same epoch (Spark replays a
+- :func:`open_sink`: once per batch write, before any task (the planner calls it). It
+  bumps the sink's generation, fencing every older driver of the same sink (so two
+  drivers never commit one sink at once), and recovers what an earlier driver left:
+  ``Committing`` xids are published, undecided ones rolled back. :func:`open_xid` then
+  begins the xid; it and :func:`decide` are the one start and the one commit of every
+  batch writer, a job's and ``transaction()``'s alike. :func:`open_stream` is its
+  streaming counterpart, run on every micro-batch (see there why it cannot fence).
+- :func:`commit_epoch`: once every task succeeded, with the messages of the one attempt
+  per partition Spark kept. It may be called again for the same epoch (Spark replays a
   micro-batch whose ``commits/N`` file was not written): a committed xid is a no-op.
-  The decision is one compare-and-set in ZooKeeper; after it the publish is retried
-  until it succeeds, by this call or by a later recovery, and is never rolled back.
-- :func:`abort_epoch` rolls back an undecided xid; a decided one is left to recovery.
+  The decision is one compare-and-set in the store; after it the publish is retried
+  until it succeeds, by this call or by a later recovery, and is never rolled back. One
+  actor at a time finishes an xid (its publish lease); winners of different (server,
+  table) pairs are published at once. With ``publish=pipelined`` the publish runs in
+  the background while the next micro-batch's tasks run (``txsink.core.pipeline``).
+- :func:`abort_epoch`: when a task failed (or the commit raised before its decision); it
+  rolls back an undecided xid, and a decided one is left to recovery.
 """
 
 from __future__ import annotations
@@ -38,10 +48,10 @@ from server_ext.sharding import ShardingError
 from server_ext.sql import qualified_name
 from server_ext.staging import check_partition_bound
 from txsink.core import combine, connections, payload, pipeline, quarantine_share
-from txsink.core.history_summary import retain_after_commit
 from txsink.core.messages import BranchMessage, SkippedMessage
 from txsink.core.metrics import EpochMetrics
 from txsink.core.publisher import BranchPublisher, server_of
+from txsink.core.retention_step import retain_after_commit
 from txsink.core.write_plan import WritePlan
 from txsink.options import INLINE, PIPELINED, SinkOptions
 
@@ -421,7 +431,7 @@ def finish_clean_up(plan: WritePlan, coord: Coordinator, epoch: int) -> None:
     """
     with publisher_for(plan.options, coord) as publisher:
         for record in coord.branches(epoch):
-            publisher.rollback(record)
+            publisher.drop_staging(record)
 
 
 def abort_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> None:

@@ -1,39 +1,30 @@
 """What a committed xid wrote, per target partition, and the sink's summary of pruned ones.
 
+One record says what one xid (or, summarized, a run of pruned xids) wrote to one
+partition of one table on one server: :class:`PartitionWrite`; the summary's
+:class:`SummaryEntry` and ``txsink verify``'s ``Contribution`` embed it.
+
 Retention (``coordinator/upkeep/retention.py``) removes finished xids; before a committed one
 goes, :func:`fold_into` adds what it wrote to the sink's summary: per (server, database,
 table, partition) the rows and the content digest since the last dynamic overwrite of
 that partition (both add up: ``server_ext.types.digest``), the epochs and decision times
 they span. Its size depends on the partitions written, not on the epochs. ``txsink
 verify`` reads the retained xids with :func:`xid_writes` and the summary with
-:func:`summary_entries`, and judges each partition on their sum.
-
-:func:`retain_after_commit` is the writers' retention step, called after their own
-``Committed`` write: a bounded pass (``Coordinator.retain``) at most every
-:func:`pass_interval` seconds per sink and process, at once again while a backlog is
-left. It never fails the commit it follows (a failed pass is logged; the next one repeats
-it). Any number of writers and operators may run it at once.
+:func:`summary_entries`, and judges each partition on their sum. The writers' trigger of
+retention is ``txsink.core.retention_step``.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from coordinator import Coordinator
 from coordinator.upkeep.retention import DecidedXid, Fold, Summary
 from server_ext.types import ContentDigest, digest_union
 from txsink.core.metrics import EpochMetrics
 from txsink.core.payload import contributions, from_record
 from txsink.core.publisher import server_of
-from txsink.options import SinkOptions
-
-log = logging.getLogger(__name__)
-
-MAX_PASS_INTERVAL = 60.0  # seconds between two writers' passes of one sink, at most
 
 
 class Unreadable(Exception):
@@ -41,7 +32,8 @@ class Unreadable(Exception):
 
 
 class PartitionWrite(NamedTuple):
-    """The rows one committed xid put into one partition of one table on one server."""
+    """The rows an xid put into one partition of one table on one server (or, in a
+    summary, the pruned xids since the partition's last overwrite, when ``overwrite``)."""
 
     server: str
     database: str
@@ -51,6 +43,20 @@ class PartitionWrite(NamedTuple):
     rows: int
     overwrite: bool
     digest: ContentDigest | None  # None: a branch sealed without one
+
+    @property
+    def key(self) -> str:
+        """Where it went, as the summary's key: JSON of (server, database, table, partition)."""
+        return json.dumps([self.server, self.database, self.table, self.partition_id])
+
+    def plus(self, later: PartitionWrite) -> PartitionWrite:
+        """This write followed by ``later`` to the same partition: replaced by an
+        overwrite, else added up (the digest None unless both have one of one scheme)."""
+        if later.overwrite:
+            return later
+        return self._replace(
+            rows=self.rows + later.rows,
+            digest=digest_union([self.digest, later.digest]) if self.digest else None)
 
 
 def xid_writes(decided: DecidedXid, default_url: str | None) -> list[PartitionWrite]:
@@ -88,18 +94,16 @@ def xid_writes(decided: DecidedXid, default_url: str | None) -> list[PartitionWr
 
 @dataclass(frozen=True)
 class SummaryEntry:
-    """One partition in a sink's summary: ``rows`` and ``digest`` of the pruned xids'
-    writes since ``first`` (an overwrite, when ``overwrite``), decided from ``first_at``
-    to ``last_at``; ``digest`` None when one of them recorded none."""
+    """One partition in a sink's summary: the pruned xids' ``write`` since epoch ``first``
+    (an overwrite, when ``write.overwrite``) up to ``last``, decided from ``first_at`` to
+    ``last_at``.
 
-    server: str
-    database: str
-    table: str
-    partition_id: str
-    value: str
-    rows: int
-    digest: ContentDigest | None
-    overwrite: bool
+    Stored in the sink's summary record: :meth:`to_json`'s form (keyed by
+    ``write.key``) is what the coordinator keeps, the same as before the write was a
+    record of its own.
+    """
+
+    write: PartitionWrite
     first: int
     last: int
     first_at: float
@@ -107,38 +111,35 @@ class SummaryEntry:
 
     @property
     def key(self) -> str:
-        return json.dumps([self.server, self.database, self.table, self.partition_id])
+        return self.write.key
 
     def to_json(self) -> dict[str, Any]:
-        return {"value": self.value, "rows": self.rows,
-                "digest": self.digest.to_json() if self.digest else None,
-                "overwrite": self.overwrite, "first": self.first, "last": self.last,
+        write = self.write
+        return {"value": write.value, "rows": write.rows,
+                "digest": write.digest.to_json() if write.digest else None,
+                "overwrite": write.overwrite, "first": self.first, "last": self.last,
                 "first_at": self.first_at, "last_at": self.last_at}
 
     @classmethod
     def from_json(cls, key: str, raw: dict[str, Any]) -> SummaryEntry:
         server, database, table, partition_id = json.loads(key)
         digest = raw.get("digest")
-        return cls(server, database, table, partition_id, raw["value"], int(raw["rows"]),
-                   ContentDigest.from_json(digest) if digest else None,
-                   bool(raw["overwrite"]), int(raw["first"]), int(raw["last"]),
-                   float(raw["first_at"]), float(raw["last_at"]))
+        write = PartitionWrite(server, database, table, partition_id, raw["value"],
+                               int(raw["rows"]), bool(raw["overwrite"]),
+                               ContentDigest.from_json(digest) if digest else None)
+        return cls(write, int(raw["first"]), int(raw["last"]), float(raw["first_at"]),
+                   float(raw["last_at"]))
+
+    @classmethod
+    def first_of(cls, write: PartitionWrite, epoch: int, at: float) -> SummaryEntry:
+        """The entry of a partition's first pruned write (or of an overwrite)."""
+        return cls(write, epoch, epoch, at, at)
 
     def plus(self, write: PartitionWrite, epoch: int, at: float) -> SummaryEntry:
         """This entry with ``write`` (decided at ``at``, after every write in it) added."""
         if write.overwrite:  # what came before is replaced
-            return _entry(write, epoch, at)
-        return SummaryEntry(
-            self.server, self.database, self.table, self.partition_id, self.value,
-            self.rows + write.rows,
-            digest_union([self.digest, write.digest]) if self.digest else None,
-            self.overwrite, self.first, epoch, self.first_at, at)
-
-
-def _entry(write: PartitionWrite, epoch: int, at: float) -> SummaryEntry:
-    return SummaryEntry(write.server, write.database, write.table, write.partition_id,
-                        write.value, write.rows, write.digest, write.overwrite, epoch, epoch,
-                        at, at)
+            return SummaryEntry.first_of(write, epoch, at)
+        return replace(self, write=self.write.plus(write), last=epoch, last_at=at)
 
 
 def summary_entries(summary: Summary) -> list[SummaryEntry]:
@@ -158,43 +159,10 @@ def fold_into(default_url: str | None) -> Fold:
         record = decided.record
         at = record.decided_at or record.updated
         for write in writes:
-            key = json.dumps([write.server, write.database, write.table, write.partition_id])
-            found = partitions.get(key)
-            entry = (SummaryEntry.from_json(key, found).plus(write, record.epoch, at)
-                     if found is not None else _entry(write, record.epoch, at))
-            partitions[key] = entry.to_json()
+            found = partitions.get(write.key)
+            entry = (SummaryEntry.from_json(write.key, found).plus(write, record.epoch, at)
+                     if found is not None else SummaryEntry.first_of(write, record.epoch, at))
+            partitions[write.key] = entry.to_json()
         return partitions
 
     return fold
-
-
-def pass_interval(retention: float) -> float:
-    """Seconds between a writer's retention passes of one sink: a twentieth of the
-    retention (the retained window then swings by at most 5%), at most
-    :data:`MAX_PASS_INTERVAL` (a pass that left a backlog is followed at once)."""
-    return min(retention / 20, MAX_PASS_INTERVAL)
-
-
-_next_pass: dict[tuple[object, ...], float] = {}  # (store, root, sink) -> monotonic time
-
-
-def retain_after_commit(options: SinkOptions, coord: Coordinator) -> None:
-    """The writers' retention step (module docstring); call after a ``Committed`` write."""
-    if not options.retention:
-        return
-    key = (options.root_identity, options.zk_root, coord.sink_id)
-    now = time.monotonic()
-    if _next_pass.get(key, 0.0) > now:
-        return
-    _next_pass[key] = now + pass_interval(options.retention)
-    try:
-        done = coord.retain(options.retention, fold_into(options.url))
-    except Exception as exc:  # noqa: BLE001 - the commit is done; the next pass repeats
-        log.warning("txsink sink=%s retention pass failed (the next one repeats it): %s",
-                    coord.sink_id, exc)
-        return
-    if done.more:
-        _next_pass[key] = now
-    if done.pruned:
-        log.info("txsink sink=%s retention removed epochs %d..%d (%d xids)", coord.sink_id,
-                 done.pruned[0], done.pruned[-1], len(done.pruned))

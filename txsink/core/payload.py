@@ -1,9 +1,9 @@
 """The commit payload: what a prepared branch records for whoever publishes it.
 
-A branch's payload is written into its ZooKeeper record at ``prepare`` and read by the
-publish of the same job, and also by a later recovery, ``txsink recover``, ``resolve``
-and ``verify``, possibly of a newer release. So it is typed, versioned and read and
-written only here (:func:`to_record` / :func:`from_record`).
+A branch's payload is written into its record in the coordinator's store at ``prepare``
+and read by the publish of the same job, and also by a later recovery, ``txsink recover``,
+``resolve`` and ``verify``, possibly of a newer release. So it is typed, versioned and
+read and written only here (:func:`to_record` / :func:`from_record`).
 
 Two kinds:
 

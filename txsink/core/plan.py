@@ -136,8 +136,8 @@ def plan_afresh(options: SinkOptions, spark_schema, overwrite: bool, *,
                       view_strategies=view_strategies(options, checked))
     check_publishable(options, checked)
     check_insert_memory(options, checked)
-    quarantined, quarantine_strategy = quarantine_plan.planned(  # created before any xid
-        options, checked.layout, overwrite=overwrite)
+    quarantined, quarantine_strategy = quarantine_plan.quarantine_table_for(
+        options, checked.layout, overwrite=overwrite)  # created before any xid
     sink_id = options.resolved_sink_id(streaming)
     covered_by_txn = None
     if options.in_transaction():

@@ -1,10 +1,12 @@
-"""Publish and roll back branches from their ZooKeeper records alone.
+"""Publish and roll back branches from their records in the coordinator's store alone.
 
 The coordinator decides; this module is the callback that turns a decision into
 ClickHouse statements. It needs nothing but the branch records (payload, strategy,
 staging name), so a restarted driver, ``txsink recover`` or another sink's recovery can
-finish a commit that a crashed process decided. Both callbacks are idempotent: the
-coordinator may call them again after any crash, and only under the xid's publish lease.
+finish a commit that a crashed process decided. Both keep the callback contract of
+``coordinator.protocol.callbacks`` and answer with its outcomes: a server error marked
+``retryable`` is ``RetryLater``, any other server error ``Failed`` (as is whatever else
+they raise), a repeat that found every partition published ``AlreadyDone``.
 """
 
 from __future__ import annotations
@@ -16,12 +18,22 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
 import server_ext
-from coordinator import BranchRecord, Coordinator, CoordinatorError
+from coordinator import (
+    AlreadyDone,
+    BranchRecord,
+    Coordinator,
+    CoordinatorError,
+    Done,
+    Failed,
+    Outcome,
+    RetryLater,
+)
 from server_ext.client import ClickHouseClient
 from server_ext.publish import (
     COMBINED,
     DEFAULT_LIMITS,
     PublishRecord,
+    PublishReport,
     SizeLimits,
     combine_key,
     publish,
@@ -83,7 +95,18 @@ class BranchPublisher:
         """Branch records the caller has just read (spares reading sources again)."""
         self._known.update(((r.epoch, r.branch_id), r) for r in records)
 
-    def publish(self, record: BranchRecord) -> None:
+    def publish(self, record: BranchRecord) -> Outcome:
+        """Publish a winner, then drop its staging in the background."""
+        try:
+            report = self._publish(record)
+        except server_ext.ClickHouseError as exc:
+            return judged(exc)
+        self._release(record)
+        if report is not None and report.already_published and not report.published:
+            return AlreadyDone(f"partitions {report.already_published} were published")
+        return Done()
+
+    def _publish(self, record: BranchRecord) -> PublishReport | None:
         payload = from_record(record.manifest)
         if payload is None:
             raise CoordinatorError(f"xid {record.xid}: winner {record.branch_id} has no payload")
@@ -93,17 +116,15 @@ class BranchPublisher:
         if isinstance(payload, CombinedBranch):
             sources = list(payload.embedded) or self.source_manifests(record, payload)
             if payload.overwrite:
-                publish_overwrite(client, sources, payload.staging, ledger,
-                                             on_step=crashpoints.hit)
-            else:
-                publish_combined(client, sources, payload.staging, strategy, ledger,
-                                 precombined=payload.precombined,
-                                 target=self.tables.get(payload.target),
-                                 on_step=crashpoints.hit, limits=self.limits)
-        elif payload.manifest.partitions:
-            publish(client, payload.manifest, strategy, ledger,
-                               on_step=crashpoints.hit)
-        self._release(record)
+                return publish_overwrite(client, sources, payload.staging, ledger,
+                                         on_step=crashpoints.hit)
+            return publish_combined(client, sources, payload.staging, strategy, ledger,
+                                    precombined=payload.precombined,
+                                    target=self.tables.get(payload.target),
+                                    on_step=crashpoints.hit, limits=self.limits)
+        if payload.manifest.partitions:
+            return publish(client, payload.manifest, strategy, ledger, on_step=crashpoints.hit)
+        return None
 
     @staticmethod
     def group(record: BranchRecord) -> tuple[str | None, str, str]:
@@ -133,7 +154,7 @@ class BranchPublisher:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(RELEASE_WORKERS,
                                                 thread_name_prefix="txsink-release")
-            self._pending.append((record, self._pool.submit(self.rollback, record)))
+            self._pending.append((record, self._pool.submit(self.drop_staging, record)))
 
     def drain(self) -> None:
         """Wait for the staging drops ``publish`` started; a failed one is logged and its
@@ -160,7 +181,15 @@ class BranchPublisher:
                                    "have no record; the record was altered")
         return [staged_manifest(source) for source in found if source is not None]
 
-    def rollback(self, record: BranchRecord) -> None:
+    def rollback(self, record: BranchRecord) -> Outcome:
+        """The rollback callback: :meth:`drop_staging`, its errors judged."""
+        try:
+            self.drop_staging(record)
+        except server_ext.ClickHouseError as exc:
+            return judged(exc)
+        return Done()
+
+    def drop_staging(self, record: BranchRecord) -> None:
         """Drop the branch's staging table (and the staging view filling it, for a
         materialized view's share); on an unreachable server, leave it.
 
@@ -177,6 +206,14 @@ class BranchPublisher:
         except server_ext.ServerUnreachable as exc:
             log.warning("xid %s: staging %s of branch %s left for txsink gc: %s",
                         record.xid, place.staging, record.branch_id, exc)
+
+
+def judged(error: server_ext.ClickHouseError) -> Outcome:
+    """A server's error as a callback outcome: ``retryable`` (repeating the statement is
+    safe and may succeed) asks for a retry; anything else is a known failure."""
+    if error.retryable:
+        return RetryLater(str(error), error)
+    return Failed(str(error), error)
 
 
 def switched_strategy(coord: Coordinator, record: BranchRecord) -> str | None:

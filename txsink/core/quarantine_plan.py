@@ -14,7 +14,7 @@ quarantine table's too), a quarantine table of another schema
 and a replicated one that cannot be created (no Keeper, no ``{shard}``/``{replica}``
 macros): each naming the shard and server.
 
-Where it runs: :func:`planned` on the driver while it plans (``txsink.core.plan``); a
+Where it runs: :func:`quarantine_table_for` on the driver while it plans (``txsink.core.plan``); a
 repeat finds the table made.
 """
 
@@ -40,8 +40,8 @@ from txsink.options import OptionError, SinkOptions
 log = logging.getLogger(__name__)
 
 
-def planned(options: SinkOptions, layout: ShardLayout, overwrite: bool
-            ) -> tuple[server_ext.TargetTable | None, Strategy | None]:
+def quarantine_table_for(options: SinkOptions, layout: ShardLayout, overwrite: bool
+                         ) -> tuple[server_ext.TargetTable | None, Strategy | None]:
     """The quarantine table (created when missing on every replica of every shard of
     ``layout``) and its publish strategy, or ``(None, None)`` with ``bad_rows=fail``.
     Runs before any xid is opened; every server is checked before any table is created.

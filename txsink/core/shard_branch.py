@@ -130,7 +130,7 @@ class ShardBranch(StagedTable):
         from its source's staging table (parents first, so every source exists)."""
         tables = {-1: staging}
         for share in self.views:
-            tables[share.node.index] = server_ext.create_staging(
+            tables[share.node.index] = server_ext.create_staging_table(
                 self.client, share.table, share.staging, mirror_engine=True)
             self.client.execute(staging_view_ddl(
                 share.node, staging_qualified(share.view),

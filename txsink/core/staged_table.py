@@ -6,7 +6,7 @@ implements :class:`StagedTable`, which is all the attempt's prepare reads of it.
 in the task attempt only, one thread each (the attempt's digests and contributions read
 them from pool threads, never change them). :func:`create_staging` is where a table that
 rows are inserted into gets its staging table and writer; creating it again finds the
-table (``server_ext.staging.create_staging`` is idempotent).
+table (``server_ext.staging.create_staging_table`` is idempotent).
 """
 
 from __future__ import annotations
@@ -62,6 +62,6 @@ def create_staging(client: Client, table: server_ext.TargetTable, staging: str,
     target's engine, with a deduplication window where the server has one: a repeated
     INSERT (same token: the table's name) after a lost answer is then dropped."""
     dedup = caps.insert_deduplication_token and caps.non_replicated_deduplication_window
-    qualified = server_ext.create_staging(client, table, staging, dedup_window=dedup,
-                                          mirror_engine=True)
+    qualified = server_ext.create_staging_table(client, table, staging, dedup_window=dedup,
+                                                mirror_engine=True)
     return Staging(client, table, qualified, caps, staging if dedup else None)

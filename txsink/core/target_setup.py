@@ -55,7 +55,7 @@ def prepare_target(options: SinkOptions, spark_schema) -> SinkOptions:
     if options.create_table != IF_MISSING and options.schema_evolution != ADD_COLUMNS:
         return options
     schema = arrow_schema(spark_schema)
-    distributed = distributed_target.planned(options, schema)  # checked before any change
+    distributed = distributed_target.checked_statement(options, schema)  # checked before any change
     servers = _servers(options)
     found = {url: _describe(options, url) for url in servers}
     missing = [url for url, table in found.items() if table is None]

@@ -34,7 +34,13 @@ from coordinator.protocol.recovery import (
     RecoveryAction,
 )
 from coordinator.sink_admin import SinkAdmin
-from server_ext.publish import PublishRecord, ledger_key, resolve_partition, strategy_problem
+from server_ext.publish import (
+    PublishRecord,
+    Strategy,
+    ledger_key,
+    resolve_partition,
+    strategy_problem,
+)
 from server_ext.sql import qualified_name
 from server_ext.staging import read_staged_partitions
 from txsink.core.metrics import EpochMetrics, GivenUpPartition
@@ -233,7 +239,7 @@ class RecoverCommands(Session):
             publish_record = PublishRecord.load(ledger, key)
             cleared = sorted(publish_record.intended) if publish_record else []
             moved: list[str] = []
-            if cleared and switch.old == "move":
+            if cleared and switch.old == Strategy.MOVE:
                 staged = read_staged_partitions(
                     self.client_for(switch.server), switch.manifest.staging_database,
                     switch.manifest.staging_table, purpose="read staging before a switch")

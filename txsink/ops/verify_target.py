@@ -1,6 +1,6 @@
 """The target check of ``txsink verify``: rows the targets hold against rows committed.
 
-The audit of the ZooKeeper history (``coordinator.upkeep.audit``) cannot see a duplicate or a
+The audit of the coordinator's history (``coordinator.upkeep.audit``) cannot see a duplicate or a
 loss that happened in ClickHouse: a publish repeated outside the protocol, a partition
 dropped by hand. This check compares, per target partition, what the server holds with
 what the committed xids put there, and says precisely when it cannot judge.
@@ -8,7 +8,7 @@ what the committed xids put there, and says precisely when it cannot judge.
 What it claims, per (table, partition id) touched by a retained decided xid of the sink:
 
 - **expected rows** = the manifest rows of every committed xid (of every sink under the
-  same ZooKeeper root) that wrote the partition, counted from the last dynamic overwrite
+  same coordinator root) that wrote the partition, counted from the last dynamic overwrite
   (``REPLACE PARTITION``: what came before is gone). Xids are ordered by decision time.
 - **held rows** = the active parts' rows of the partition on the table's server (on each
   recorded replica of a Replicated table: the same ZooKeeper path is the same table).
@@ -69,7 +69,13 @@ from coordinator.upkeep.retention import DecidedXid, Ranges
 from server_ext.client import SqlClient
 from server_ext.target_rows import TableRows, table_rows
 from server_ext.types import MODULUS, ContentDigest, digest_union
-from txsink.core.history_summary import SummaryEntry, Unreadable, summary_entries, xid_writes
+from txsink.core.history_summary import (
+    PartitionWrite,
+    SummaryEntry,
+    Unreadable,
+    summary_entries,
+    xid_writes,
+)
 from txsink.core.payload import CombinedBranch, Payload, contributions, from_record
 
 Writers = Literal["exclusive", "unknown", "shared"]
@@ -82,19 +88,13 @@ TableKey = tuple[str, str, str]  # (server URL, database, table)
 
 @dataclass(frozen=True)
 class Contribution:
-    """The rows one decided xid put into one partition of one table on one server."""
+    """What one decided xid (or a sink's summary of pruned ones) wrote to one partition:
+    the ``write``, by whom and when."""
 
     sink_id: str
     epoch: int
     decided_at: float
-    server: str
-    database: str
-    table: str
-    partition_id: str
-    value: str
-    rows: int
-    overwrite: bool
-    digest: ContentDigest | None = None  # None: a branch sealed without one
+    write: PartitionWrite
     # a summary of pruned xids (``first``..``epoch``, decided until ``last_at``); None: one xid
     first: int | None = None
     last_at: float | None = None
@@ -113,13 +113,12 @@ class Contribution:
     def of_summary(cls, sink_id: str, entry: SummaryEntry) -> Contribution:
         """The pruned xids' writes to one partition, as a sink's summary holds them: placed
         at the first of them (an overwrite, when ``overwrite``)."""
-        return cls(sink_id, entry.last, entry.first_at, entry.server, entry.database,
-                   entry.table, entry.partition_id, entry.value, entry.rows, entry.overwrite,
-                   entry.digest, entry.first, entry.last_at)
+        return cls(sink_id, entry.last, entry.first_at, entry.write, entry.first,
+                   entry.last_at)
 
     @property
     def table_key(self) -> TableKey:
-        return (self.server, self.database, self.table)
+        return (self.write.server, self.write.database, self.write.table)
 
 
 @dataclass
@@ -151,7 +150,7 @@ class _Group:
     @property
     def value(self) -> str:
         for c in self.committed + self.in_flight:
-            return c.value
+            return c.write.value
         return self.partition_id
 
     @property
@@ -181,15 +180,16 @@ def check_targets(zk: NodeStore, root: str, sinks: Iterable[str],
     scope = list(sinks)
     histories = {s: read_history(zk, root, s) for s in SinkAdmin.sinks(zk, root)}
     facts = {s: _facts(h, default_url) for s, h in histories.items()}
-    names = {(c.database, c.table) for s in scope if s in facts
+    names = {(c.write.database, c.write.table) for s in scope if s in facts
              for c in facts[s].committed + facts[s].in_flight}
     keys = {c.table_key for f in facts.values() for c in f.committed + f.in_flight
-            if (c.database, c.table) in names}
+            if (c.write.database, c.write.table) in names}
     digested: dict[tuple[str, str], set[str]] = {}  # (database, table): partitions
     for f in facts.values():
         for c in f.committed:
-            if c.digest is not None:
-                digested.setdefault((c.database, c.table), set()).add(c.partition_id)
+            if c.write.digest is not None:
+                digested.setdefault((c.write.database, c.write.table),
+                                    set()).add(c.write.partition_id)
     tables = {key: _read_table(client_for, key, digested.get(key[1:], set()))
               for key in sorted(keys)}
     for sink_id, history in histories.items():  # decided while the tables were read
@@ -261,8 +261,7 @@ def _contributions(decided: DecidedXid, default_url: str | None) -> list[Contrib
     """What each winner of ``decided`` put where, one entry per (table, partition)."""
     record = decided.record
     decided_at = record.decided_at or record.updated
-    return [Contribution(record.sink_id, record.epoch, decided_at, w.server, w.database,
-                         w.table, w.partition_id, w.value, w.rows, w.overwrite, w.digest)
+    return [Contribution(record.sink_id, record.epoch, decided_at, w)
             for w in xid_writes(decided, default_url)]
 
 
@@ -302,10 +301,10 @@ def _groups(tables: dict[TableKey, TableRows | tuple[TableKey, str]],
     for f in facts.values():
         for c in f.committed:
             if c.table_key in identity:
-                group(identity[c.table_key], c.partition_id).committed.append(c)
+                group(identity[c.table_key], c.write.partition_id).committed.append(c)
         for c in f.in_flight:
             if c.table_key in identity:
-                group(identity[c.table_key], c.partition_id).in_flight.append(c)
+                group(identity[c.table_key], c.write.partition_id).in_flight.append(c)
     return groups
 
 
@@ -400,9 +399,9 @@ def _content(g: _Group, readable: list[TableRows], relevant: list[Contribution]
     if table.digest_scheme is None:
         return None, table.digest_note or "the table was not hashed"
     held = table.digests.get(g.partition_id) or ContentDigest(0, 0, table.digest_scheme)
-    if any(c.digest is None for c in relevant):
+    if any(c.write.digest is None for c in relevant):
         return None, "an xid that wrote it recorded no content digest (an older release)"
-    expected = digest_union([ContentDigest(0, 0, held.scheme)] + [c.digest for c in relevant])
+    expected = digest_union([ContentDigest(0, 0, held.scheme)] + [c.write.digest for c in relevant])
     if expected is None or expected.scheme != held.scheme:
         return None, "the table's columns changed since an xid that wrote it was sealed"
     return _Content(held, expected), ""
@@ -431,9 +430,9 @@ def _judge(g: _Group, facts: dict[str, _SinkFacts], writers: Writers,
     held = next(iter(counts.values()))
     missing_table = not any(t.exists for t in readable)
     ordered = sorted(g.committed, key=lambda c: (c.decided_at, c.sink_id, c.epoch))
-    last_overwrite = max((i for i, c in enumerate(ordered) if c.overwrite), default=0)
+    last_overwrite = max((i for i, c in enumerate(ordered) if c.write.overwrite), default=0)
     relevant = ordered[last_overwrite:]
-    expected = sum(c.rows for c in relevant)
+    expected = sum(c.write.rows for c in relevant)
     if _summary_spans_overwrite(ordered, last_overwrite):
         return _not_judged(g, where, "a sink's summary of pruned xids spans another sink's "
                            "overwrite of the partition: which of its rows the overwrite "
@@ -494,7 +493,7 @@ def _judge(g: _Group, facts: dict[str, _SinkFacts], writers: Writers,
         return _finding("aborted_rows", g, where, held, expected, relevant,
                         f"holds {held} rows, committed xids put {expected} there{staged}",
                         content=content)
-    same = [c.xid for c in relevant if c.rows == extra]
+    same = [c.xid for c in relevant if c.write.rows == extra]
     hint = duplicate or staged or (
         f"; the {extra} extra rows equal what {', '.join(same)} put there" if same else "")
     sentence = f"holds {held} rows, committed xids put {expected} there{hint}"
@@ -515,8 +514,8 @@ def _same_rows(content: _Content | None, sign: int, relevant: list[Contribution]
     if content is None:
         return ""
     rows, total = content.difference(sign)
-    same = [c.xid for c in relevant
-            if c.digest is not None and (c.digest.rows, c.digest.sum) == (rows, total)]
+    same = [c.xid for c in relevant if c.write.digest is not None
+            and (c.write.digest.rows, c.write.digest.sum) == (rows, total)]
     return f"; {lead} {', '.join(same)} put there" if same else ""
 
 
@@ -538,7 +537,7 @@ def _unpublished_rows(content: _Content | None, g: _Group, unpublished: Unpublis
 def _summary_spans_overwrite(ordered: list[Contribution], last_overwrite: int) -> bool:
     """Whether a summary placed before the last overwrite holds writes decided after it
     (two sinks writing one partition, one of them overwriting it)."""
-    if not ordered or not ordered[last_overwrite].overwrite:
+    if not ordered or not ordered[last_overwrite].write.overwrite:
         return False
     at = ordered[last_overwrite].decided_at
     return any(c.last_at is not None and c.last_at > at for c in ordered[:last_overwrite])
@@ -547,7 +546,7 @@ def _summary_spans_overwrite(ordered: list[Contribution], last_overwrite: int) -
 def _history_covers(relevant: list[Contribution], lost: dict[str, list]) -> bool:
     """Whether the unknown xids cannot matter: they all precede an overwrite, by their own
     sink, from which ``relevant`` counts (a sink publishes its xids in epoch order)."""
-    if not relevant or not relevant[0].overwrite:
+    if not relevant or not relevant[0].write.overwrite:
         return False
     first = relevant[0]
     return set(lost) == {first.sink_id} and \
@@ -567,7 +566,7 @@ def _lower_bound_holds(ordered: list[Contribution], facts: dict[str, _SinkFacts]
 
 
 def _xids(contributions: list[Contribution]) -> dict[str, Any]:
-    listed = [{"xid": c.xid, "rows": c.rows, "overwrite": c.overwrite}
+    listed = [{"xid": c.xid, "rows": c.write.rows, "overwrite": c.write.overwrite}
               for c in contributions[:XIDS_LISTED]]
     return {"xids": listed, "more_xids": max(0, len(contributions) - XIDS_LISTED)}
 
@@ -575,7 +574,7 @@ def _xids(contributions: list[Contribution]) -> dict[str, Any]:
 def _finding(kind: str, g: _Group, where: str, held: int, expected: int,
              relevant: list[Contribution], sentence: str,
              content: _Content | None = None) -> dict[str, Any]:
-    shown = ", ".join(f"{c.xid}: {c.rows}{' (overwrite)' if c.overwrite else ''}"
+    shown = ", ".join(f"{c.xid}: {c.write.rows}{' (overwrite)' if c.write.overwrite else ''}"
                       for c in relevant[-XIDS_SHOWN:])
     if len(relevant) > XIDS_SHOWN:
         shown = f"{len(relevant) - XIDS_SHOWN} earlier xid(s), " + shown

@@ -9,7 +9,6 @@ names them. Credentials come from the options or from the environment
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import re
@@ -32,6 +31,7 @@ from server_ext.sharding import (
 )
 from server_ext.staging import DEFAULT_LIMIT as DEFAULT_PARTITION_LIMIT
 from txsink.options import bad_rows_options, distributed_options, insert_settings, table_options
+from txsink.options.sink_ids import stream_sink_id_of_checkpoint
 from txsink.options.target_name import name_problem
 
 AUTO = "auto"  # the strategy option's default: the server picks (capabilities.choose_strategy)
@@ -171,8 +171,7 @@ class SinkOptions:
         if streaming:
             if not self.checkpoint_location:
                 raise OptionError("streaming writes need sink_id or a checkpointLocation")
-            digest = hashlib.sha1(self.checkpoint_location.rstrip("/").encode()).hexdigest()
-            return f"stream-{digest[:16]}"
+            return stream_sink_id_of_checkpoint(self.checkpoint_location)
         return f"batch-{uuid.uuid4().hex[:16]}"
 
 

@@ -2,8 +2,9 @@
 
 Thin adapters from Spark's writer contract to :mod:`txsink.core.plan` (driver, before any
 task), :mod:`txsink.core.attempt` (each task attempt) and :mod:`txsink.core.driver` (commit and
-abort). Spark pickles the writer object into every task and into ``commit``; only the
-immutable :class:`~txsink.core.write_plan.WritePlan` travels with it.
+abort); each method says where Spark calls it and how often. Spark pickles the writer
+object into every task and into ``commit``; only the immutable
+:class:`~txsink.core.write_plan.WritePlan` travels with it.
 
 Needs PySpark 4.0 (batch) or 4.1 (streaming: 4.0 has no Arrow stream writer, and its
 ``streamWriter()`` refuses naming ``txsink.foreach_batch``); importing it on 3.5 fails, so
@@ -54,11 +55,15 @@ class ClickHouseTxDataSource(DataSource):
             return describe_schema(given(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """Called on the driver (Spark's planner worker) once per batch write: plans it,
+        so a bad option or schema fails before any task, and begins its xid."""
         with reason_first():
             return BatchWriter(plan_write(given(self.options), schema, overwrite,
                                           streaming=False))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """Called on the driver twice per micro-batch (for its tasks and for its commit):
+        plans it each time (a stream's plan is kept, ``txsink.core.plan``); no xid yet."""
         with reason_first():
             options = given(self.options)
             if not has_stream_arrow_writer():
@@ -86,11 +91,16 @@ class BatchWriter(DataSourceArrowWriter):
         self.plan = plan
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        """Called once per task attempt, on an executor: stages the partition's rows and
+        returns the attempt's message. A retried or speculative attempt calls it again;
+        Spark hands ``commit`` one attempt's message per partition."""
         if self.plan.epoch is None:  # covered by the sink's txn_version: write nothing
             return AttemptMessage(SkippedMessage(-1, self.plan.generation or 0))
         return AttemptMessage(write_branch(self.plan, self.plan.epoch, iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Invoked on the driver once every task succeeded: decides and publishes the
+        xid (``driver.commit_epoch``)."""
         if self.plan.epoch is None:
             driver.log_covered(self.plan.sink_id, self.plan.options.txn_version,
                                self.plan.covered_by_txn)
@@ -98,6 +108,8 @@ class BatchWriter(DataSourceArrowWriter):
         driver.commit_epoch(self.plan, self.plan.epoch, _unwrapped(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Invoked on the driver when a task failed or ``commit`` raised: rolls back the
+        undecided xid (a decided one is left to recovery)."""
         if self.plan.epoch is not None:
             driver.abort_epoch(self.plan, self.plan.epoch, _unwrapped(messages))
 
@@ -109,13 +121,19 @@ class StreamWriter(_StreamWriterBase):
         self.plan = plan
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        """Called once per task attempt of a micro-batch, on an executor; the epoch is
+        the batch id the task reads from its context. Retried attempts as in batch."""
         return AttemptMessage(write_branch(self.plan, streaming_epoch(), iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Invoked on the driver once every task of micro-batch ``batchId`` succeeded,
+        and again for a replayed micro-batch whose commit Spark did not record (its
+        committed xid is then a no-op)."""
         # publish=pipelined: the background publish lives in this commit worker, which
         # Spark reuses for the next micro-batch's commit (txsink.core.pipeline)
         driver.commit_epoch(self.plan, batchId, _unwrapped(messages),
                             publish=pipeline.worker_mode(self.plan.options))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Invoked on the driver when a task of micro-batch ``batchId`` failed."""
         driver.abort_epoch(self.plan, batchId, _unwrapped(messages))

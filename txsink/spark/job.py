@@ -14,13 +14,16 @@ rolls it back. Any exception before the commit returns aborts the xid
 (:func:`~txsink.core.driver.abort_epoch`) and is raised again. The result is collected
 once: a second action on the same plan would run the tasks again and stage again.
 
+``txsink.foreach_batch``'s function runs on the driver, on the thread Spark calls it
+from, once per micro-batch, and again for a replayed one: its xid (sink, batch id) is
+then ``Committed`` and its tasks write nothing.
+
 These forms hand the tasks the same Arrow batches as the data source's Arrow writers (the
 JVM converts the rows alike), and were measured no slower (docs/design.md, "The ways in").
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -29,11 +32,12 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 
 from txsink.core import driver
-from txsink.core.attempt import write_branch
+from txsink.core.attempt import QUERY_ID_PROPERTY, write_branch
 from txsink.core.messages import from_text, to_text
 from txsink.core.plan import plan_write
 from txsink.core.write_plan import WritePlan
 from txsink.options import TX_EPOCH, TX_GENERATION, TX_SINK_ID, OptionError, credentials_from
+from txsink.options.sink_ids import stream_sink_id_of_query
 from txsink.spark.refusal import complete_mode_refused
 
 log = logging.getLogger(__name__)
@@ -44,10 +48,6 @@ _MESSAGE_ARROW = pa.schema([pa.field("message", pa.string())])
 
 #: Options only ``txsink.transaction`` sets for its writes.
 INTERNAL_OPTIONS = (TX_SINK_ID, TX_EPOCH, TX_GENERATION)
-
-#: Spark's local property holding the running streaming query's id (kept in its checkpoint).
-QUERY_ID_PROPERTY = "sql.streaming.queryId"
-
 
 def overwrite_of(mode: str) -> bool:
     if mode not in ("append", "overwrite"):
@@ -140,12 +140,6 @@ def write(df, *, table: str, mode: str = "append", **options: object) -> None:
     run_epoch(df, plan, plan.epoch)
 
 
-def stream_sink_id(query_id: str) -> str:
-    """The sink id of a ``foreach_batch`` writer given none: from the query id, which the
-    checkpoint keeps (the same on every restart, new for a new checkpoint)."""
-    return f"stream-{hashlib.sha1(query_id.encode()).hexdigest()[:16]}"
-
-
 @dataclass(frozen=True)
 class ForeachBatch:
     """``fn(batch_df, batch_id)`` for ``writeStream.foreachBatch``: each micro-batch is
@@ -155,11 +149,11 @@ class ForeachBatch:
     options: dict[str, str]
 
     def __call__(self, batch_df, batch_id: int) -> None:
-        query_id = streaming_query_id(batch_df)
+        query_id = foreach_batch_query_id(batch_df)
         if output_mode(query_id) == "Complete":
             raise OptionError(complete_mode_refused("txsink.foreach_batch"))
         raw = dict(self.options)
-        raw.setdefault("sink_id", stream_sink_id(query_id))
+        raw.setdefault("sink_id", stream_sink_id_of_query(query_id))
         plan = plan_write(raw, batch_df.schema, False, streaming=True)
         run_epoch(batch_df, replace(plan, stream_query=query_id), int(batch_id))
 
@@ -200,9 +194,10 @@ def output_mode(query_id: str) -> str | None:
         return None
 
 
-def streaming_query_id(batch_df) -> str:
-    """The query id of the streaming query whose foreachBatch runs ``batch_df``: Spark
-    sets it as a local property of the thread that calls the function (measured on
+def foreach_batch_query_id(batch_df) -> str:
+    """On the driver, the query id of the streaming query whose foreachBatch runs
+    ``batch_df``: Spark sets it as a local property of the thread that calls the
+    function (its tasks read it with :func:`txsink.core.attempt.task_query_id`; measured on
     PySpark 3.5.9, 4.0.5, 4.1.4, 4.3.0, the same after a restart from the checkpoint)."""
     try:
         query_id = batch_df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)

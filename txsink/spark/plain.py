@@ -1,7 +1,7 @@
 """``clickhouse_plain``: the at-least-once baseline, for contrast and benchmarks.
 
 The same Arrow → ClickHouse writer as ``clickhouse_tx``, inserting straight into the
-target with no staging, no ZooKeeper and no commit protocol: what loading ClickHouse from
+target with no staging, no coordinator store and no commit protocol: what loading ClickHouse from
 Spark usually looks like. A retried task or a replayed micro-batch writes its rows again,
 and a failed job leaves the rows its finished tasks inserted. Never use it where
 exactly-once matters; it exists to measure what the transaction layer costs and to show

@@ -10,6 +10,12 @@ fails the transaction even when the caller caught its exception: the transaction
 then only abort (``TransactionFailed`` at its end, and for any later write or commit),
 never commit without that write's rows.
 
+Where it runs: in the caller's process (the driver), on the thread of the ``with`` block:
+the xid is begun once at its start, each ``tx.write`` plans there and runs one Spark job
+whose tasks are ``txsink.core.attempt``'s (one after another: a transaction is not
+shared between threads), and the block's end decides once (``driver.decide``); a commit
+repeated after that is a no-op.
+
 Options the server must honour are checked before the xid begins: ``strategy`` against
 the ``url`` server here (:func:`txsink.core.plan_checks.check_server_options`), everything that
 depends on a table by each ``tx.write`` before it stages anything. A write refused for its
@@ -34,11 +40,11 @@ from pyspark.sql import DataFrame, SparkSession
 
 from coordinator import XidRecord
 from txsink.core import driver
-from txsink.core.history_summary import retain_after_commit
 from txsink.core.metrics import EpochMetrics
 from txsink.core.payload import from_record, task_branches
 from txsink.core.plan import plan_write
 from txsink.core.plan_checks import check_server_options
+from txsink.core.retention_step import retain_after_commit
 from txsink.options import (
     TX_EPOCH,
     TX_GENERATION,
