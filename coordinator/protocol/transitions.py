@@ -120,10 +120,14 @@ class Transitions:
     def _begin_once(self, record: XidRecord | None, epoch: int, generation: int,
                     holder: tuple[str, bytes] | None) -> XidState:
         if record is None:
-            if Retention(self.store).was_pruned_committed(epoch):
-                # committed long ago, record pruned: a replay must not write it again
-                return XidState.COMMITTED
-            self._require_not_lost(epoch)
+            # every committed epoch lies at or below last_committed: above it, nothing to ask
+            last = LastCommitted(self.store).read()[0]
+            if last is not None and epoch <= last:
+                if Retention(self.store).was_pruned_committed(epoch):
+                    # committed long ago, record pruned: a replay must not write it again
+                    return XidState.COMMITTED
+                if epoch == last:
+                    raise self._lost(epoch, last)
             return self._create(epoch, generation, holder)
         if record.state is XidState.INITIALIZED:
             if record.generation > generation:
@@ -292,17 +296,14 @@ class Transitions:
     def _fenced(self, generation: int) -> Multi:
         return self.sink_generation.guard(Multi(self.store.client), generation)
 
-    def _require_not_lost(self, epoch: int) -> None:
-        """Refuse to begin the epoch ``last_committed`` names when it has no record.
+    def _lost(self, epoch: int, last: int) -> SinkTreeDamaged:
+        """The refusal to begin the epoch ``last_committed`` names when it has no record.
 
         That epoch committed, and only a streaming replay begins it again; its record
         exists (or was pruned, recorded as such). Missing, it was lost, and a new xid
         would write the micro-batch a second time. (An allocated epoch lies above it; a
         streaming query cannot go below it: ``coordinator/protocol/stream.py``.)"""
-        last = LastCommitted(self.store).read()[0]
-        if epoch != last:
-            return
-        raise SinkTreeDamaged(
+        return SinkTreeDamaged(
             f"{self.layout.xid(epoch)} is missing although the sink's last committed epoch "
             f"is {last}: the record of epoch {epoch} was lost, and whether it committed "
             "cannot be told. Nothing was written. If its rows are in the target (`txsink "
