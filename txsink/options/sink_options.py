@@ -72,7 +72,7 @@ INLINE = "inline"
 PIPELINED = "pipelined"
 PUBLISH_CHOICES = (PIPELINED, INLINE)
 #: The option ``carry_max_bytes``'s bound: one task's rows in one commit message.
-MAX_CARRY_BYTES = 256 << 20
+MAX_CARRY_BYTES = 64 << 20
 
 
 class OptionError(ValueError):
