@@ -206,14 +206,16 @@ def taken_over_said(coord: Coordinator, generation: int) -> Iterator[None]:
 
 
 def decide(coord: Coordinator, epoch: int, generation: int, winners: list[str] | None,
-           publisher: BranchPublisher, txn_version: int | None) -> XidRecord:
+           publisher: BranchPublisher, txn_version: int | None,
+           prepared: Sequence[BranchRecord] = ()) -> XidRecord:
     """Decide the xid with ``winners`` (None: those selected by ``transaction()``'s
     writes) and publish; the record of the ``Committed`` xid. The one commit of every
-    writer; ``publisher`` drains when the caller's ``with`` block ends."""
+    writer; ``publisher`` drains when the caller's ``with`` block ends. ``prepared``:
+    winner records read since the xid began (not read again)."""
     with taken_over_said(coord, generation):
         return coord.commit(epoch, generation, winners, publish=publisher.publish,
                             rollback=publisher.rollback, txn_version=txn_version,
-                            publish_group=publisher.group)
+                            publish_group=publisher.group, prepared=prepared)
 
 
 def covered_txn_version(options: SinkOptions, coord: Coordinator) -> int | None:
@@ -375,6 +377,7 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object],
         pipeline.settle(plan.options, coord, epoch,
                         lambda previous: _finish_decided(plan, coord, previous, generation))
     with ExitStack() as held, publisher_for(plan.options, coord, plan.tables) as publisher:
+        records: list[BranchRecord] = []  # the winners, read once: the decision trusts them
         with taken_over_said(coord, generation):
             if state is XidState.INITIALIZED:  # a decided xid's carried rows are not staged
                 staged = stage_carried(plan, coord, epoch, generation, carried)
@@ -392,14 +395,16 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object],
                 return
             if pipelined:
                 held.enter_context(coord.publish_lease(epoch, generation, coord.lease_wait))
-                decided = coord.decide(epoch, generation, winners, plan.options.txn_version)
+                decided = coord.decide(epoch, generation, winners, plan.options.txn_version,
+                                       prepared=records)
         if pipelined and decided.state is XidState.COMMITTING:
             lease = held.pop_all()  # from here on the background publish releases it
             pipeline.pipeline_for(plan.options, plan.sink_id).start(
                 epoch, lambda: _publish_in_background(plan, coord, epoch, generation, lease,
                                                       branch_messages, started))
             return
-        final = decide(coord, epoch, generation, winners, publisher, plan.options.txn_version)
+        final = decide(coord, epoch, generation, winners, publisher, plan.options.txn_version,
+                       records)
     after_committed(plan, coord, epoch, final, branch_messages, started, INLINE)
 
 
@@ -439,7 +444,7 @@ def record_committed(plan: WritePlan, coord: Coordinator, epoch: int, final: Xid
                       publish=publish)
     if plan.quarantine is not None:  # what status shows per epoch
         metrics = replace(metrics, quarantined=sum(m.bad_rows for m in messages))
-    coord.record_metrics(epoch, metrics.to_dict())
+    coord.record_metrics(epoch, metrics.to_dict(), known=final)
     log.info(
         "txsink sink=%s epoch=%d committed rows=%d branches=%d partitions=%d "
         "stage_ms=%.0f seal_ms=%.0f commit_ms=%.0f visibility_lag_ms=%.0f cleanup_ms=%.0f "
