@@ -44,7 +44,7 @@ import uuid
 import warnings
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -87,6 +87,7 @@ class Run:
     store: str
     records: str | None
     key: str
+    carry: int = 0  # the sink's carry_max_bytes (0: off)
 
     @property
     def proxied_url(self) -> str:
@@ -105,7 +106,8 @@ class Run:
         store = ({"coordinator": "keepermap", "records_table": self.records}
                  if self.store == "keepermap" else
                  {"zookeeper": f"127.0.0.1:{self.zookeeper.port}{self.chroot}"})
-        return {"url": self.proxied_url, "sink_id": self.sink_id(variant), **store}
+        carry = {"carry_max_bytes": str(self.carry)} if self.carry else {}
+        return {"url": self.proxied_url, "sink_id": self.sink_id(variant), **store, **carry}
 
 
 def _plain_function(table: str, options: dict[str, str]):
@@ -402,6 +404,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4, help="epochs per variant")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma-separated subset of {', '.join(VARIANTS)}")
+    parser.add_argument("--carry-max-bytes", type=int, default=0,
+                        help="the tx variants' option carry_max_bytes (0: off)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -412,7 +416,7 @@ def main() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     started, load_start = time.time(), load()
     server = server_name(args.url)
-    run = setup(args.url, args.zookeeper, args.store)
+    run = replace(setup(args.url, args.zookeeper, args.store), carry=args.carry_max_bytes)
     spark = environment.start_spark(cores=TASKS)
     spark.conf.set("spark.sql.files.openCostInBytes", str(256 << 20))  # a task per file
     import txsink
@@ -436,12 +440,14 @@ def main() -> None:
         "every message of an epoch", "bench_messages.py", started, load_start,
         server=server, clickhouse=sql(args.url, "SELECT version()").strip(), url=args.url,
         store=args.store, rows=args.rows, epochs=args.epochs, tasks=TASKS,
+        carry_max_bytes=args.carry_max_bytes,
         target_partitions=workload.DAYS, variants=variants,
         beyond_plain=beyond_plain(variants))
     print(render(result))
     import plots
 
-    log(environment.write_result(args.out / f"messages_{server}_{args.store}.json", result,
+    carried = "_carried" if args.carry_max_bytes else ""
+    log(environment.write_result(args.out / f"messages_{server}_{args.store}{carried}.json", result,
                                  plots.messages))
 
 

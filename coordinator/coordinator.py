@@ -253,7 +253,8 @@ class Coordinator:
                publish: BranchCallback, rollback: BranchCallback,
                metrics: dict[str, Any] | None = None,
                txn_version: int | None = None,
-               publish_group: PublishGroup | None = None) -> XidRecord:
+               publish_group: PublishGroup | None = None,
+               prepared: Iterable[BranchRecord] = ()) -> XidRecord:
         """Decide ``Committing`` with ``winners`` (None: the selected branches), publish
         them, roll back every other branch, mark ``Committed``; returns the record.
 
@@ -266,10 +267,11 @@ class Coordinator:
         :class:`XidAborted`; a winner that is not ``Prepared`` raises before deciding.
         A publish that keeps failing raises :class:`PublishFailed` with the xid left
         ``Committing``. ``txn_version`` is recorded with the decision and becomes the
-        sink's :meth:`txn_version` with the ``Committed`` write.
+        sink's :meth:`txn_version` with the ``Committed`` write. ``prepared``: winner
+        records the caller read since the xid began, not read again.
         """
         record, decided_now, known = self._steps.decide_commit(epoch, generation, winners,
-                                                               txn_version)
+                                                               txn_version, prepared)
         if record.state is XidState.COMMITTED:
             return record
         if decided_now:
@@ -280,14 +282,15 @@ class Coordinator:
                                                            publish_group))
 
     def decide(self, epoch: int, generation: int, winners: list[str] | None,
-               txn_version: int | None = None) -> XidRecord:
+               txn_version: int | None = None,
+               prepared: Iterable[BranchRecord] = ()) -> XidRecord:
         """Decide ``Committing`` with ``winners`` and return, leaving the publish to a
         later :meth:`commit` of the same xid (which finishes the recorded decision), or
         to recovery. A pipelined writer holds the xid's :meth:`publish_lease` across both,
         so that nobody else starts its publish meanwhile. On a decided xid nothing is
         written; ``Aborted`` raises :class:`XidAborted`."""
         record, decided_now, _ = self._steps.decide_commit(epoch, generation, winners,
-                                                           txn_version)
+                                                           txn_version, prepared)
         if decided_now:
             self._step(steps.COMMIT_AFTER_DECISION)
         return record
@@ -454,9 +457,11 @@ class Coordinator:
             del self._leases[epoch]
             lease.release()
 
-    def record_metrics(self, epoch: int, metrics: dict[str, Any]) -> None:
-        """Merge ``metrics`` into the xid's record (any state), for operators."""
-        self._steps.record_metrics(epoch, metrics)
+    def record_metrics(self, epoch: int, metrics: dict[str, Any],
+                       known: XidRecord | None = None) -> None:
+        """Merge ``metrics`` into the xid's record (any state), for operators; ``known``:
+        the record as the caller last saw it (e.g. :meth:`commit`'s), tried first."""
+        self._steps.record_metrics(epoch, metrics, known)
 
     # -- internals -------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -94,13 +94,17 @@ class Transitions:
                   lambda cached: self._select_once(epoch, generation, branch_ids, cached))
 
     def decide_commit(self, epoch: int, generation: int, winners: list[str] | None,
-                      txn_version: int | None = None
+                      txn_version: int | None = None,
+                      prepared: Iterable[BranchRecord] = ()
                       ) -> tuple[XidRecord, bool, dict[str, BranchRecord]]:
         """Write ``Committing`` with the winners (and the job's ``txn_version``). Returns
         (record, decided by this call, winner records read while validating). A decided
-        xid is returned as it is."""
+        xid is returned as it is. ``prepared``: winner records the caller read in this
+        attempt, not read again (a winner leaves ``Prepared`` only with a change of the
+        xid record, which the decision's compare-and-set refuses)."""
+        given = {b.branch_id: b for b in prepared}
         return self._run(epoch, generation, lambda cached: self._commit_once(
-            epoch, generation, winners, txn_version, cached))
+            epoch, generation, winners, txn_version, cached, given))
 
     def decide_abort(self, epoch: int, generation: int, older_than: int | None = None,
                      judged_version: int | None = None) -> tuple[XidRecord, bool]:
@@ -111,19 +115,27 @@ class Transitions:
         return self._run(epoch, generation, lambda cached: self._abort_once(
             epoch, generation, older_than, judged_version, cached))
 
-    def record_metrics(self, epoch: int, metrics: dict[str, Any]) -> None:
+    def record_metrics(self, epoch: int, metrics: dict[str, Any],
+                       known: XidRecord | None = None) -> None:
+        """``known``: the xid's record as the caller last wrote it, tried first (a
+        conflict reads it again)."""
         normalized = json.loads(json.dumps(metrics))
-        self._run(epoch, NO_FENCE, lambda cached: self._metrics_once(epoch, normalized, cached))
+        self._run(epoch, NO_FENCE, lambda cached: self._metrics_once(
+            epoch, normalized, known if cached else None))
 
     # -- one try of each step (raise MultiFailed to be re-run from a fresh read) --------
 
     def _begin_once(self, record: XidRecord | None, epoch: int, generation: int,
                     holder: tuple[str, bytes] | None) -> XidState:
         if record is None:
-            if Retention(self.store).was_pruned_committed(epoch):
-                # committed long ago, record pruned: a replay must not write it again
-                return XidState.COMMITTED
-            self._require_not_lost(epoch)
+            # every committed epoch lies at or below last_committed: above it, nothing to ask
+            last = LastCommitted(self.store).read()[0]
+            if last is not None and epoch <= last:
+                if Retention(self.store).was_pruned_committed(epoch):
+                    # committed long ago, record pruned: a replay must not write it again
+                    return XidState.COMMITTED
+                if epoch == last:
+                    raise self._lost(epoch, last)
             return self._create(epoch, generation, holder)
         if record.state is XidState.INITIALIZED:
             if record.generation > generation:
@@ -210,7 +222,8 @@ class Transitions:
                 "select", selected=(*record.selected, *new), updated=time.time()))
 
     def _commit_once(self, epoch: int, generation: int, winners: list[str] | None,
-                     txn_version: int | None, cached: bool
+                     txn_version: int | None, cached: bool,
+                     given: dict[str, BranchRecord] | None = None
                      ) -> tuple[XidRecord, bool, dict[str, BranchRecord]]:
         record = self._require(epoch, cached)
         if record.state in (XidState.COMMITTING, XidState.COMMITTED):
@@ -218,7 +231,7 @@ class Transitions:
         _require_undecided(record)
         chosen = list(dict.fromkeys(record.selected if winners is None else winners))
         try:
-            known = self._require_prepared(record, chosen)
+            known = self._require_prepared(record, chosen, given if cached else None)
         except WinnerNotPrepared as exc:
             # A winner leaves Prepared only once the xid is decided or re-attempted: a
             # rival rolled it back after ``record`` was read. Finish (or refuse) from the
@@ -247,8 +260,9 @@ class Transitions:
         return self._write(record, generation, record.moved_to(
             XidState.ABORTING, generation, decided_at=time.time())), True
 
-    def _metrics_once(self, epoch: int, metrics: dict[str, Any], cached: bool) -> None:
-        record = self._require(epoch, cached)
+    def _metrics_once(self, epoch: int, metrics: dict[str, Any],
+                      known: XidRecord | None) -> None:
+        record = known or self._require(epoch, cached=False)
         merged = record.changed("metrics", metrics={**record.metrics, **metrics})
         multi = Multi(self.store.client)
         multi.set_data(self.layout.xid(epoch), merged.to_bytes(), record.version, label="xid")
@@ -292,17 +306,14 @@ class Transitions:
     def _fenced(self, generation: int) -> Multi:
         return self.sink_generation.guard(Multi(self.store.client), generation)
 
-    def _require_not_lost(self, epoch: int) -> None:
-        """Refuse to begin the epoch ``last_committed`` names when it has no record.
+    def _lost(self, epoch: int, last: int) -> SinkTreeDamaged:
+        """The refusal to begin the epoch ``last_committed`` names when it has no record.
 
         That epoch committed, and only a streaming replay begins it again; its record
         exists (or was pruned, recorded as such). Missing, it was lost, and a new xid
         would write the micro-batch a second time. (An allocated epoch lies above it; a
         streaming query cannot go below it: ``coordinator/protocol/stream.py``.)"""
-        last = LastCommitted(self.store).read()[0]
-        if epoch != last:
-            return
-        raise SinkTreeDamaged(
+        return SinkTreeDamaged(
             f"{self.layout.xid(epoch)} is missing although the sink's last committed epoch "
             f"is {last}: the record of epoch {epoch} was lost, and whether it committed "
             "cannot be told. Nothing was written. If its rows are in the target (`txsink "
@@ -339,10 +350,14 @@ class Transitions:
         self._remember(written)
         return written
 
-    def _require_prepared(self, record: XidRecord, branch_ids: list[str]
+    def _require_prepared(self, record: XidRecord, branch_ids: list[str],
+                          given: dict[str, BranchRecord] | None = None
                           ) -> dict[str, BranchRecord]:
-        """Read the would-be winners; each must be ``Prepared`` in the current attempt."""
-        found = self.store.read_branches(record.epoch, branch_ids)
+        """Read the would-be winners (those not ``given``); each must be ``Prepared`` in
+        the current attempt."""
+        given = {b: given[b] for b in branch_ids if b in given} if given else {}
+        missing = [b for b in branch_ids if b not in given]
+        found = {**given, **(self.store.read_branches(record.epoch, missing) if missing else {})}
         for branch_id in branch_ids:
             branch = found.get(branch_id)
             if branch is None:

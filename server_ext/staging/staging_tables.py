@@ -36,11 +36,12 @@ Contract:
   refused (``UnsupportedTarget``): their parts have another format version.
 - Merges in a staging table never run: publish relies on the part names recorded at seal
   time, and a merge would also break the Replicated target's deduplication of a repeated
-  ATTACH. ``SYSTEM STOP MERGES`` alone is not enough, because the server forgets it on
-  restart (measured on 18.16: a stopped table merged its 6 parts within 1 s of a restart).
-  So the table is created with ``max_bytes_to_merge_at_{max,min}_space_in_pool = 1``: no
-  part is that small, so the merge selector never picks one, and the setting is stored in
-  the table's metadata (measured: 6 parts stayed unmerged across a restart).
+  ATTACH. The table is created with ``max_bytes_to_merge_at_{max,min}_space_in_pool = 1``:
+  no part is that small, so the merge selector never picks one, and the setting is stored
+  in the table's metadata (measured: 6 parts stayed unmerged across a restart, where a
+  ``SYSTEM STOP MERGES`` is forgotten: a stopped table merged its 6 parts within 1 s of a
+  restart on 18.16). So no ``SYSTEM STOP MERGES`` is sent; a target's settings that force
+  merges by age (``min_age_to_force_merge_*``) are not copied.
   Without merges every insert adds a part, so the part-count limits are raised as well.
 - ``rollback`` drops the staging table and is idempotent. It is for branches that will
   never be published (losers, aborted xids) and for winners once publish has finished;
@@ -87,6 +88,9 @@ STAGING_SETTINGS: dict[str, str] = {
     "parts_to_delay_insert": "100000",
     "parts_to_throw_insert": "100000",
 }
+
+#: Target settings that merge parts by their age whatever their size: not copied to staging.
+FORCED_MERGES = "min_age_to_force_merge"
 
 #: The root identity of a sink with default options (``zk_root=/txsink``, no chroot).
 DEFAULT_ROOT = "/txsink"
@@ -195,7 +199,7 @@ def create_staging_table(client: SqlClient, target: TargetTable, table_name: str
     otherwise plain ``MergeTree`` (tables filled from other staging tables, whose rows
     must stay exactly as staged).
 
-    Idempotent: a repeat finds the table and only stops its merges again. The staging
+    Idempotent: a repeat finds the table. The staging
     database is created once per server and process (every task of an epoch would ask
     again); if it vanished since, the table's creation says so and it is made again.
     """
@@ -212,8 +216,6 @@ def create_staging_table(client: SqlClient, target: TargetTable, table_name: str
         _create_database(client, server)
         client.execute(staging_ddl(target, staging, dedup_window, merges, mirror_engine),
                        purpose="create staging table", settings=ddl_settings(client, target))
-    if not merges and target.engine != "Null":
-        client.execute(f"SYSTEM STOP MERGES {staging}", purpose="stop merges in staging table")
     return staging
 
 
@@ -260,8 +262,9 @@ def staging_ddl(target: TargetTable, staging: str, dedup_window: bool = False,
         clauses.append(ttl)
     own = STAGING_SETTINGS if not merges else {
         name: value for name, value in STAGING_SETTINGS.items() if "merge" not in name}
-    settings = {"index_granularity": str(target.index_granularity),
-                **table_settings(target.engine_full), **own,
+    copied = {name: value for name, value in table_settings(target.engine_full).items()
+              if merges or not name.startswith(FORCED_MERGES)}
+    settings = {"index_granularity": str(target.index_granularity), **copied, **own,
                 **({"max_number_of_merges_with_ttl_in_pool": "0"} if ttl else {}),
                 **({"non_replicated_deduplication_window": str(DEDUP_WINDOW)}
                    if dedup_window else {})}

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 
 from server_ext.client.http_client import ClickHouseClient
-from server_ext.errors import ClickHouseError
 from server_ext.staging.staging_tables import (
     STAGING_DATABASE,
     StagingName,
@@ -151,15 +151,24 @@ def test_target_in_deprecated_merge_tree_syntax_is_refused(
 # -- merges ----------------------------------------------------------------------------------
 
 
-def test_staging_refuses_to_merge_while_merges_are_stopped(
-        client: ClickHouseClient, clickhouse_url: str, ch_db: str, staging_name: str) -> None:
-    run_sql(clickhouse_url, f"CREATE TABLE `{ch_db}`.t (k UInt64) ENGINE = MergeTree() "
-                            "ORDER BY k")
-    staging = create_staging_table(client, describe_table(client, f"{ch_db}.t"), staging_name)
-    for i in range(3):
-        run_sql(clickhouse_url, f"INSERT INTO {staging} VALUES ({i})")
-    with pytest.raises(ClickHouseError, match="Cancelled merging parts"):
-        client.execute(f"OPTIMIZE TABLE {staging} FINAL", purpose="test", retry=False)
+def test_staging_does_not_copy_a_target_setting_that_forces_merges_by_age(
+        modern_clickhouse_url: str) -> None:
+    """The table settings alone keep staging's parts unmerged (no ``SYSTEM STOP MERGES``
+    is sent), so a target's ``min_age_to_force_merge_seconds`` (a modern server's) must not
+    reach it."""
+    client = ClickHouseClient(modern_clickhouse_url)
+    db = f"t_{uuid.uuid4().hex[:10]}"
+    run_sql(modern_clickhouse_url, f"CREATE DATABASE `{db}`")
+    try:
+        run_sql(modern_clickhouse_url, f"CREATE TABLE `{db}`.t (k UInt64) ENGINE = MergeTree() "
+                                       "ORDER BY k SETTINGS min_age_to_force_merge_seconds = 1")
+        staging = create_staging_table(client, describe_table(client, f"{db}.t"),
+                                 f"test_forced_{uuid.uuid4().hex[:8]}")
+        shown = run_sql(modern_clickhouse_url, f"SHOW CREATE TABLE {staging}")
+        run_sql(modern_clickhouse_url, f"DROP TABLE {staging}")
+    finally:
+        run_sql(modern_clickhouse_url, f"DROP DATABASE `{db}`")
+    assert "min_age_to_force_merge" not in shown and "max_bytes_to_merge_at" in shown
 
 
 def test_staging_parts_stay_unmerged_when_the_server_forgets_stop_merges(

@@ -63,8 +63,8 @@ from server_ext.staging import (
     PartitionCounter,
 )
 from server_ext.types import ContentDigest
-from txsink.core import combine, connections, crashpoints, payload
-from txsink.core.messages import BranchMessage, SkippedMessage
+from txsink.core import carried_rows, combine, connections, crashpoints, payload
+from txsink.core.messages import BranchMessage, CarriedMessage, SkippedMessage
 from txsink.core.payload import BranchOwner
 from txsink.core.shard_branch import ShardBranch, new_branch_id, pick_replica
 from txsink.core.staged_table import StagedTable
@@ -128,11 +128,13 @@ SealedTable = tuple[ShardBranch, StagedTable, server_ext.Manifest, int]
 class _Attempt:
     """This task attempt's branches, opened lazily per shard that gets rows."""
 
-    def __init__(self, plan: WritePlan, epoch: int, generation: int) -> None:
+    def __init__(self, plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
+                 contributes: bool = True) -> None:
         self.plan = plan
         self.epoch = epoch
         self.generation = generation
-        self.coord = connections.coordinator(plan.options, plan.sink_id)
+        self.coord = coord
+        self.contributes = contributes
         self.partition, self.attempt, self.owner = _task_identity()
         self.branches: dict[int, ShardBranch] = {}
         self.router: ShardRouter | None = None
@@ -291,7 +293,7 @@ class _Attempt:
                    table: server_ext.TargetTable) -> str:
         """A sealed staging table's share of the pre-combined table of ``table``
         (:func:`txsink.core.combine.contribute`)."""
-        if branch.writer is None:
+        if branch.writer is None or not self.contributes:
             return ""
         return combine.contribute(self.plan, self.coord, self.epoch, self.generation,
                                   branch.server, branch.client, manifest, table)
@@ -299,17 +301,24 @@ class _Attempt:
 
 def write_branch(
     plan: WritePlan, epoch: int, batches: Iterator[pa.RecordBatch]
-) -> BranchMessage | SkippedMessage:
+) -> BranchMessage | SkippedMessage | CarriedMessage:
     """Stage this task attempt's rows (one branch per shard), seal them and record every
-    branch as Prepared."""
+    branch as Prepared; or, few enough, carry them in the message (``carried_rows``)."""
+    partition, _, owner = _task_identity()
+    if plan.options.carry_max_bytes:
+        stream = (("", "") if plan.generation is not None else
+                  (plan.stream_query or task_query_id(), run_of(owner)))
+        carried = carried_rows.carry(plan, epoch, batches, partition, stream)
+        if isinstance(carried, CarriedMessage):
+            return carried
+        batches = carried
     coord = connections.coordinator(plan.options, plan.sink_id)
     generation = plan.generation
     if generation is None:  # streaming: the first task of a run fences older runs
-        _, _, owner = _task_identity()
         # Before anything is claimed, begun or staged: the sink's epochs must be this
         # query's micro-batches (StreamStateMismatch otherwise; coordinator/protocol/stream.py).
         coord.own_stream(plan.stream_query or task_query_id(), epoch)
-        generation = coord.claim(str(owner.get("run_id") or owner["host"]))
+        generation = coord.claim(run_of(owner))
     try:
         return _write_branch(plan, coord, epoch, generation, batches)
     except Exception as exc:
@@ -343,6 +352,11 @@ def _rolled_back(plan: WritePlan, coord: Coordinator, epoch: int, exc: Exception
                       f"{type(exc).__name__}: {exc}")
 
 
+def run_of(owner: dict[str, object]) -> str:
+    """The streaming run a task attempt belongs to (what :meth:`Coordinator.claim` takes)."""
+    return str(owner.get("run_id") or owner["host"])
+
+
 def _write_branch(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
                   batches: Iterator[pa.RecordBatch]) -> BranchMessage | SkippedMessage:
     state = coord.begin(epoch, generation)
@@ -351,9 +365,17 @@ def _write_branch(plan: WritePlan, coord: Coordinator, epoch: int, generation: i
         return SkippedMessage(epoch, generation)
     if state != XidState.INITIALIZED:
         raise XidNotWritable(f"xid {plan.sink_id}/{epoch} is {state.value}; not writable")
+    return stage_attempt(plan, coord, epoch, generation, batches)
 
+
+def stage_attempt(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
+                  batches: Iterator[pa.RecordBatch], contributes: bool = True
+                  ) -> BranchMessage:
+    """Stage, seal and prepare ``batches`` as one attempt of the ``Initialized`` xid: a
+    task's, or the driver's of the epoch's carried rows (which contribute to no
+    pre-combined table: they are one branch per shard already)."""
     started = time.time()
-    attempt = _Attempt(plan, epoch, generation)
+    attempt = _Attempt(plan, coord, epoch, generation, contributes)
     try:
         if len(plan.shard_layout.shards) == 1:
             attempt.open(0)  # at once: an attempt that starts after the decision fails here

@@ -47,8 +47,16 @@ from coordinator import (
 from server_ext.sharding import ShardingError
 from server_ext.sql import qualified_name
 from server_ext.staging import check_partition_bound
-from txsink.core import combine, connections, payload, pipeline, quarantine_share
-from txsink.core.messages import BranchMessage, SkippedMessage
+from txsink.core import (
+    attempt,
+    carried_rows,
+    combine,
+    connections,
+    payload,
+    pipeline,
+    quarantine_share,
+)
+from txsink.core.messages import BranchMessage, CarriedMessage, SkippedMessage
 from txsink.core.metrics import EpochMetrics
 from txsink.core.publisher import BranchPublisher, server_of
 from txsink.core.retention_step import retain_after_commit
@@ -208,14 +216,16 @@ def taken_over_said(coord: Coordinator, generation: int) -> Iterator[None]:
 
 
 def decide(coord: Coordinator, epoch: int, generation: int, winners: list[str] | None,
-           publisher: BranchPublisher, txn_version: int | None) -> XidRecord:
+           publisher: BranchPublisher, txn_version: int | None,
+           prepared: Sequence[BranchRecord] = ()) -> XidRecord:
     """Decide the xid with ``winners`` (None: those selected by ``transaction()``'s
     writes) and publish; the record of the ``Committed`` xid. The one commit of every
-    writer; ``publisher`` drains when the caller's ``with`` block ends."""
+    writer; ``publisher`` drains when the caller's ``with`` block ends. ``prepared``:
+    winner records read since the xid began (not read again)."""
     with taken_over_said(coord, generation):
         return coord.commit(epoch, generation, winners, publish=publisher.publish,
                             rollback=publisher.rollback, txn_version=txn_version,
-                            publish_group=publisher.group)
+                            publish_group=publisher.group, prepared=prepared)
 
 
 def covered_txn_version(options: SinkOptions, coord: Coordinator) -> int | None:
@@ -234,16 +244,42 @@ def log_covered(sink_id: str, txn_version: int | None, covered_by: int | None) -
                 "%s): nothing written", sink_id, txn_version, covered_by)
 
 
-def generation_of(plan: WritePlan, coord: Coordinator, messages: Sequence[object]) -> int:
+def generation_of(plan: WritePlan, coord: Coordinator, messages: Sequence[object],
+                  claimed_here: int | None = None) -> int:
     """The generation an epoch's decision is made under.
 
-    Batch: the one the driver fenced with. Streaming: the one the run's tasks claimed
-    (a newer run has fenced it if it differs from the sink's current generation).
+    Batch: the one the driver fenced with. Streaming: the one the run's tasks claimed,
+    or the driver for those that carried their rows (``claimed_here``); a newer run has
+    fenced it if it differs from the sink's current generation.
     """
     if plan.generation is not None:
         return plan.generation
     claimed = [m.generation for m in messages if isinstance(m, BranchMessage | SkippedMessage)]
+    claimed += [claimed_here] if claimed_here is not None else []
     return max(claimed) if claimed else coord.generation()
+
+
+def claim_for_carried(plan: WritePlan, coord: Coordinator, epoch: int,
+                      carried: Sequence[CarriedMessage]) -> int | None:
+    """Streaming: what the tasks that carried their rows did not do (they said nothing to
+    the coordinator), done once for them before the xid is begun: the check that the
+    sink's epochs are this query's, and the run's claim. Its generation, or None (batch,
+    or no carried message)."""
+    if plan.generation is not None or not carried:
+        return None
+    coord.own_stream(plan.stream_query or carried[0].query_id, epoch)
+    return coord.claim(carried[0].run_id)
+
+
+def stage_carried(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
+                  carried: Sequence[CarriedMessage]) -> BranchMessage | None:
+    """The epoch's carried rows staged and prepared as the driver's own attempt (None: no
+    row was carried), before the decision; its message counts from the tasks' start."""
+    if not any(m.rows for m in carried):
+        return None
+    staged = attempt.stage_attempt(plan, coord, epoch, generation,
+                                   carried_rows.carried_batches(carried), contributes=False)
+    return replace(staged, started_at=min(m.started_at for m in carried))
 
 
 
@@ -337,18 +373,25 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object],
     coord = connections.coordinator(plan.options, plan.sink_id,
                                     role=pipeline.role() if pipelined else "driver")
     branch_messages = [m for m in messages if isinstance(m, BranchMessage)]
-    if coord.is_committed(epoch):
+    carried = [m for m in messages if isinstance(m, CarriedMessage)]
+    started = time.time()
+    generation = generation_of(plan, coord, messages,
+                               claim_for_carried(plan, coord, epoch, carried))
+    with taken_over_said(coord, generation):
+        state = coord.begin(epoch, generation)  # a micro-batch with no task still gets its xid
+    if state is XidState.COMMITTED:  # a replay (also of an epoch whose record was pruned)
         log.info("txsink sink=%s epoch=%d already committed; nothing to do", plan.sink_id, epoch)
         finish_clean_up(plan, coord, epoch)
         return
-    started = time.time()
-    generation = generation_of(plan, coord, messages)
     if pipelined:  # N+1's decision waits until N is Committed
         pipeline.settle(plan.options, coord, epoch,
                         lambda previous: _finish_decided(plan, coord, previous, generation))
     with ExitStack() as held, publisher_for(plan.options, coord, plan.tables) as publisher:
+        records: list[BranchRecord] = []  # the winners, read once: the decision trusts them
         with taken_over_said(coord, generation):
-            coord.begin(epoch, generation)  # a micro-batch with no task still gets its xid
+            if state is XidState.INITIALIZED:  # a decided xid's carried rows are not staged
+                staged = stage_carried(plan, coord, epoch, generation, carried)
+                branch_messages += [staged] if staged is not None else []
             winners = [b for m in branch_messages for b in m.branch_ids]
             if winners:
                 quarantine_share.check_bound(plan.options, branch_messages)  # nothing visible yet
@@ -362,14 +405,16 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object],
                 return
             if pipelined:
                 held.enter_context(coord.publish_lease(epoch, generation, coord.lease_wait))
-                decided = coord.decide(epoch, generation, winners, plan.options.txn_version)
+                decided = coord.decide(epoch, generation, winners, plan.options.txn_version,
+                                       prepared=records)
         if pipelined and decided.state is XidState.COMMITTING:
             lease = held.pop_all()  # from here on the background publish releases it
             pipeline.pipeline_for(plan.options, plan.sink_id).start(
                 epoch, lambda: _publish_in_background(plan, coord, epoch, generation, lease,
                                                       branch_messages, started))
             return
-        final = decide(coord, epoch, generation, winners, publisher, plan.options.txn_version)
+        final = decide(coord, epoch, generation, winners, publisher, plan.options.txn_version,
+                       records)
     after_committed(plan, coord, epoch, final, branch_messages, started, INLINE)
 
 
@@ -409,7 +454,7 @@ def record_committed(plan: WritePlan, coord: Coordinator, epoch: int, final: Xid
                       publish=publish)
     if plan.quarantine is not None:  # what status shows per epoch
         metrics = replace(metrics, quarantined=sum(m.bad_rows for m in messages))
-    coord.record_metrics(epoch, metrics.to_dict())
+    coord.record_metrics(epoch, metrics.to_dict(), known=final)
     log.info(
         "txsink sink=%s epoch=%d committed rows=%d branches=%d partitions=%d "
         "stage_ms=%.0f seal_ms=%.0f commit_ms=%.0f visibility_lag_ms=%.0f cleanup_ms=%.0f "

@@ -10,6 +10,7 @@ kind is refused by name, never guessed at.
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import asdict, dataclass, fields
 
@@ -39,8 +40,23 @@ class SkippedMessage:
     generation: int
 
 
+@dataclass(frozen=True)
+class CarriedMessage:
+    """A task attempt's rows themselves, few enough to ride its message
+    (``txsink.core.carried_rows``): nothing of them is staged or recorded yet. ``arrow``:
+    one Arrow IPC stream of the task's batches (b"" for none); ``query_id`` and ``run_id``:
+    the streaming query and run the task belongs to ("" outside a stream)."""
+
+    epoch: int
+    rows: int
+    arrow: bytes
+    started_at: float
+    query_id: str = ""
+    run_id: str = ""
+
+
 #: What an attempt returns to the driver.
-TaskMessage = BranchMessage | SkippedMessage
+TaskMessage = BranchMessage | SkippedMessage | CarriedMessage
 
 
 #: The format :func:`to_text` writes.
@@ -51,14 +67,17 @@ class UnknownMessage(ValueError):
     """A task's message this release cannot read."""
 
 
-_KINDS: dict[str, type[BranchMessage] | type[SkippedMessage]] = {
-    "branch": BranchMessage, "skipped": SkippedMessage}
+_KINDS: dict[str, type[BranchMessage] | type[SkippedMessage] | type[CarriedMessage]] = {
+    "branch": BranchMessage, "skipped": SkippedMessage, "carried": CarriedMessage}
 
 
 def to_text(message: TaskMessage) -> str:
     """One task message as the text a ``mapInArrow`` task returns."""
     kind = next(k for k, cls in _KINDS.items() if isinstance(message, cls))
-    return json.dumps({"format": FORMAT, "kind": kind, **asdict(message)})
+    values = asdict(message)
+    if isinstance(message, CarriedMessage):
+        values["arrow"] = base64.b64encode(message.arrow).decode("ascii")
+    return json.dumps({"format": FORMAT, "kind": kind, **values})
 
 
 def from_text(text: str) -> TaskMessage:
@@ -75,4 +94,6 @@ def from_text(text: str) -> TaskMessage:
     values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
     if "branch_ids" in values:
         values["branch_ids"] = tuple(values["branch_ids"])
+    if cls is CarriedMessage:
+        values["arrow"] = base64.b64decode(values["arrow"])
     return cls(**values)

@@ -71,6 +71,8 @@ STORE_OPTIONS = {ZOOKEEPER: ("zookeeper", "zookeeper_auth", "zookeeper_ca_file")
 INLINE = "inline"
 PIPELINED = "pipelined"
 PUBLISH_CHOICES = (PIPELINED, INLINE)
+#: The option ``carry_max_bytes``'s bound: one task's rows in one commit message.
+MAX_CARRY_BYTES = 64 << 20
 
 
 class OptionError(ValueError):
@@ -130,6 +132,9 @@ class SinkOptions:
     # streaming: an epoch's publish after its decision (inline) or in the background
     # while the next micro-batch runs (pipelined, txsink/core/pipeline.py)
     publish: str = "inline"  # one of PUBLISH_CHOICES
+    #: a task whose rows take at most this many Arrow bytes carries them to the driver in
+    #: its commit message instead of staging them (``txsink.core.carried_rows``); 0: never
+    carry_max_bytes: int = 0
     tx_epoch: int | None = None
     tx_generation: int | None = None
 
@@ -204,7 +209,8 @@ PUBLIC_OPTIONS = (
     "recover_on_start", "shards",
     "sharding_key", "replica_choice", "txn_version", "compression", "ca_file",
     "zookeeper_ca_file", "materialized_views", "max_partitions_per_job", "retention",
-    "coordinator", "records_url", "records_table", "publish", *table_options.OPTION_NAMES,
+    "coordinator", "records_url", "records_table", "publish", "carry_max_bytes",
+    *table_options.OPTION_NAMES,
     *distributed_options.OPTION_NAMES, *bad_rows_options.OPTION_NAMES,
 )
 
@@ -363,6 +369,7 @@ def parse_options(
         ("tx_generation", int, 0, 2**31 - 1), ("txn_version", int, 0, 2**63 - 1),
         ("max_partitions_per_job", int, 0, 2**31 - 1),
         ("retention", float, 0.0, MAX_RETENTION),
+        ("carry_max_bytes", int, 0, MAX_CARRY_BYTES),
     ):
         if name in values:
             values[name] = _number(name, str(values[name]), kind, minimum, maximum)
