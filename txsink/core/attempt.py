@@ -167,7 +167,7 @@ class _Attempt:
     def count_partitions(self, table: server_ext.TargetTable) -> PartitionCounter:
         """The counter of this attempt's partitions against the write's bound."""
         return PartitionCounter(table, send_columns(table, self.plan.columns),
-                                self.plan.options.max_partitions_per_job,
+                                self.plan.options.publish.max_partitions_per_job,
                                 option="max_partitions_per_job")
 
     def refused(self, exc: ClickHouseError) -> PartitionLimitExceeded | None:
@@ -180,7 +180,7 @@ class _Attempt:
         """Register the branch in ZooKeeper before its staging table exists."""
         shard = self.plan.shard_layout.shards[index]
         server = pick_replica(shard, self.partition, self.attempt,
-                              self.plan.options.replica_choice, self.plan.overwrite)
+                              self.plan.options.distributed.replica_choice, self.plan.overwrite)
         branch = ShardBranch(self.plan, self.epoch,
                               new_branch_id(self.partition, self.attempt, index), server)
         owner = BranchOwner(branch.staging, server, shard=index, task=self.owner)

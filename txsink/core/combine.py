@@ -65,8 +65,8 @@ def contribute(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
     branch_id = precombined_branch_id(generation, server, f"{table.database}.{table.name}",
                                       plan.write_id)
     name = server_ext.staging_table_name(plan.sink_id, epoch, branch_id,
-                                         root=options.root_identity)
-    key = (options.root_identity, plan.sink_id, epoch, branch_id)
+                                         root=options.store.root_identity)
+    key = (options.store.root_identity, plan.sink_id, epoch, branch_id)
     if key not in _PRECOMBINED:
         try:
             coord.register_branch(epoch, branch_id, generation,
@@ -108,7 +108,7 @@ def combined_branches(plan: WritePlan, coord: Coordinator, epoch: int, generatio
         sources = ",".join(sorted(r.branch_id for r in group))
         branch_id = f"combined-{hashlib.sha1(sources.encode()).hexdigest()[:8]}"
         staging = server_ext.staging_table_name(plan.sink_id, epoch, branch_id,
-                                                root=plan.options.root_identity)
+                                                root=plan.options.store.root_identity)
         combined = CombinedBranch.of(
             {r.branch_id: staged_manifest(r) for r in group}, staging=staging,
             strategy=recorded_strategy(group[0]), server=server, overwrite=plan.overwrite,

@@ -67,7 +67,7 @@ def open_sink(options: SinkOptions, sink_id: str) -> tuple[Coordinator, int]:
     coord = connections.coordinator(options, sink_id)
     coord.check_tree()
     generation = coord.fence()
-    if options.recover_on_start:
+    if options.transaction.recover_on_start:
         _recover(options, coord, older_than_generation=None)
     return coord, generation
 
@@ -88,7 +88,7 @@ def open_stream(options: SinkOptions, sink_id: str) -> Coordinator:
     is waited for, so that a restarted driver rolls forward what the dead one decided.
     """
     coord = connections.coordinator(options, sink_id)
-    if options.recover_on_start:
+    if options.transaction.recover_on_start:
         _recover(options, coord, older_than_generation=0, leave_to=pipeline.is_own)
     return coord
 
@@ -120,7 +120,7 @@ def _recover(options: SinkOptions, coord: Coordinator, older_than_generation: in
         with publisher_for(options, coord) as publisher:
             report = coord.recover(publish=publisher.publish, rollback=publisher.rollback,
                                    older_than_generation=older_than_generation,
-                                   wait_for_holders=options.session_timeout
+                                   wait_for_holders=options.store.session_timeout
                                    + HOLDER_WAIT_MARGIN, leave_to=leave_to)
     except RecoveryIncomplete as exc:
         raise SinkBlocked.of(exc) from exc
@@ -212,10 +212,11 @@ def covered_txn_version(options: SinkOptions, coord: Coordinator) -> int | None:
     """The sink's ``txn_version`` if it covers this job's (the job must write nothing),
     else None. Call after ``open_sink``: fenced and recovered, so a job that died after
     its decision is committed by now, and no older writer can decide meanwhile."""
-    if options.txn_version is None:
+    if options.transaction.txn_version is None:
         return None
     recorded = coord.txn_version()
-    return recorded if recorded is not None and recorded >= options.txn_version else None
+    version = options.transaction.txn_version
+    return recorded if recorded is not None and recorded >= version else None
 
 
 def log_covered(sink_id: str, txn_version: int | None, covered_by: int | None) -> None:
@@ -267,7 +268,7 @@ def check_partitions(plan: WritePlan, records: Sequence[BranchRecord]) -> None:
     first = staged[0].manifest
     check_partition_bound(
         qualified_name(first.target_database, first.target_table),
-        plan.options.max_partitions_per_job,
+        plan.options.publish.max_partitions_per_job,
         ((p.partition_id, p.value) for s in staged for p in s.manifest.partitions),
         option="max_partitions_per_job")
 
@@ -322,8 +323,8 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object],
     background :class:`~txsink.core.pipeline.Pipeline`, after waiting for the previous
     epoch to be ``Committed``; a batch job, a transaction's write and ``inline`` return
     after the ``Committed`` write."""
-    pipelined = ((publish or plan.options.publish) == PIPELINED and plan.generation is None
-                 and not plan.options.in_transaction())
+    pipelined = ((publish or plan.options.publish.mode) == PIPELINED and plan.generation is None
+                 and not plan.options.transaction.in_transaction())
     coord = connections.coordinator(plan.options, plan.sink_id,
                                     role=pipeline.role() if pipelined else "driver")
     branch_messages = [m for m in messages if isinstance(m, BranchMessage)]
@@ -347,19 +348,21 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object],
                 check_sharded_overwrite(plan, records)
                 winners = combine.combined_branches(plan, coord, epoch, generation, records,
                                                     publisher)
-            if plan.options.in_transaction():
+            if plan.options.transaction.in_transaction():
                 coord.select(epoch, generation, winners)
                 return
             if pipelined:
                 held.enter_context(coord.publish_lease(epoch, generation, coord.lease_wait))
-                decided = coord.decide(epoch, generation, winners, plan.options.txn_version)
+                decided = coord.decide(epoch, generation, winners,
+                                       plan.options.transaction.txn_version)
         if pipelined and decided.state is XidState.COMMITTING:
             lease = held.pop_all()  # from here on the background publish releases it
             pipeline.pipeline_for(plan.options, plan.sink_id).start(
                 epoch, lambda: _publish_in_background(plan, coord, epoch, generation, lease,
                                                       branch_messages, started))
             return
-        final = decide(coord, epoch, generation, winners, publisher, plan.options.txn_version)
+        final = decide(coord, epoch, generation, winners, publisher,
+                       plan.options.transaction.txn_version)
     after_committed(plan, coord, epoch, final, branch_messages, started, INLINE)
 
 
@@ -426,7 +429,7 @@ def finish_clean_up(plan: WritePlan, coord: Coordinator, epoch: int) -> None:
 
 def abort_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> None:
     """Roll back an undecided xid; a decided one is finished by recovery, never undone."""
-    if plan.options.in_transaction():
+    if plan.options.transaction.in_transaction():
         return  # the transaction block aborts the whole xid
     coord = connections.coordinator(plan.options, plan.sink_id)
     publisher = publisher_for(plan.options, coord)

@@ -180,15 +180,15 @@ _next_pass: dict[tuple[object, ...], float] = {}  # (store, root, sink) -> monot
 
 def retain_after_commit(options: SinkOptions, coord: Coordinator) -> None:
     """The writers' retention step (module docstring); call after a ``Committed`` write."""
-    if not options.retention:
+    if not options.transaction.retention:
         return
-    key = (options.root_identity, options.zk_root, coord.sink_id)
+    key = (options.store.root_identity, options.store.zk_root, coord.sink_id)
     now = time.monotonic()
     if _next_pass.get(key, 0.0) > now:
         return
-    _next_pass[key] = now + pass_interval(options.retention)
+    _next_pass[key] = now + pass_interval(options.transaction.retention)
     try:
-        done = coord.retain(options.retention, fold_into(options.url))
+        done = coord.retain(options.transaction.retention, fold_into(options.connection.url))
     except Exception as exc:  # noqa: BLE001 - the commit is done; the next pass repeats
         log.warning("txsink sink=%s retention pass failed (the next one repeats it): %s",
                     coord.sink_id, exc)

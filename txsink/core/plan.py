@@ -83,7 +83,7 @@ class StreamPlans:
             return kept.plan, True
         plan = make()
         layout = plan.shard_layout
-        if (len(layout.shards) != 1 or layout.shards[0].replicas != (options.url,)
+        if (len(layout.shards) != 1 or layout.shards[0].replicas != (options.connection.url,)
                 or layout.local_table != options.table):
             return plan, False  # sharded: its shards and cluster are not among them
         if set(described(plan)) <= set(tables) and seen is not None:
@@ -117,7 +117,7 @@ def plan_write(raw_options: dict[str, str], spark_schema, overwrite: bool, *,
     from an earlier call (:class:`StreamPlans`)."""
     options = parse_options(raw_options)
     note_default_database(options.table)
-    if streaming and not options.in_transaction():
+    if streaming and not options.transaction.in_transaction():
         plan, kept = STREAM_PLANS.plan(
             StreamPlans.key(raw_options, spark_schema, overwrite), options,
             lambda: plan_afresh(options, spark_schema, overwrite, streaming=True))
@@ -138,12 +138,12 @@ def plan_afresh(options: SinkOptions, spark_schema, overwrite: bool, *,
     check_insert_memory(options, checked)
     quarantined, quarantine_strategy = quarantine_plan.planned(  # created before any xid
         options, checked.layout, overwrite=overwrite)
-    sink_id = options.resolved_sink_id(streaming)
+    sink_id = options.transaction.resolved_sink_id(streaming)
     covered_by_txn = None
-    if options.in_transaction():
-        generation, epoch = options.tx_generation, options.tx_epoch
+    if options.transaction.in_transaction():
+        generation, epoch = options.transaction.tx_generation, options.transaction.tx_epoch
     elif streaming:
-        if options.txn_version is not None:
+        if options.transaction.txn_version is not None:
             raise OptionError("option txn_version is for batch jobs: a stream's "
                               "micro-batches are idempotent by their batch id already")
         driver.open_stream(options, sink_id)

@@ -67,22 +67,22 @@ def _described_shards(options: SinkOptions, checked: CheckedTarget
                       ) -> tuple[tuple[server_ext.TargetTable, str], ...]:
     """Per shard, (local table, server that described it): ``checked.shard_tables``, or
     the target on the ``url`` server alone when none were recorded."""
-    return checked.shard_tables or ((checked.table, options.url),)
+    return checked.shard_tables or ((checked.table, options.connection.url),)
 
 
 def resolve_layout(options: SinkOptions, client, table: server_ext.TargetTable) -> ShardLayout:
     """The shards the rows go to: a ``Distributed`` target's cluster, the ``shards``
     option, or the ``url`` server alone. ``sharding_key`` overrides a Distributed key."""
-    given = parse_shard_urls(options.shards) if options.shards else None
+    given = parse_shard_urls(options.distributed.shards) if options.distributed.shards else None
     if table.engine == "Distributed":
         layout = layout_from_distributed(client, options.table, http_urls=given,
-                                         http_port=urlsplit(options.url).port or 8123)
-        if options.sharding_key:
-            layout = replace(layout, sharding_key=options.sharding_key)
+                                         http_port=urlsplit(options.connection.url).port or 8123)
+        if options.distributed.sharding_key:
+            layout = replace(layout, sharding_key=options.distributed.sharding_key)
         return layout
     if given:
-        return layout_from_urls(given, options.table, options.sharding_key)
-    if options.sharding_key:
+        return layout_from_urls(given, options.table, options.distributed.sharding_key)
+    if options.distributed.sharding_key:
         raise OptionError(SHARDING_KEY_ALONE)
     return single_server(options)
 
@@ -149,8 +149,9 @@ def check_target(options: SinkOptions, spark_schema, *, views: bool = True) -> C
     client = connections.clickhouse(options)
     table = server_ext.describe_table(client, options.table)
     layout = resolve_layout(options, client, table)
-    shard_tables = [(table, options.url)]
-    if layout.local_table != options.table or layout.shards[0].replicas != (options.url,):
+    url = options.connection.url
+    shard_tables = [(table, url)]
+    if layout.local_table != options.table or layout.shards[0].replicas != (url,):
         shard_tables = describe_every_shard(options, layout)
     table, server = shard_tables[0]
     incoming = arrow_schema(spark_schema)
@@ -160,11 +161,11 @@ def check_target(options: SinkOptions, spark_schema, *, views: bool = True) -> C
     for url in dict.fromkeys(url for _, url in shard_tables):
         try:
             insert_settings.check_on_server(connections.clickhouse(options, url),
-                                            options.insert_settings, url)
+                                            options.connection.insert_settings, url)
         except insert_settings.SettingRefused as exc:
             raise OptionError(f"{exc}. Nothing was staged") from None
     caps = server_ext.detect_capabilities(connections.clickhouse(options, server))
-    strategy = options.strategy
+    strategy = options.publish.strategy
     if strategy == "auto":
         strategy = server_ext.choose_strategy(caps, table)
     return CheckedTarget(table, tuple(c.name for c in columns), strategy, layout,
@@ -205,7 +206,7 @@ def view_tree(options: SinkOptions, client, layout: ShardLayout,
                 f"shard {index} of {layout.local_table} feeds other materialized views than "
                 "shard 1; every shard's local table must feed the same views")
     tree = trees[0] if trees else ()
-    if tree and options.materialized_views == "ignore":
+    if tree and options.target.materialized_views == "ignore":
         log.warning("materialized_views='ignore': %s feeds %s, which will not get the rows "
                     "of this write", layout.local_table,
                     ", ".join(node.view_name for node in tree))
@@ -286,23 +287,23 @@ def check_publish(options: SinkOptions, checked: CheckedTarget, overwrite: bool 
         raise server_ext.UnsupportedTarget(
             f"the shards of {checked.layout.local_table} disagree on being Replicated "
             f"({kinds}); one publish strategy cannot serve both kinds")
-    if options.compression:
+    if options.connection.compression:
         for index, (_, server) in enumerate(shards):
             problem = encoding_problem(connections.clickhouse(options, server),
-                                       options.compression)
+                                       options.connection.compression)
             if problem:
-                raise OptionError(f"option compression={options.compression!r} cannot be "
-                                  f"used{_on_shard(index, server, several)}: {problem}; "
+                raise OptionError(f"option compression={options.connection.compression!r} "
+                                  f"cannot be used{_on_shard(index, server, several)}: {problem}; "
                                   "use gzip (every server reads it) or none. Nothing was staged")
-    if options.strategy == "auto":
+    if options.publish.strategy == "auto":
         return _auto_strategy(options, shards, checked.layout.local_table)
     for index, (table, server) in enumerate(shards):
         caps = server_ext.detect_capabilities(connections.clickhouse(options, server))
-        found = strategy_problem(caps, table, options.strategy)
+        found = strategy_problem(caps, table, options.publish.strategy)
         if found is not None:
             raise OptionError(strategy_refusal(
                 found, f"{table.qualified}{_on_shard(index, server, several)}"))
-    return options.strategy
+    return options.publish.strategy
 
 
 def view_strategies(options: SinkOptions, checked: CheckedTarget) -> tuple[str, ...]:
@@ -375,12 +376,12 @@ def _auto_strategy(options: SinkOptions, tables, name: str) -> str:
 def check_server_options(options: SinkOptions) -> None:
     """The checks that need no table, against the ``url`` server: for a multi-table
     transaction before it begins its xid (each write then checks its own table)."""
-    if options.strategy == "auto":
+    if options.publish.strategy == "auto":
         return
     caps = server_ext.detect_capabilities(connections.clickhouse(options))
-    found = strategy_problem(caps, None, options.strategy)
+    found = strategy_problem(caps, None, options.publish.strategy)
     if found is not None:
-        raise OptionError(strategy_refusal(found, f"any table on {options.url}"))
+        raise OptionError(strategy_refusal(found, f"any table on {options.connection.url}"))
 
 
 def strategy_refusal(problem: StrategyProblem, where: str) -> str:

@@ -46,13 +46,13 @@ def planned(options: SinkOptions, layout: ShardLayout, overwrite: bool
     ``layout``) and its publish strategy, or ``(None, None)`` with ``bad_rows=fail``.
     Runs before any xid is opened; every server is checked before any table is created.
     """
-    if options.bad_rows != "quarantine" or not options.quarantine_table:
+    if options.bad_rows.mode != "quarantine" or not options.bad_rows.quarantine_table:
         return None, None
     if overwrite:
         raise OptionError("option bad_rows=quarantine cannot be used with mode('overwrite'), "
                           "which replaces whole partitions of every table it publishes "
                           "into. Nothing was staged")
-    name = options.quarantine_table
+    name = options.bad_rows.quarantine_table
     several = sum(len(shard.replicas) for shard in layout.shards) > 1
     servers = [_Server(shard.index, url, len(shard.replicas) > 1, several)
                for shard in layout.shards for url in shard.replicas]

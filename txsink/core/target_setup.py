@@ -52,30 +52,30 @@ def prepare_target(options: SinkOptions, spark_schema) -> SinkOptions:
     that holds it (the ``url`` server, or every replica of every shard of ``shards``),
     and the Distributed table above them that ``distributed_table`` names; return the
     options the write proceeds with (``distributed_target.written_through``)."""
-    if options.create_table != IF_MISSING and options.schema_evolution != ADD_COLUMNS:
+    if options.target.create_table != IF_MISSING and options.target.schema_evolution != ADD_COLUMNS:
         return options
     schema = arrow_schema(spark_schema)
     distributed = distributed_target.planned(options, schema)  # checked before any change
     servers = _servers(options)
     found = {url: _describe(options, url) for url in servers}
     missing = [url for url, table in found.items() if table is None]
-    target = found.get(options.url)
-    if (options.sharding_key and not options.shards and distributed is None
+    target = found.get(options.connection.url)
+    if (options.distributed.sharding_key and not options.distributed.shards and distributed is None
             and (target is None or target.engine != "Distributed")):
         raise OptionError(f"{SHARDING_KEY_ALONE}. Nothing was created or changed")
-    if missing and options.create_table == IF_MISSING:
+    if missing and options.target.create_table == IF_MISSING:
         _create(options, schema, missing)
         found.update({url: _describe(options, url) for url in missing})
-    if options.schema_evolution == ADD_COLUMNS:
+    if options.target.schema_evolution == ADD_COLUMNS:
         _add_columns(options, schema, {url: t for url, t in found.items() if t is not None})
     distributed_target.create(options, distributed)
     return distributed_target.written_through(options)
 
 
 def _servers(options: SinkOptions) -> list[str]:
-    if options.shards:
-        return [url for shard in parse_shard_urls(options.shards) for url in shard]
-    return [options.url]
+    if options.distributed.shards:
+        return [url for shard in parse_shard_urls(options.distributed.shards) for url in shard]
+    return [options.connection.url]
 
 
 def _describe(options: SinkOptions, url: str) -> server_ext.TargetTable | None:
@@ -94,7 +94,8 @@ def _qualified(options: SinkOptions) -> str:
 def _create(options: SinkOptions, schema: pa.Schema, servers: list[str]) -> None:
     """Build every server's statement first (a refusal then leaves no server changed),
     then create the table on each."""
-    shape = TableShape(options.engine, options.order_by or "", options.partition_by or "")
+    target = options.target
+    shape = TableShape(target.engine, target.order_by or "", target.partition_by or "")
     keys = shape.keys(schema.names)
     statements = []
     for url in servers:

@@ -66,4 +66,4 @@ def send_columns(target, names: tuple[str, ...]) -> list:
 
 
 def single_server(options: SinkOptions) -> ShardLayout:
-    return layout_from_urls([[options.url]], options.table, None)
+    return layout_from_urls([[options.connection.url]], options.table, None)
