@@ -69,8 +69,6 @@ from txsink.core.staged_table import StagedTable
 from txsink.core.write_plan import WritePlan, send_columns
 
 log = logging.getLogger(__name__)
-DIGEST_WORKERS = 2  # staged tables of a task digested at once, beside its contributions
-CONTRIBUTE_WORKERS = 4  # a task's staged tables contributed at once
 
 
 class XidNotWritable(RuntimeError):
@@ -206,7 +204,8 @@ class _Attempt:
         # the digests scan the staged rows while they are sealed and contributed: all read.
         # A Replicated table's seal may merge its parts (and a merging variant's rows):
         # digested once sealed
-        with ThreadPoolExecutor(DIGEST_WORKERS, thread_name_prefix="txsink-digest") as pool:
+        with ThreadPoolExecutor(self.plan.tuning.digest_workers,
+                                thread_name_prefix="txsink-digest") as pool:
             def digest(branch: ShardBranch, part: StagedTable
                        ) -> Future[dict[str, ContentDigest] | None]:
                 return pool.submit(server_ext.staged_digests, branch.client, part.table,
@@ -278,7 +277,7 @@ class _Attempt:
 
         if len(staged) < 2:
             return [contribute(item) for item in staged]
-        with ThreadPoolExecutor(min(len(staged), CONTRIBUTE_WORKERS),
+        with ThreadPoolExecutor(min(len(staged), self.plan.tuning.contribute_workers),
                                 thread_name_prefix="txsink-contribute") as pool:
             return list(pool.map(contribute, staged))
 

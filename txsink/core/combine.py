@@ -28,7 +28,7 @@ import server_ext
 from coordinator import BranchRecord, Coordinator, CoordinatorError
 from server_ext.client import ClickHouseClient
 from server_ext.errors import ClickHouseError
-from server_ext.publish import DEFAULT_LIMITS, attach_to_precombined, create_precombined
+from server_ext.publish import attach_to_precombined, create_precombined
 from txsink.core import payload
 from txsink.core.payload import BranchOwner, CombinedBranch, staged_manifest
 from txsink.core.publisher import BranchPublisher, recorded_strategy, server_of
@@ -59,7 +59,7 @@ def contribute(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
     ``server``; its name if that worked, "" if it is not contributed (``SizeLimits.
     contributes`` says no, an overwrite, or any failure: the commit reads the staging
     table itself then)."""
-    if plan.overwrite or not DEFAULT_LIMITS.contributes(manifest):
+    if plan.overwrite or not plan.tuning.limits.contributes(manifest):
         return ""
     options = plan.options
     branch_id = precombined_branch_id(generation, server, f"{table.database}.{table.name}",

@@ -42,6 +42,7 @@ from txsink.core.history_summary import retain_after_commit
 from txsink.core.messages import BranchMessage, SkippedMessage
 from txsink.core.metrics import EpochMetrics
 from txsink.core.publisher import BranchPublisher, server_of
+from txsink.core.tuning import DEFAULT_TUNING, Tuning
 from txsink.core.write_plan import WritePlan
 from txsink.options import INLINE, PIPELINED, SinkOptions
 
@@ -54,9 +55,11 @@ HOLDER_WAIT_MARGIN = 5.0
 
 
 def publisher_for(options: SinkOptions, coord: Coordinator,
-                  tables: tuple[server_ext.TargetTable, ...] = ()) -> BranchPublisher:
+                  tables: tuple[server_ext.TargetTable, ...] = (),
+                  tuning: Tuning = DEFAULT_TUNING) -> BranchPublisher:
     return BranchPublisher(lambda url: connections.clickhouse(options, url), coord,
-                           tables=tables)
+                           limits=tuning.limits, tables=tables,
+                           release_workers=tuning.release_workers)
 
 
 def open_sink(options: SinkOptions, sink_id: str) -> tuple[Coordinator, int]:
@@ -337,7 +340,8 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object],
     if pipelined:  # N+1's decision waits until N is Committed
         pipeline.settle(plan.options, coord, epoch,
                         lambda previous: _finish_decided(plan, coord, previous, generation))
-    with ExitStack() as held, publisher_for(plan.options, coord, plan.tables) as publisher:
+    with (ExitStack() as held,
+          publisher_for(plan.options, coord, plan.tables, plan.tuning) as publisher):
         with taken_over_said(coord, generation):
             coord.begin(epoch, generation)  # a micro-batch with no task still gets its xid
             winners = [b for m in branch_messages for b in m.branch_ids]
@@ -374,14 +378,14 @@ def _publish_in_background(plan: WritePlan, coord: Coordinator, epoch: int, gene
     with lease:
         final = _finish_decided(plan, coord, epoch, generation)
         record_committed(plan, coord, epoch, final, messages, started, PIPELINED)
-    retain_after_commit(plan.options, coord)
+    retain_after_commit(plan.options, coord, plan.tuning)
 
 
 def _finish_decided(plan: WritePlan, coord: Coordinator, epoch: int,
                     generation: int) -> XidRecord:
     """Publish a ``Committing`` xid's recorded decision and mark it ``Committed`` (a
     ``Committed`` one is returned as it is)."""
-    with publisher_for(plan.options, coord, plan.tables) as publisher:
+    with publisher_for(plan.options, coord, plan.tables, plan.tuning) as publisher:
         return coord.commit(epoch, generation, None, publish=publisher.publish,
                             rollback=publisher.rollback, publish_group=publisher.group)
 
@@ -391,7 +395,8 @@ def after_committed(plan: WritePlan, coord: Coordinator, epoch: int, final: XidR
     """What a writer does once its xid is ``Committed``: its metrics and log line
     (:func:`record_committed`), then a retention pass."""
     record_committed(plan, coord, epoch, final, messages, started, publish)
-    retain_after_commit(plan.options, coord)  # after Committed: off the decision's path
+    # after Committed: off the decision's path
+    retain_after_commit(plan.options, coord, plan.tuning)
 
 
 def record_committed(plan: WritePlan, coord: Coordinator, epoch: int, final: XidRecord,
@@ -422,7 +427,7 @@ def finish_clean_up(plan: WritePlan, coord: Coordinator, epoch: int) -> None:
     ``Committed`` no branch's staging is needed any more, and a drop of a table that is
     gone costs one ``DROP TABLE IF EXISTS``.
     """
-    with publisher_for(plan.options, coord) as publisher:
+    with publisher_for(plan.options, coord, tuning=plan.tuning) as publisher:
         for record in coord.branches(epoch):
             publisher.rollback(record)
 
@@ -432,7 +437,7 @@ def abort_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> None
     if plan.options.transaction.in_transaction():
         return  # the transaction block aborts the whole xid
     coord = connections.coordinator(plan.options, plan.sink_id)
-    publisher = publisher_for(plan.options, coord)
+    publisher = publisher_for(plan.options, coord, tuning=plan.tuning)
     try:
         coord.abort(epoch, generation_of(plan, coord, messages), rollback=publisher.rollback)
         log.warning("txsink sink=%s epoch=%d aborted", plan.sink_id, epoch)

@@ -29,6 +29,7 @@ from server_ext.types import ContentDigest, digest_union
 from txsink.core.metrics import EpochMetrics
 from txsink.core.payload import contributions, from_record
 from txsink.core.publisher import server_of
+from txsink.core.tuning import DEFAULT_TUNING, Tuning
 from txsink.options import SinkOptions
 
 log = logging.getLogger(__name__)
@@ -178,8 +179,10 @@ def pass_interval(retention: float) -> float:
 _next_pass: dict[tuple[object, ...], float] = {}  # (store, root, sink) -> monotonic time
 
 
-def retain_after_commit(options: SinkOptions, coord: Coordinator) -> None:
-    """The writers' retention step (module docstring); call after a ``Committed`` write."""
+def retain_after_commit(options: SinkOptions, coord: Coordinator,
+                        tuning: Tuning = DEFAULT_TUNING) -> None:
+    """The writers' retention step (module docstring); call after a ``Committed`` write;
+    one pass removes at most ``tuning.retention_pass_xids`` xids."""
     if not options.transaction.retention:
         return
     key = (options.store.root_identity, options.store.zk_root, coord.sink_id)
@@ -188,7 +191,8 @@ def retain_after_commit(options: SinkOptions, coord: Coordinator) -> None:
         return
     _next_pass[key] = now + pass_interval(options.transaction.retention)
     try:
-        done = coord.retain(options.transaction.retention, fold_into(options.connection.url))
+        done = coord.retain(options.transaction.retention, fold_into(options.connection.url),
+                            limit=tuning.retention_pass_xids)
     except Exception as exc:  # noqa: BLE001 - the commit is done; the next pass repeats
         log.warning("txsink sink=%s retention pass failed (the next one repeats it): %s",
                     coord.sink_id, exc)
