@@ -124,6 +124,28 @@ def clickhouse(options: SinkOptions, url: str | None = None) -> ClickHouseClient
                              ca_file=given.ca_file)
 
 
+class Clients:
+    """The ClickHouse clients of one plan (or task): one per server, made at its first use
+    with the options' credentials and kept, so each check is handed a client rather than
+    making one. ``clients()`` is the ``url`` server's, ``clients(url)`` another's."""
+
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+        self._made: dict[str, ClickHouseClient] = {}
+
+    def __call__(self, url: str | None = None) -> ClickHouseClient:
+        url = url or self.options.connection.url
+        client = self._made.get(url)
+        if client is None:
+            client = self._made[url] = clickhouse(self.options, url)
+        return client
+
+
+def clients_for(options: SinkOptions, clients: Clients | None) -> Clients:
+    """``clients`` if given (the planner's), else the options' own."""
+    return clients if clients is not None else Clients(options)
+
+
 def records(options: SinkOptions, *, shared: bool = True) -> KeeperMapNodes:
     """The process's KeeperMap node store for the options' records table
     (``coordinator=keepermap``): one session per process (a forked worker makes its own);

@@ -47,6 +47,7 @@ from server_ext.sharding import (
 )
 from server_ext.sql import split_table_name
 from txsink.core import connections
+from txsink.core.connections import Clients
 from txsink.options import OptionError, SinkOptions
 
 log = logging.getLogger(__name__)
@@ -61,14 +62,16 @@ class DistributedStatement:
     sql: str
 
 
-def planned(options: SinkOptions, schema: pa.Schema) -> DistributedStatement | None:
+def planned(options: SinkOptions, schema: pa.Schema,
+            clients: Clients | None = None) -> DistributedStatement | None:
     """Check the Distributed table on the ``url`` server and build its statement; None
     when no ``distributed_table`` is given or it exists already (checked). Runs nothing
     that changes a server."""
     if not options.distributed.distributed_table:
         return None
     name = options.distributed.distributed_table
-    client = connections.clickhouse(options)
+    clients = connections.clients_for(options, clients)
+    client = clients()
     shards = parse_shard_urls(options.distributed.shards or "")
     existing = _describe(client, name)
     if existing is not None:
@@ -90,17 +93,18 @@ def planned(options: SinkOptions, schema: pa.Schema) -> DistributedStatement | N
     if not database_exists(client, database):
         raise OptionError(f"option distributed_table={name!r}: database {database} does not "
                           f"exist on {options.connection.url}; nothing was created or staged")
-    columns = _local_columns(options, schema, shards[0][0])
+    columns = _local_columns(options, schema, clients, shards[0][0])
     return DistributedStatement(name, distributed_table_sql(
         name, columns, options.distributed.cluster or "", options.table,
         options.distributed.sharding_key or ""))
 
 
-def create(options: SinkOptions, statement: DistributedStatement | None) -> None:
+def create(options: SinkOptions, statement: DistributedStatement | None,
+           clients: Clients | None = None) -> None:
     """Run the statement :func:`planned` built (the local tables exist by now)."""
     if statement is None:
         return
-    connections.clickhouse(options).execute(
+    connections.clients_for(options, clients)().execute(
         statement.sql, purpose=f"create Distributed table {statement.table}")
     log.info("txsink create_table=if_missing: Distributed table %s on %s over %s (cluster %s), "
              "unless a concurrent writer created it first", statement.table, options.connection.url,
@@ -148,11 +152,11 @@ def _check_existing(options: SinkOptions, client, existing: server_ext.TargetTab
             f"the local table {options.table} (option table); nothing was staged")
 
 
-def _local_columns(options: SinkOptions, schema: pa.Schema, url: str
+def _local_columns(options: SinkOptions, schema: pa.Schema, clients: Clients, url: str
                    ) -> list[tuple[str, str]]:
-    """The local table's columns on shard 1's first replica: as it has them, or as
-    ``create_table`` will create them there."""
-    client = connections.clickhouse(options, url)
+    """The local table's columns on shard 1's first replica (``url``): as it has them, or
+    as ``create_table`` will create them there."""
+    client = clients(url)
     found = _describe(client, options.table)
     if found is not None:
         return [(c.name, c.type) for c in found.columns]

@@ -129,15 +129,20 @@ def plan_write(raw_options: dict[str, str], spark_schema, overwrite: bool, *,
 
 def plan_afresh(options: SinkOptions, spark_schema, overwrite: bool, *,
                 streaming: bool) -> WritePlan:
-    """:func:`plan_write`'s plan made from the options, the server and the sink."""
-    options = prepare_target(options, spark_schema)  # create_table, …: before describing
-    checked = check_target(options, spark_schema)
-    checked = replace(checked, strategy=check_publish(options, checked, overwrite),
-                      view_strategies=view_strategies(options, checked))
-    check_publishable(options, checked)
-    check_insert_memory(options, checked)
+    """:func:`plan_write`'s plan made from the options, the server and the sink. The
+    planning's ClickHouse clients are made once (``connections.Clients``) and handed to
+    every check."""
+    clients = connections.Clients(options)
+    options = prepare_target(options, spark_schema,  # create_table, …: before describing
+                             clients=clients)
+    checked = check_target(options, spark_schema, clients=clients)
+    checked = replace(checked,
+                      strategy=check_publish(options, checked, overwrite, clients=clients),
+                      view_strategies=view_strategies(options, checked, clients=clients))
+    check_publishable(options, checked, clients=clients)
+    check_insert_memory(options, checked, clients=clients)
     quarantined, quarantine_strategy = quarantine_plan.planned(  # created before any xid
-        options, checked.layout, overwrite=overwrite)
+        options, checked.layout, overwrite=overwrite, clients=clients)
     sink_id = options.transaction.resolved_sink_id(streaming)
     covered_by_txn = None
     if options.transaction.in_transaction():

@@ -39,6 +39,7 @@ from server_ext.sharding import (
 )
 from server_ext.staging import memory_problem, publish_problem
 from txsink.core import connections
+from txsink.core.connections import Clients
 from txsink.core.spark_arrow import arrow_schema
 from txsink.core.write_plan import single_server
 from txsink.options import OptionError, SinkOptions, insert_settings
@@ -87,7 +88,7 @@ def resolve_layout(options: SinkOptions, client, table: server_ext.TargetTable) 
     return single_server(options)
 
 
-def describe_every_shard(options: SinkOptions, layout: ShardLayout
+def describe_every_shard(clients: Clients, layout: ShardLayout
                          ) -> list[tuple[server_ext.TargetTable, str]]:
     """Describe the local table on one replica of every shard; all must agree.
 
@@ -97,7 +98,7 @@ def describe_every_shard(options: SinkOptions, layout: ShardLayout
     """
     found: list[tuple[server_ext.TargetTable, str]] = []
     for shard in layout.shards:
-        table, url = _describe_on_some_replica(options, layout.local_table, shard)
+        table, url = _describe_on_some_replica(clients, layout.local_table, shard)
         differences = _shape_differences(found[0][0], table) if found else []
         if differences:
             raise server_ext.SchemaMismatch(layout.local_table, [
@@ -125,12 +126,12 @@ def _shape_differences(first: server_ext.TargetTable, other: server_ext.TargetTa
     ) if mine != theirs]
 
 
-def _describe_on_some_replica(options: SinkOptions, table: str,
+def _describe_on_some_replica(clients: Clients, table: str,
                               shard: Shard) -> tuple[server_ext.TargetTable, str]:
     unreachable: list[str] = []
     for url in shard.replicas:
         try:
-            return server_ext.describe_table(connections.clickhouse(options, url), table), url
+            return server_ext.describe_table(clients(url), table), url
         except server_ext.ServerUnreachable:
             unreachable.append(url)
     raise server_ext.ServerUnreachable(
@@ -138,21 +139,24 @@ def _describe_on_some_replica(options: SinkOptions, table: str,
         purpose=f"describe table {table}")
 
 
-def check_target(options: SinkOptions, spark_schema, *, views: bool = True) -> CheckedTarget:
+def check_target(options: SinkOptions, spark_schema, *, views: bool = True,
+                 clients: Clients | None = None) -> CheckedTarget:
     """Describe the target, check the incoming schema against it, pick the strategy.
 
     Raises the server's typed errors (unknown table or database, unreachable server) and
     ``SchemaMismatch`` naming every bad column, all before any staging exists.
     ``views``: discover the materialized views the target feeds (:func:`view_tree`); the
     at-least-once baseline, which inserts into the target itself, does not need them.
+    ``clients``: the planner's (default: the options' own).
     """
-    client = connections.clickhouse(options)
+    clients = connections.clients_for(options, clients)
+    client = clients()
     table = server_ext.describe_table(client, options.table)
     layout = resolve_layout(options, client, table)
     url = options.connection.url
     shard_tables = [(table, url)]
     if layout.local_table != options.table or layout.shards[0].replicas != (url,):
-        shard_tables = describe_every_shard(options, layout)
+        shard_tables = describe_every_shard(clients, layout)
     table, server = shard_tables[0]
     incoming = arrow_schema(spark_schema)
     columns = server_ext.check_arrow_schema(table, incoming)
@@ -160,20 +164,20 @@ def check_target(options: SinkOptions, spark_schema, *, views: bool = True) -> C
         ShardRouter(layout, incoming, {c.name: c.type for c in table.columns}, client)
     for url in dict.fromkeys(url for _, url in shard_tables):
         try:
-            insert_settings.check_on_server(connections.clickhouse(options, url),
+            insert_settings.check_on_server(clients(url),
                                             options.connection.insert_settings, url)
         except insert_settings.SettingRefused as exc:
             raise OptionError(f"{exc}. Nothing was staged") from None
-    caps = server_ext.detect_capabilities(connections.clickhouse(options, server))
+    caps = server_ext.detect_capabilities(clients(server))
     strategy = options.publish.strategy
     if strategy == "auto":
         strategy = server_ext.choose_strategy(caps, table)
     return CheckedTarget(table, tuple(c.name for c in columns), strategy, layout,
                          tuple(shard_tables),
-                         view_tree(options, client, layout, shard_tables) if views else ())
+                         view_tree(options, clients, layout, shard_tables) if views else ())
 
 
-def view_tree(options: SinkOptions, client, layout: ShardLayout,
+def view_tree(options: SinkOptions, clients: Clients, layout: ShardLayout,
               shard_tables: list[tuple[server_ext.TargetTable, str]]) -> tuple[ViewNode, ...]:
     """The materialized views the target feeds (``server_ext.ddl.views``), the same on every
     shard; ``()`` with ``materialized_views='ignore'``, logged.
@@ -183,6 +187,7 @@ def view_tree(options: SinkOptions, client, layout: ShardLayout,
     it would never fire), and shards whose trees differ.
     """
     if layout.local_table != options.table:
+        client = clients()
         above = server_ext.describe_table(client, options.table)
         found = discover(client, above)
         if found:
@@ -194,7 +199,7 @@ def view_tree(options: SinkOptions, client, layout: ShardLayout,
     trees = []
     for index, (table, url) in enumerate(shard_tables):
         try:
-            trees.append(discover(connections.clickhouse(options, url), table))
+            trees.append(discover(clients(url), table))
         except ViewProblem as exc:
             where = f" (shard {index + 1}, {url})" if len(shard_tables) > 1 else ""
             raise server_ext.UnsupportedTarget(f"cannot stage the views of {table.qualified}"
@@ -211,7 +216,7 @@ def view_tree(options: SinkOptions, client, layout: ShardLayout,
                     "of this write", layout.local_table,
                     ", ".join(node.view_name for node in tree))
         return ()
-    _require_same_views_on_replicas(options, layout, shard_tables, shapes)
+    _require_same_views_on_replicas(clients, layout, shard_tables, shapes)
     return tree
 
 
@@ -220,7 +225,7 @@ def _tree_shape(tree: tuple[ViewNode, ...]) -> list[tuple]:
     return [(n.view, n.table.qualified, n.select) for n in tree]
 
 
-def _require_same_views_on_replicas(options: SinkOptions, layout: ShardLayout,
+def _require_same_views_on_replicas(clients: Clients, layout: ShardLayout,
                                     shard_tables: list[tuple[server_ext.TargetTable, str]],
                                     shapes: list[list[tuple]]) -> None:
     """Refuse replicas of a shard whose local table feeds other views than the replica
@@ -233,7 +238,7 @@ def _require_same_views_on_replicas(options: SinkOptions, layout: ShardLayout,
             if url == described:
                 continue
             try:
-                shape = _tree_shape(discover(connections.clickhouse(options, url), table))
+                shape = _tree_shape(discover(clients(url), table))
             except server_ext.ServerUnreachable:
                 log.warning("replica %s of shard %d does not answer: its views are not "
                             "compared with %s's", shown_url(url), shard.index + 1,
@@ -249,7 +254,8 @@ def _require_same_views_on_replicas(options: SinkOptions, layout: ShardLayout,
                     "views. Nothing was staged")
 
 
-def check_publish(options: SinkOptions, checked: CheckedTarget, overwrite: bool = False) -> str:
+def check_publish(options: SinkOptions, checked: CheckedTarget, overwrite: bool = False, *,
+                  clients: Clients | None = None) -> str:
     """Check the target's engine and the ``strategy`` option against every shard's server;
     return the strategy the branches record.
 
@@ -271,6 +277,7 @@ def check_publish(options: SinkOptions, checked: CheckedTarget, overwrite: bool 
     supports it, else the next one every shard supports, so a cluster whose servers
     differ (one without MOVE PARTITION) gets a strategy all of them can run.
     """
+    clients = connections.clients_for(options, clients)
     shards = _described_shards(options, checked)
     several = len(shards) > 1
     views = tree_problem(checked.views, overwrite)  # shard 1's tree, every shard's too
@@ -289,16 +296,16 @@ def check_publish(options: SinkOptions, checked: CheckedTarget, overwrite: bool 
             f"({kinds}); one publish strategy cannot serve both kinds")
     if options.connection.compression:
         for index, (_, server) in enumerate(shards):
-            problem = encoding_problem(connections.clickhouse(options, server),
+            problem = encoding_problem(clients(server),
                                        options.connection.compression)
             if problem:
                 raise OptionError(f"option compression={options.connection.compression!r} "
                                   f"cannot be used{_on_shard(index, server, several)}: {problem}; "
                                   "use gzip (every server reads it) or none. Nothing was staged")
     if options.publish.strategy == "auto":
-        return _auto_strategy(options, shards, checked.layout.local_table)
+        return _auto_strategy(clients, shards, checked.layout.local_table)
     for index, (table, server) in enumerate(shards):
-        caps = server_ext.detect_capabilities(connections.clickhouse(options, server))
+        caps = server_ext.detect_capabilities(clients(server))
         found = strategy_problem(caps, table, options.publish.strategy)
         if found is not None:
             raise OptionError(strategy_refusal(
@@ -306,24 +313,28 @@ def check_publish(options: SinkOptions, checked: CheckedTarget, overwrite: bool 
     return options.publish.strategy
 
 
-def view_strategies(options: SinkOptions, checked: CheckedTarget) -> tuple[str, ...]:
+def view_strategies(options: SinkOptions, checked: CheckedTarget, *,
+                    clients: Clients | None = None) -> tuple[str, ...]:
     """The strategy each view's table is published with (aligned with ``checked.views``):
     ``auto``'s choice for that table on every shard, whatever the ``strategy`` option
     says of the target (a Replicated target may feed a plain MergeTree rollup)."""
+    clients = connections.clients_for(options, clients)
     shards = _described_shards(options, checked)
-    return tuple(_auto_strategy(options, [(node.table, server) for _, server in shards],
+    return tuple(_auto_strategy(clients, [(node.table, server) for _, server in shards],
                                 f"{node.table.database}.{node.table.name}")
                  for node in checked.views)
 
 
-def check_publishable(options: SinkOptions, checked: CheckedTarget) -> None:
+def check_publishable(options: SinkOptions, checked: CheckedTarget, *,
+                      clients: Clients | None = None) -> None:
     """Refuse, before anything is staged, a target or view table that would refuse the
     partitions of its staging tables (``server_ext.staging.publish_problem``), on every
     shard: found after the decision, it would leave the xid ``Committing`` for good."""
+    clients = connections.clients_for(options, clients)
     shards = _described_shards(options, checked)
     several = len(shards) > 1
     for index, (table, server) in enumerate(shards):
-        client = connections.clickhouse(options, server)
+        client = clients(server)
         for each, strategy, view in ((table, checked.strategy, None),
                                      *((n.table, s, n) for n, s in zip(checked.views,
                                                                        checked.view_strategies,
@@ -335,16 +346,18 @@ def check_publishable(options: SinkOptions, checked: CheckedTarget) -> None:
                     f"{_on_shard(index, server, several)}: {problem}. Nothing was staged")
 
 
-def check_insert_memory(options: SinkOptions, checked: CheckedTarget) -> None:
+def check_insert_memory(options: SinkOptions, checked: CheckedTarget, *,
+                        clients: Clients | None = None) -> None:
     """Refuse, before any xid is opened or anything staged, a target (or view table) too
     wide for one staging INSERT within its server's per-query memory limit
     (``server_ext.insert_memory``: 18.16 holds ~2 MiB per column file, so its 4 GB limit
     takes ~1,900 plain columns), on every shard. Found by the tasks, it would fail every
     attempt after the xid was opened, with only the server's "Memory limit exceeded"."""
+    clients = connections.clients_for(options, clients)
     shards = _described_shards(options, checked)
     several = len(shards) > 1
     for index, (table, server) in enumerate(shards):
-        client = connections.clickhouse(options, server)
+        client = clients(server)
         for each, view in ((table, None), *((node.table, node) for node in checked.views)):
             problem = memory_problem(client, each)
             if problem:
@@ -360,10 +373,10 @@ def _named(table: server_ext.TargetTable, view: ViewNode | None) -> str:
     return f"{table.qualified} (the table of materialized view {view.view_name})"
 
 
-def _auto_strategy(options: SinkOptions, tables, name: str) -> str:
+def _auto_strategy(clients: Clients, tables, name: str) -> str:
     """The strategy ``choose_strategy`` prefers for the first (table, server) if every
     one supports it, else the next one every one supports."""
-    caps = [(table, server_ext.detect_capabilities(connections.clickhouse(options, server)))
+    caps = [(table, server_ext.detect_capabilities(clients(server)))
             for table, server in tables]
     first_table, first_caps = caps[0]
     for candidate in supported_strategies(first_caps, first_table):
