@@ -13,8 +13,9 @@ the sink combines them, in two places, under one policy:
   branch, published in one pass from one combined table (``server_ext.publish.combined``,
   which builds it from the pre-combined table where every source contributed).
 
-What is small and few, and how a combined table is built and published, is
-``server_ext.publish.combined``'s (``DEFAULT_LIMITS``); which payload names what is
+What is small and few is the plan's ``tuning.limits`` (``txsink.core.tuning``: the
+``SizeLimits`` the commit's publisher reads too); how a combined table is built and
+published is ``server_ext.publish.combined``'s; which payload names what is
 :mod:`txsink.core.payload`'s.
 """
 
