@@ -115,9 +115,9 @@ def open_store(store_kind: str, args: argparse.Namespace, options: Any,
 
     client = connections.node_store(options)
     if store_kind == "zookeeper":
-        return client, Operations(args.zookeeper, zk_root=root, url=options.url)
-    ops = Operations("", zk_root=root, url=options.url, coordinator="keepermap",
-                     records_url=options.url, records_table=RECORDS)
+        return client, Operations(args.zookeeper, zk_root=root, url=options.connection.url)
+    ops = Operations("", zk_root=root, url=options.connection.url, coordinator="keepermap",
+                     records_url=options.connection.url, records_table=RECORDS)
     for store in (client, ops.zk):
         store.snapshots.retain = args.log_retain
     return client, ops

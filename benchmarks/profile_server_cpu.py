@@ -33,18 +33,20 @@ from pyspark.sql.types import DateType, LongType, StringType, StructField, Struc
 from sinkbench.environment import Scratch, load, sql
 from sinkbench.process_cpu import listening_pid, process_cpu
 
-from txsink.core import combine, driver
+from txsink.core import driver
 from txsink.core.attempt import write_branch
 from txsink.core.plan import plan_write
+from txsink.core.tuning import DEFAULT_TUNING
 from txsink.options import parse_options
 from txsink.spark.plain import insert_directly
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("day", DateType()),
                      StructField("name", StringType())])
 COLUMNS = ("id", "day", "name")
-LIMITS = combine.DEFAULT_LIMITS
 VARIANTS = ("tx", "tx_contributing", "plain")
-CONTRIBUTING = replace(combine.DEFAULT_LIMITS, contribute_max_partitions=1 << 30)
+#: tx_contributing's plans: every task contributes, however many partitions it spans
+CONTRIBUTING = replace(DEFAULT_TUNING, limits=replace(
+    DEFAULT_TUNING.limits, contribute_max_partitions=1 << 30))
 # statements with names, strings and numbers elided, cut to this many characters
 KIND = ("substring(replaceRegexpAll(replaceRegexpAll(query, '`[^`]*`|\\'[^\\']*\\'|[0-9]+', "
         "'?'), '\\\\s+', ' '), 1, 80)")
@@ -72,7 +74,7 @@ def run_variant(scratch: Scratch, variant: str, args: argparse.Namespace
     time.sleep(1.1)  # query_log's event_time has whole seconds
     started = sql(scratch.url, "SELECT now()").strip()
     commits = []
-    combine.DEFAULT_LIMITS = CONTRIBUTING if variant == "tx_contributing" else LIMITS
+    tuning = CONTRIBUTING if variant == "tx_contributing" else DEFAULT_TUNING
     for epoch in range(args.epochs):
         batches = [branch_batch((epoch * args.tasks + task) * args.rows, args.rows,
                                 args.partitions) for task in range(args.tasks)]
@@ -81,12 +83,11 @@ def run_variant(scratch: Scratch, variant: str, args: argparse.Namespace
             for b in batches:
                 insert_directly(options, COLUMNS, iter([b]))
         else:
-            plan = plan_write(raw, SCHEMA, False, streaming=False)
+            plan = replace(plan_write(raw, SCHEMA, False, streaming=False), tuning=tuning)
             messages = [write_branch(plan, plan.epoch, iter([b])) for b in batches]
             begun = time.perf_counter()
             driver.commit_epoch(plan, plan.epoch, messages)
             commits.append(time.perf_counter() - begun)
-    combine.DEFAULT_LIMITS = LIMITS
     return started, commits
 
 

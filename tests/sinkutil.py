@@ -120,7 +120,8 @@ def staging_tables(url: str, options: dict[str, str]) -> list[str]:
     from txsink.options import parse_options, root_identity
 
     if options.get("coordinator") == "keepermap":  # the root is the records table's
-        identity = parse_options({"url": url, "table": "x.y", **options}, env={}).root_identity
+        identity = parse_options({"url": url, "table": "x.y", **options},
+                                 env={}).store.root_identity
     else:
         identity = root_identity(options["zookeeper"], options.get("zk_root", "/txsink"))
     tag = root_tag(identity)
@@ -138,7 +139,8 @@ def staging_insert_settings(url: str, options: dict[str, str],
     from txsink.options import parse_options, root_identity
 
     if options.get("coordinator") == "keepermap":  # the root is the records table's
-        identity = parse_options({"url": url, "table": "x.y", **options}, env={}).root_identity
+        identity = parse_options({"url": url, "table": "x.y", **options},
+                                 env={}).store.root_identity
     else:
         identity = root_identity(options["zookeeper"], options.get("zk_root", "/txsink"))
     tag = root_tag(identity)

@@ -56,7 +56,7 @@ def wait_published(options, timeout: float = 60.0) -> None:
     from txsink.options import parse_options
 
     parsed = parse_options(options, require_table=False)
-    _wait(parsed, parsed.resolved_sink_id(streaming=True), timeout)
+    _wait(parsed, parsed.transaction.resolved_sink_id(streaming=True), timeout)
 
 
 __all__ = ["register", "write", "foreach_batch", "transaction", "wait_published",

@@ -137,16 +137,16 @@ def one_epoch(probe: Probe, raw_options: dict[str, str], shape: EpochShape,
               batches: list[list]) -> dict[str, float]:
     """One batch-job epoch through the sink's own functions; milliseconds per step."""
     options = parse_options(raw_options)
-    client = server_ext.ClickHouseClient(options.url)
+    client = server_ext.ClickHouseClient(options.connection.url)
     target = server_ext.describe_table(client, options.table)
     strategy = server_ext.choose_strategy(server_ext.detect_capabilities(client), target)
     columns = tuple(c.name for c in target.columns)
     probe.reset()
     started = time.perf_counter()
-    coord, generation = probe.call("begin", driver.open_sink, options, options.sink_id)
+    coord, generation = probe.call("begin", driver.open_sink, options, options.transaction.sink_id)
     epoch = coord.allocate_epoch()
     coord.begin(epoch, generation)
-    plan = WritePlan(options=options, sink_id=options.sink_id, generation=generation,
+    plan = WritePlan(options=options, sink_id=options.transaction.sink_id, generation=generation,
                      strategy=strategy, overwrite=False, columns=columns, epoch=epoch)
     messages = [write_branch(plan, epoch, iter(branch)) for branch in batches]
     driver.commit_epoch(plan, epoch, messages)
@@ -167,7 +167,7 @@ def open_stream_ms(raw_options: dict[str, str]) -> float:
     """One ``open_stream`` (Spark calls it twice per micro-batch): the streaming extra."""
     options = parse_options(raw_options)
     started = time.perf_counter()
-    driver.open_stream(options, options.sink_id)
+    driver.open_stream(options, options.transaction.sink_id)
     return (time.perf_counter() - started) * 1000
 
 

@@ -32,7 +32,7 @@ from server_ext.staging.staging_tables import (
     staging_table_name,
 )
 from server_ext.staging.sweeper import sweep
-from server_ext.staging.writer import BranchWriter
+from server_ext.staging.writer import DEFAULT_BLOCK_ROWS, BranchWriter
 
 __all__ = [
     "STAGING_DATABASE",
@@ -48,6 +48,7 @@ __all__ = [
     "staging_qualified",
     "staging_table_name",
     "BranchWriter",
+    "DEFAULT_BLOCK_ROWS",
     "StagedRowsMismatch",
     "digested",
     "expire_rows",

@@ -152,7 +152,7 @@ def test_a_keeper_holds_a_batch_xid_over_the_keepermap_store_until_its_decision(
 
     options = parse_options({**keepermap_options, "table": "db.t"}, env={})
     writer = connections.records(options, shared=False)
-    coord = Coordinator(writer, "km-keeper", root=options.zk_root)
+    coord = Coordinator(writer, "km-keeper", root=options.store.zk_root)
     generation = coord.fence()
     coord.begin(0, generation, hold="batch driver")
     assert xid_keeper.start(options, "km-keeper", 0)
@@ -295,7 +295,7 @@ def keepermap_options(keepermap_url: str, records_table) -> dict[str, str]:
 
 
 def staging_of(url: str, options: dict[str, str]) -> list[str]:
-    tag = root_tag(parse_options({**options, "table": "x"}).root_identity)
+    tag = root_tag(parse_options({**options, "table": "x"}).store.root_identity)
     body = run_sql(url, "SELECT name FROM system.tables WHERE database = 'txsink_staging'")
     return [name for name in body.split() if name.endswith(f"_r{tag}")]
 
@@ -469,8 +469,8 @@ def test_an_option_naming_both_stores_or_neither_is_refused_by_name(
 def test_the_keepermap_store_needs_no_zookeeper_address() -> None:
     options = parse_options({"url": "http://127.0.0.1:8124", "table": "db.t",
                              "coordinator": "keepermap"}, env={})
-    assert options.zookeeper == "" and options.records_server == "http://127.0.0.1:8124"
-    assert options.root_identity == "/keepermap/txsink.records/txsink"
+    assert options.store.zookeeper == "" and options.records_server == "http://127.0.0.1:8124"
+    assert options.store.root_identity == "/keepermap/txsink.records/txsink"
 
 
 def test_the_reset_a_stream_refusal_prints_reaches_the_keepermap_store_it_came_from(

@@ -25,7 +25,7 @@ from txsink.options import OptionError, parse_options
 
 
 def _plan(bound: int) -> SimpleNamespace:
-    return SimpleNamespace(options=SimpleNamespace(carry_max_bytes=bound))
+    return SimpleNamespace(options=SimpleNamespace(publish=SimpleNamespace(carry_max_bytes=bound)))
 
 
 def _batches(count: int, rows: int = 100) -> list[pa.RecordBatch]:
@@ -69,7 +69,7 @@ def test_a_carried_message_keeps_its_rows_through_its_text_form():
 
 def test_carry_max_bytes_is_off_by_default_and_refused_out_of_range():
     given = {"url": "http://127.0.0.1:8123", "table": "db.t", "zookeeper": "127.0.0.1:2181"}
-    assert parse_options(given).carry_max_bytes == 0
+    assert parse_options(given).publish.carry_max_bytes == 0
     with pytest.raises(OptionError, match="carry_max_bytes"):
         parse_options({**given, "carry_max_bytes": "-1"})
 

@@ -60,8 +60,8 @@ def test_an_entry_is_stored_in_the_form_of_earlier_releases() -> None:
 
 
 def test_retention_defaults_to_an_hour_and_zero_keeps_for_ever() -> None:
-    assert parse_options(BASE, env={}).retention == 3600.0
-    assert parse_options({**BASE, "retention": "0"}, env={}).retention == 0.0
+    assert parse_options(BASE, env={}).transaction.retention == 3600.0
+    assert parse_options({**BASE, "retention": "0"}, env={}).transaction.retention == 0.0
 
 
 @pytest.mark.parametrize("value", ["-1", "soon", "nan", "1e12"])

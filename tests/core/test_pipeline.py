@@ -164,8 +164,8 @@ def test_a_commit_worker_that_spark_does_not_reuse_publishes_inline(monkeypatch)
 
 
 def test_publish_option_defaults_to_inline_and_refuses_other_values():
-    assert parse_options(OPTIONS).publish == INLINE
-    assert parse_options({**OPTIONS, "publish": "PIPELINED"}).publish == PIPELINED
+    assert parse_options(OPTIONS).publish.mode == INLINE
+    assert parse_options({**OPTIONS, "publish": "PIPELINED"}).publish.mode == PIPELINED
     with pytest.raises(ValueError, match="publish='later'"):
         parse_options({**OPTIONS, "publish": "later"})
 

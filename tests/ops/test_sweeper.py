@@ -135,7 +135,7 @@ def test_root_identity_is_chroot_plus_zk_root_without_the_host_list() -> None:
 def test_sink_options_name_their_root() -> None:
     options = parse_options({"url": "http://ch:8123", "table": "db.t", "zk_root": "/jobs",
                              "zookeeper": "zk1:2181,zk2:2181/prod"}, env={})
-    assert options.root_identity == "/prod/jobs"
+    assert options.store.root_identity == "/prod/jobs"
 
 
 def test_old_staging_name_without_root_tag_parses_as_untagged() -> None:

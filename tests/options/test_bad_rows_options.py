@@ -15,7 +15,8 @@ def parsed(**given: str):
 
 def test_bad_rows_fail_is_the_default_with_no_quarantine_table():
     options = parsed()
-    assert (options.bad_rows, options.quarantine_table, options.max_bad_rows) == (
+    bad = options.bad_rows
+    assert (bad.mode, bad.quarantine_table, bad.max_bad_rows) == (
         "fail", None, 100_000)
 
 
@@ -50,10 +51,11 @@ def test_a_malformed_bad_rows_option_is_refused_naming_it(given, message):
 
 def test_a_quarantine_table_whose_quoted_names_hold_dots_is_accepted():
     options = parsed(bad_rows="quarantine", quarantine_table="`my.db`.`bad rows.q`")
-    assert options.quarantine_table == "`my.db`.`bad rows.q`"
+    assert options.bad_rows.quarantine_table == "`my.db`.`bad rows.q`"
 
 
 def test_quarantine_options_are_parsed():
     options = parsed(bad_rows="QUARANTINE", quarantine_table="db.bad", max_bad_rows="5")
-    assert (options.bad_rows, options.quarantine_table, options.max_bad_rows) == (
+    bad = options.bad_rows
+    assert (bad.mode, bad.quarantine_table, bad.max_bad_rows) == (
         "quarantine", "db.bad", 5)

@@ -25,7 +25,8 @@ def parsed(**changes: str | None):
 
 def test_a_complete_option_set_is_parsed():
     options = parsed()
-    assert (options.distributed_table, options.cluster) == ("db.events_all", "prod")
+    given = options.distributed
+    assert (given.distributed_table, given.cluster) == ("db.events_all", "prod")
 
 
 def test_distributed_table_without_create_table_is_refused_naming_it():

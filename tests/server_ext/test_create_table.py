@@ -175,7 +175,7 @@ def test_an_engine_the_sink_cannot_publish_into_is_refused_by_name(engine, named
 
 def test_create_table_defaults_to_never_and_evolution_to_none():
     options = parse_options(BASE, env={})
-    assert (options.create_table, options.schema_evolution) == ("never", "none")
+    assert (options.target.create_table, options.target.schema_evolution) == ("never", "none")
 
 
 def test_an_unknown_create_table_value_is_refused():

@@ -11,7 +11,7 @@ from txsink.options import parse_options
 def stream_sink_id(checkpoint: str) -> str:
     options = parse_options({"url": "http://127.0.0.1:8123", "zookeeper": "127.0.0.1:2181",
                              "table": "db.events", "checkpointLocation": checkpoint}, env={})
-    return options.resolved_sink_id(streaming=True)
+    return options.transaction.resolved_sink_id(streaming=True)
 
 
 def test_the_sink_id_is_the_sha1_of_the_checkpoint_location_first_16_hex_digits():
@@ -31,4 +31,4 @@ def test_the_sink_id_option_wins_over_the_checkpoint():
     options = parse_options({"url": "http://127.0.0.1:8123", "zookeeper": "127.0.0.1:2181",
                              "table": "db.events", "checkpointLocation": "/data/ckpt/events",
                              "sink_id": "events"}, env={})
-    assert options.resolved_sink_id(streaming=True) == "events"
+    assert options.transaction.resolved_sink_id(streaming=True) == "events"

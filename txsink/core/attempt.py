@@ -71,8 +71,6 @@ from txsink.core.staged_table import StagedTable
 from txsink.core.write_plan import WritePlan, send_columns
 
 log = logging.getLogger(__name__)
-DIGEST_WORKERS = 2  # staged tables of a task digested at once, beside its contributions
-CONTRIBUTE_WORKERS = 4  # a task's staged tables contributed at once
 #: Spark's local property holding the running streaming query's id (kept in its checkpoint).
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
@@ -174,7 +172,7 @@ class _Attempt:
     def count_partitions(self, table: server_ext.TargetTable) -> PartitionCounter:
         """The counter of this attempt's partitions against the write's bound."""
         return PartitionCounter(table, send_columns(table, self.plan.columns),
-                                self.plan.options.max_partitions_per_job,
+                                self.plan.options.publish.max_partitions_per_job,
                                 option="max_partitions_per_job")
 
     def refused(self, exc: ClickHouseError) -> PartitionLimitExceeded | None:
@@ -187,7 +185,7 @@ class _Attempt:
         """Register the branch in ZooKeeper before its staging table exists."""
         shard = self.plan.shard_layout.shards[index]
         server = pick_replica(shard, self.partition, self.attempt,
-                              self.plan.options.replica_choice, self.plan.overwrite)
+                              self.plan.options.distributed.replica_choice, self.plan.overwrite)
         branch = ShardBranch(self.plan, self.epoch,
                               new_branch_id(self.partition, self.attempt, index), server)
         owner = BranchOwner(branch.staging, server, shard=index, task=self.owner)
@@ -213,7 +211,8 @@ class _Attempt:
         # the digests scan the staged rows while they are sealed and contributed: all read.
         # A Replicated table's seal may merge its parts (and a merging variant's rows):
         # digested once sealed
-        with ThreadPoolExecutor(DIGEST_WORKERS, thread_name_prefix="txsink-digest") as pool:
+        with ThreadPoolExecutor(self.plan.tuning.digest_workers,
+                                thread_name_prefix="txsink-digest") as pool:
             def digest(branch: ShardBranch, part: StagedTable
                        ) -> Future[dict[str, ContentDigest] | None]:
                 return pool.submit(server_ext.staged_digests, branch.client, part.table,
@@ -285,7 +284,7 @@ class _Attempt:
 
         if len(staged) < 2:
             return [contribute(item) for item in staged]
-        with ThreadPoolExecutor(min(len(staged), CONTRIBUTE_WORKERS),
+        with ThreadPoolExecutor(min(len(staged), self.plan.tuning.contribute_workers),
                                 thread_name_prefix="txsink-contribute") as pool:
             return list(pool.map(contribute, staged))
 
@@ -305,7 +304,7 @@ def write_branch(
     """Stage this task attempt's rows (one branch per shard), seal them and record every
     branch as Prepared; or, few enough, carry them in the message (``carried_rows``)."""
     partition, _, owner = _task_identity()
-    if plan.options.carry_max_bytes:
+    if plan.options.publish.carry_max_bytes:
         stream = (("", "") if plan.generation is not None else
                   (plan.stream_query or task_query_id(), run_of(owner)))
         carried = carried_rows.carry(plan, epoch, batches, partition, stream)

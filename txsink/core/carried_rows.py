@@ -34,7 +34,7 @@ def carry(plan: WritePlan, epoch: int, batches: Iterator[pa.RecordBatch], partit
           stream: tuple[str, str] = ("", "")) -> CarriedMessage | Iterator[pa.RecordBatch]:
     """This attempt's rows as a message if they fit (``stream``: its query and run id),
     else every batch, those read to find out first, for the task to stage."""
-    bound = plan.options.carry_max_bytes
+    bound = plan.options.publish.carry_max_bytes
     if bound <= 0 or partition >= CARRY_MAX_TASKS:
         return batches
     kept: list[pa.RecordBatch] = []

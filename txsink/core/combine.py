@@ -13,8 +13,9 @@ the sink combines them, in two places, under one policy:
   branch, published in one pass from one combined table (``server_ext.publish.combined``,
   which builds it from the pre-combined table where every source contributed).
 
-What is small and few, and how a combined table is built and published, is
-``server_ext.publish.combined``'s (``DEFAULT_LIMITS``); which payload names what is
+What is small and few is the plan's ``tuning.limits`` (``txsink.core.tuning``: the
+``SizeLimits`` the commit's publisher reads too); how a combined table is built and
+published is ``server_ext.publish.combined``'s; which payload names what is
 :mod:`txsink.core.payload`'s.
 """
 
@@ -28,7 +29,7 @@ import server_ext
 from coordinator import BranchRecord, Coordinator, CoordinatorError
 from server_ext.client import ClickHouseClient
 from server_ext.errors import ClickHouseError
-from server_ext.publish import DEFAULT_LIMITS, attach_to_precombined, create_precombined
+from server_ext.publish import attach_to_precombined, create_precombined
 from txsink.core import payload
 from txsink.core.payload import BranchOwner, CombinedBranch, staged_manifest
 from txsink.core.publisher import BranchPublisher, recorded_strategy, server_of
@@ -59,14 +60,14 @@ def contribute(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
     ``server``; its name if that worked, "" if it is not contributed (``SizeLimits.
     contributes`` says no, an overwrite, or any failure: the commit reads the staging
     table itself then)."""
-    if plan.overwrite or not DEFAULT_LIMITS.contributes(manifest):
+    if plan.overwrite or not plan.tuning.limits.contributes(manifest):
         return ""
     options = plan.options
     branch_id = precombined_branch_id(generation, server, f"{table.database}.{table.name}",
                                       plan.write_id)
     name = server_ext.staging_table_name(plan.sink_id, epoch, branch_id,
-                                         root=options.root_identity)
-    key = (options.root_identity, plan.sink_id, epoch, branch_id)
+                                         root=options.store.root_identity)
+    key = (options.store.root_identity, plan.sink_id, epoch, branch_id)
     if key not in _PRECOMBINED:
         try:
             coord.register_branch(epoch, branch_id, generation,
@@ -108,7 +109,7 @@ def combined_branches(plan: WritePlan, coord: Coordinator, epoch: int, generatio
         sources = ",".join(sorted(r.branch_id for r in group))
         branch_id = f"combined-{hashlib.sha1(sources.encode()).hexdigest()[:8]}"
         staging = server_ext.staging_table_name(plan.sink_id, epoch, branch_id,
-                                                root=plan.options.root_identity)
+                                                root=plan.options.store.root_identity)
         combined = CombinedBranch.of(
             {r.branch_id: staged_manifest(r) for r in group}, staging=staging,
             strategy=recorded_strategy(group[0]), server=server, overwrite=plan.overwrite,

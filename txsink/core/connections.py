@@ -119,9 +119,32 @@ def clickhouse_client(url: str, user: str | None = None, password: str | None = 
 
 def clickhouse(options: SinkOptions, url: str | None = None) -> ClickHouseClient:
     """A client for ``url`` (default: the ``url`` option) with the options' credentials."""
-    return clickhouse_client(url or options.url, options.user, options.password,
-                             timeout=options.timeout, retries=options.retries,
-                             ca_file=options.ca_file)
+    given = options.connection
+    return clickhouse_client(url or given.url, given.user, given.password,
+                             timeout=given.timeout, retries=given.retries,
+                             ca_file=given.ca_file)
+
+
+class Clients:
+    """The ClickHouse clients of one plan (or task): one per server, made at its first use
+    with the options' credentials and kept, so each check is handed a client rather than
+    making one. ``clients()`` is the ``url`` server's, ``clients(url)`` another's."""
+
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+        self._made: dict[str, ClickHouseClient] = {}
+
+    def __call__(self, url: str | None = None) -> ClickHouseClient:
+        url = url or self.options.connection.url
+        client = self._made.get(url)
+        if client is None:
+            client = self._made[url] = clickhouse(self.options, url)
+        return client
+
+
+def clients_for(options: SinkOptions, clients: Clients | None) -> Clients:
+    """``clients`` if given (the planner's), else the options' own."""
+    return clients if clients is not None else Clients(options)
 
 
 def records(options: SinkOptions, *, shared: bool = True) -> KeeperMapNodes:
@@ -133,30 +156,32 @@ def records(options: SinkOptions, *, shared: bool = True) -> KeeperMapNodes:
     KeeperMap or without Keeper, a missing table and a table of another format are
     refused with :class:`RecordsUnusable` naming the problem, before anything is staged.
     """
-    database, table = options.records_table.split(".", 1)
-    key = (os.getpid(), options.records_server, options.user, options.records_table,
-           options.session_timeout)
+    given = options.store
+    database, table = given.records_table.split(".", 1)
+    key = (os.getpid(), options.records_server, options.connection.user, given.records_table,
+           given.session_timeout)
     with _lock:
         store = _records.get(key)
         if store is not None:
-            return store if shared else KeeperMapNodes(store.table, options.session_timeout)
+            return store if shared else KeeperMapNodes(store.table, given.session_timeout)
     records_table = KeeperMapTable(clickhouse(options, options.records_server), database, table)
     problem = records_table.problem()
     if problem is not None:
         raise RecordsUnusable(f"coordinator=keepermap: {problem}")
     if not shared:
-        return KeeperMapNodes(records_table, options.session_timeout)
+        return KeeperMapNodes(records_table, given.session_timeout)
     with _lock:
-        return _records.setdefault(key, KeeperMapNodes(records_table, options.session_timeout))
+        return _records.setdefault(key, KeeperMapNodes(records_table, given.session_timeout))
 
 
 def node_store(options: SinkOptions) -> NodeStore:
     """Where the options keep the coordinator's records: a kazoo client or the KeeperMap
     store (the option ``coordinator``)."""
-    if options.coordinator == KEEPERMAP:
+    store = options.store
+    if store.coordinator == KEEPERMAP:
         return records(options)
-    return zookeeper(options.zookeeper, auth=options.zookeeper_auth,
-                     ca_file=options.zookeeper_ca_file, session_timeout=options.session_timeout)
+    return zookeeper(store.zookeeper, auth=store.zookeeper_auth,
+                     ca_file=store.zookeeper_ca_file, session_timeout=store.session_timeout)
 
 
 def coordinator(options: SinkOptions, sink_id: str, role: str = "driver") -> Coordinator:
@@ -171,9 +196,10 @@ def coordinator(options: SinkOptions, sink_id: str, role: str = "driver") -> Coo
     (:class:`RecordsUnusable`).
     """
     client = node_store(options)
-    coord = Coordinator(client, sink_id, root=options.zk_root, on_step=crashpoints.hit,
+    coord = Coordinator(client, sink_id, root=options.store.zk_root, on_step=crashpoints.hit,
                         role=role)
-    key = (options.root_identity, options.zookeeper_auth, options.zk_root, sink_id)
+    store = options.store
+    key = (store.root_identity, store.zookeeper_auth, store.zk_root, sink_id)
     if key not in _allowed:
         if not coord.readable():
             raise AccessDenied(

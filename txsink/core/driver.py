@@ -60,6 +60,7 @@ from txsink.core.messages import BranchMessage, CarriedMessage, SkippedMessage
 from txsink.core.metrics import EpochMetrics
 from txsink.core.publisher import BranchPublisher, server_of
 from txsink.core.retention_step import retain_after_commit
+from txsink.core.tuning import DEFAULT_TUNING, Tuning
 from txsink.core.write_plan import WritePlan
 from txsink.options import INLINE, PIPELINED, SinkOptions
 
@@ -72,9 +73,11 @@ HOLDER_WAIT_MARGIN = 5.0
 
 
 def publisher_for(options: SinkOptions, coord: Coordinator,
-                  tables: tuple[server_ext.TargetTable, ...] = ()) -> BranchPublisher:
+                  tables: tuple[server_ext.TargetTable, ...] = (),
+                  tuning: Tuning = DEFAULT_TUNING) -> BranchPublisher:
     return BranchPublisher(lambda url: connections.clickhouse(options, url), coord,
-                           tables=tables)
+                           limits=tuning.limits, tables=tables,
+                           release_workers=tuning.release_workers)
 
 
 def open_sink(options: SinkOptions, sink_id: str) -> tuple[Coordinator, int]:
@@ -85,7 +88,7 @@ def open_sink(options: SinkOptions, sink_id: str) -> tuple[Coordinator, int]:
     coord = connections.coordinator(options, sink_id)
     coord.check_tree()
     generation = coord.fence()
-    if options.recover_on_start:
+    if options.transaction.recover_on_start:
         _recover(options, coord, older_than_generation=None)
     return coord, generation
 
@@ -106,7 +109,7 @@ def open_stream(options: SinkOptions, sink_id: str) -> Coordinator:
     is waited for, so that a restarted driver rolls forward what the dead one decided.
     """
     coord = connections.coordinator(options, sink_id)
-    if options.recover_on_start:
+    if options.transaction.recover_on_start:
         _recover(options, coord, older_than_generation=0, leave_to=pipeline.is_own)
     return coord
 
@@ -138,7 +141,7 @@ def _recover(options: SinkOptions, coord: Coordinator, older_than_generation: in
         with publisher_for(options, coord) as publisher:
             report = coord.recover(publish=publisher.publish, rollback=publisher.rollback,
                                    older_than_generation=older_than_generation,
-                                   wait_for_holders=options.session_timeout
+                                   wait_for_holders=options.store.session_timeout
                                    + HOLDER_WAIT_MARGIN, leave_to=leave_to)
     except RecoveryIncomplete as exc:
         raise SinkBlocked.of(exc) from exc
@@ -232,10 +235,11 @@ def covered_txn_version(options: SinkOptions, coord: Coordinator) -> int | None:
     """The sink's ``txn_version`` if it covers this job's (the job must write nothing),
     else None. Call after ``open_sink``: fenced and recovered, so a job that died after
     its decision is committed by now, and no older writer can decide meanwhile."""
-    if options.txn_version is None:
+    if options.transaction.txn_version is None:
         return None
     recorded = coord.txn_version()
-    return recorded if recorded is not None and recorded >= options.txn_version else None
+    version = options.transaction.txn_version
+    return recorded if recorded is not None and recorded >= version else None
 
 
 def log_covered(sink_id: str, txn_version: int | None, covered_by: int | None) -> None:
@@ -313,7 +317,7 @@ def check_partitions(plan: WritePlan, records: Sequence[BranchRecord]) -> None:
     first = staged[0].manifest
     check_partition_bound(
         qualified_name(first.target_database, first.target_table),
-        plan.options.max_partitions_per_job,
+        plan.options.publish.max_partitions_per_job,
         ((p.partition_id, p.value) for s in staged for p in s.manifest.partitions),
         option="max_partitions_per_job")
 
@@ -368,8 +372,8 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object],
     background :class:`~txsink.core.pipeline.Pipeline`, after waiting for the previous
     epoch to be ``Committed``; a batch job, a transaction's write and ``inline`` return
     after the ``Committed`` write."""
-    pipelined = ((publish or plan.options.publish) == PIPELINED and plan.generation is None
-                 and not plan.options.in_transaction())
+    pipelined = ((publish or plan.options.publish.mode) == PIPELINED and plan.generation is None
+                 and not plan.options.transaction.in_transaction())
     coord = connections.coordinator(plan.options, plan.sink_id,
                                     role=pipeline.role() if pipelined else "driver")
     branch_messages = [m for m in messages if isinstance(m, BranchMessage)]
@@ -386,7 +390,8 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object],
     if pipelined:  # N+1's decision waits until N is Committed
         pipeline.settle(plan.options, coord, epoch,
                         lambda previous: _finish_decided(plan, coord, previous, generation))
-    with ExitStack() as held, publisher_for(plan.options, coord, plan.tables) as publisher:
+    with (ExitStack() as held,
+          publisher_for(plan.options, coord, plan.tables, plan.tuning) as publisher):
         records: list[BranchRecord] = []  # the winners, read once: the decision trusts them
         with taken_over_said(coord, generation):
             if state is XidState.INITIALIZED:  # a decided xid's carried rows are not staged
@@ -400,21 +405,21 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object],
                 check_sharded_overwrite(plan, records)
                 winners = combine.combined_branches(plan, coord, epoch, generation, records,
                                                     publisher)
-            if plan.options.in_transaction():
+            if plan.options.transaction.in_transaction():
                 coord.select(epoch, generation, winners)
                 return
             if pipelined:
                 held.enter_context(coord.publish_lease(epoch, generation, coord.lease_wait))
-                decided = coord.decide(epoch, generation, winners, plan.options.txn_version,
-                                       prepared=records)
+                decided = coord.decide(epoch, generation, winners,
+                                       plan.options.transaction.txn_version, prepared=records)
         if pipelined and decided.state is XidState.COMMITTING:
             lease = held.pop_all()  # from here on the background publish releases it
             pipeline.pipeline_for(plan.options, plan.sink_id).start(
                 epoch, lambda: _publish_in_background(plan, coord, epoch, generation, lease,
                                                       branch_messages, started))
             return
-        final = decide(coord, epoch, generation, winners, publisher, plan.options.txn_version,
-                       records)
+        final = decide(coord, epoch, generation, winners, publisher,
+                       plan.options.transaction.txn_version, records)
     after_committed(plan, coord, epoch, final, branch_messages, started, INLINE)
 
 
@@ -426,14 +431,14 @@ def _publish_in_background(plan: WritePlan, coord: Coordinator, epoch: int, gene
     with lease:
         final = _finish_decided(plan, coord, epoch, generation)
         record_committed(plan, coord, epoch, final, messages, started, PIPELINED)
-    retain_after_commit(plan.options, coord)
+    retain_after_commit(plan.options, coord, plan.tuning)
 
 
 def _finish_decided(plan: WritePlan, coord: Coordinator, epoch: int,
                     generation: int) -> XidRecord:
     """Publish a ``Committing`` xid's recorded decision and mark it ``Committed`` (a
     ``Committed`` one is returned as it is)."""
-    with publisher_for(plan.options, coord, plan.tables) as publisher:
+    with publisher_for(plan.options, coord, plan.tables, plan.tuning) as publisher:
         return coord.commit(epoch, generation, None, publish=publisher.publish,
                             rollback=publisher.rollback, publish_group=publisher.group)
 
@@ -443,7 +448,8 @@ def after_committed(plan: WritePlan, coord: Coordinator, epoch: int, final: XidR
     """What a writer does once its xid is ``Committed``: its metrics and log line
     (:func:`record_committed`), then a retention pass."""
     record_committed(plan, coord, epoch, final, messages, started, publish)
-    retain_after_commit(plan.options, coord)  # after Committed: off the decision's path
+    # after Committed: off the decision's path
+    retain_after_commit(plan.options, coord, plan.tuning)
 
 
 def record_committed(plan: WritePlan, coord: Coordinator, epoch: int, final: XidRecord,
@@ -474,17 +480,17 @@ def finish_clean_up(plan: WritePlan, coord: Coordinator, epoch: int) -> None:
     ``Committed`` no branch's staging is needed any more, and a drop of a table that is
     gone costs one ``DROP TABLE IF EXISTS``.
     """
-    with publisher_for(plan.options, coord) as publisher:
+    with publisher_for(plan.options, coord, tuning=plan.tuning) as publisher:
         for record in coord.branches(epoch):
             publisher.drop_staging(record)
 
 
 def abort_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> None:
     """Roll back an undecided xid; a decided one is finished by recovery, never undone."""
-    if plan.options.in_transaction():
+    if plan.options.transaction.in_transaction():
         return  # the transaction block aborts the whole xid
     coord = connections.coordinator(plan.options, plan.sink_id)
-    publisher = publisher_for(plan.options, coord)
+    publisher = publisher_for(plan.options, coord, tuning=plan.tuning)
     try:
         coord.abort(epoch, generation_of(plan, coord, messages), rollback=publisher.rollback)
         log.warning("txsink sink=%s epoch=%d aborted", plan.sink_id, epoch)

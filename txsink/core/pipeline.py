@@ -66,13 +66,13 @@ def worker_mode(options: SinkOptions) -> str:
     """The publish mode of a commit that runs in a Spark Python worker: ``inline`` when
     the worker exits after the call (``spark.python.worker.reuse=false``), where a
     background thread would die with it (logged once)."""
-    if options.publish == PIPELINED and os.environ.get(REUSE_VARIABLE) != "1":
+    if options.publish.mode == PIPELINED and os.environ.get(REUSE_VARIABLE) != "1":
         if not _warned.is_set():
             _warned.set()
             log.warning("txsink: publish=pipelined needs spark.python.worker.reuse=true (the "
                         "commit's worker must outlive the call); publishing inline")
         return INLINE
-    return options.publish
+    return options.publish.mode
 
 
 _warned = threading.Event()
@@ -140,7 +140,7 @@ _pipelines_lock = threading.Lock()
 
 def pipeline_for(options: SinkOptions, sink_id: str) -> Pipeline:
     """This process's pipeline of the sink (one per sink and records root)."""
-    key = (options.root_identity, sink_id)
+    key = (options.store.root_identity, sink_id)
     with _pipelines_lock:
         if key not in _pipelines:
             _pipelines[key] = Pipeline(f"sink={sink_id}")

@@ -83,7 +83,7 @@ class StreamPlans:
             return kept.plan, True
         plan = make()
         layout = plan.shard_layout
-        if (len(layout.shards) != 1 or layout.shards[0].replicas != (options.url,)
+        if (len(layout.shards) != 1 or layout.shards[0].replicas != (options.connection.url,)
                 or layout.local_table != options.table):
             return plan, False  # sharded: its shards and cluster are not among them
         if set(described(plan)) <= set(tables) and seen is not None:
@@ -117,7 +117,7 @@ def plan_write(raw_options: dict[str, str], spark_schema, overwrite: bool, *,
     from an earlier call (:class:`StreamPlans`)."""
     options = parse_options(raw_options)
     note_default_database(options.table)
-    if streaming and not options.in_transaction():
+    if streaming and not options.transaction.in_transaction():
         plan, kept = STREAM_PLANS.plan(
             StreamPlans.key(raw_options, spark_schema, overwrite), options,
             lambda: plan_afresh(options, spark_schema, overwrite, streaming=True))
@@ -129,21 +129,26 @@ def plan_write(raw_options: dict[str, str], spark_schema, overwrite: bool, *,
 
 def plan_afresh(options: SinkOptions, spark_schema, overwrite: bool, *,
                 streaming: bool) -> WritePlan:
-    """:func:`plan_write`'s plan made from the options, the server and the sink."""
-    options = prepare_target(options, spark_schema)  # create_table, …: before describing
-    checked = check_target(options, spark_schema)
-    checked = replace(checked, strategy=check_publish(options, checked, overwrite),
-                      view_strategies=view_strategies(options, checked))
-    check_publishable(options, checked)
-    check_insert_memory(options, checked)
+    """:func:`plan_write`'s plan made from the options, the server and the sink. The
+    planning's ClickHouse clients are made once (``connections.Clients``) and handed to
+    every check."""
+    clients = connections.Clients(options)
+    options = prepare_target(options, spark_schema,  # create_table, …: before describing
+                             clients=clients)
+    checked = check_target(options, spark_schema, clients=clients)
+    checked = replace(checked,
+                      strategy=check_publish(options, checked, overwrite, clients=clients),
+                      view_strategies=view_strategies(options, checked, clients=clients))
+    check_publishable(options, checked, clients=clients)
+    check_insert_memory(options, checked, clients=clients)
     quarantined, quarantine_strategy = quarantine_plan.quarantine_table_for(
-        options, checked.layout, overwrite=overwrite)  # created before any xid
-    sink_id = options.resolved_sink_id(streaming)
+        options, checked.layout, overwrite=overwrite, clients=clients)  # before any xid
+    sink_id = options.transaction.resolved_sink_id(streaming)
     covered_by_txn = None
-    if options.in_transaction():
-        generation, epoch = options.tx_generation, options.tx_epoch
+    if options.transaction.in_transaction():
+        generation, epoch = options.transaction.tx_generation, options.transaction.tx_epoch
     elif streaming:
-        if options.txn_version is not None:
+        if options.transaction.txn_version is not None:
             raise OptionError("option txn_version is for batch jobs: a stream's "
                               "micro-batches are idempotent by their batch id already")
         driver.open_stream(options, sink_id)

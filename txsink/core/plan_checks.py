@@ -40,6 +40,7 @@ from server_ext.sharding import (
 )
 from server_ext.staging import publish_problem
 from txsink.core import connections
+from txsink.core.connections import Clients
 from txsink.core.spark_arrow import arrow_schema
 from txsink.core.write_plan import single_server
 from txsink.options import OptionError, SinkOptions, insert_settings
@@ -68,27 +69,27 @@ def _described_shards(options: SinkOptions, checked: CheckedTarget
                       ) -> tuple[tuple[server_ext.TargetTable, str], ...]:
     """Per shard, (local table, server that described it): ``checked.shard_tables``, or
     the target on the ``url`` server alone when none were recorded."""
-    return checked.shard_tables or ((checked.table, options.url),)
+    return checked.shard_tables or ((checked.table, options.connection.url),)
 
 
 def resolve_layout(options: SinkOptions, client, table: server_ext.TargetTable) -> ShardLayout:
     """The shards the rows go to: a ``Distributed`` target's cluster, the ``shards``
     option, or the ``url`` server alone. ``sharding_key`` overrides a Distributed key."""
-    given = parse_shard_urls(options.shards) if options.shards else None
+    given = parse_shard_urls(options.distributed.shards) if options.distributed.shards else None
     if table.engine == "Distributed":
         layout = layout_from_distributed(client, options.table, http_urls=given,
-                                         http_port=urlsplit(options.url).port or 8123)
-        if options.sharding_key:
-            layout = replace(layout, sharding_key=options.sharding_key)
+                                         http_port=urlsplit(options.connection.url).port or 8123)
+        if options.distributed.sharding_key:
+            layout = replace(layout, sharding_key=options.distributed.sharding_key)
         return layout
     if given:
-        return layout_from_urls(given, options.table, options.sharding_key)
-    if options.sharding_key:
+        return layout_from_urls(given, options.table, options.distributed.sharding_key)
+    if options.distributed.sharding_key:
         raise OptionError(SHARDING_KEY_ALONE)
     return single_server(options)
 
 
-def describe_every_shard(options: SinkOptions, layout: ShardLayout
+def describe_every_shard(clients: Clients, layout: ShardLayout
                          ) -> list[tuple[server_ext.TargetTable, str]]:
     """Describe the local table on one replica of every shard; all must agree.
 
@@ -98,7 +99,7 @@ def describe_every_shard(options: SinkOptions, layout: ShardLayout
     """
     found: list[tuple[server_ext.TargetTable, str]] = []
     for shard in layout.shards:
-        table, url = _describe_on_some_replica(options, layout.local_table, shard)
+        table, url = _describe_on_some_replica(clients, layout.local_table, shard)
         differences = _shape_differences(found[0][0], table) if found else []
         if differences:
             raise server_ext.SchemaMismatch(layout.local_table, [
@@ -126,12 +127,12 @@ def _shape_differences(first: server_ext.TargetTable, other: server_ext.TargetTa
     ) if mine != theirs]
 
 
-def _describe_on_some_replica(options: SinkOptions, table: str,
+def _describe_on_some_replica(clients: Clients, table: str,
                               shard: Shard) -> tuple[server_ext.TargetTable, str]:
     unreachable: list[str] = []
     for url in shard.replicas:
         try:
-            return server_ext.describe_table(connections.clickhouse(options, url), table), url
+            return server_ext.describe_table(clients(url), table), url
         except server_ext.ServerUnreachable:
             unreachable.append(url)
     raise server_ext.ServerUnreachable(
@@ -139,20 +140,24 @@ def _describe_on_some_replica(options: SinkOptions, table: str,
         purpose=f"describe table {table}")
 
 
-def check_target(options: SinkOptions, spark_schema, *, views: bool = True) -> CheckedTarget:
+def check_target(options: SinkOptions, spark_schema, *, views: bool = True,
+                 clients: Clients | None = None) -> CheckedTarget:
     """Describe the target, check the incoming schema against it, pick the strategy.
 
     Raises the server's typed errors (unknown table or database, unreachable server) and
     ``SchemaMismatch`` naming every bad column, all before any staging exists.
     ``views``: discover the materialized views the target feeds (:func:`view_tree`); the
     at-least-once baseline, which inserts into the target itself, does not need them.
+    ``clients``: the planner's (default: the options' own).
     """
-    client = connections.clickhouse(options)
+    clients = connections.clients_for(options, clients)
+    client = clients()
     table = server_ext.describe_table(client, options.table)
     layout = resolve_layout(options, client, table)
-    shard_tables = [(table, options.url)]
-    if layout.local_table != options.table or layout.shards[0].replicas != (options.url,):
-        shard_tables = describe_every_shard(options, layout)
+    url = options.connection.url
+    shard_tables = [(table, url)]
+    if layout.local_table != options.table or layout.shards[0].replicas != (url,):
+        shard_tables = describe_every_shard(clients, layout)
     table, server = shard_tables[0]
     incoming = arrow_schema(spark_schema)
     columns = server_ext.check_arrow_schema(table, incoming)
@@ -160,20 +165,20 @@ def check_target(options: SinkOptions, spark_schema, *, views: bool = True) -> C
         ShardRouter(layout, incoming, {c.name: c.type for c in table.columns}, client)
     for url in dict.fromkeys(url for _, url in shard_tables):
         try:
-            insert_settings.check_on_server(connections.clickhouse(options, url),
-                                            options.insert_settings, url)
+            insert_settings.check_on_server(clients(url),
+                                            options.connection.insert_settings, url)
         except insert_settings.SettingRefused as exc:
             raise OptionError(f"{exc}. Nothing was staged") from None
-    caps = server_ext.detect_capabilities(connections.clickhouse(options, server))
-    strategy = options.strategy
+    caps = server_ext.detect_capabilities(clients(server))
+    strategy = options.publish.strategy
     if strategy == "auto":
         strategy = server_ext.choose_strategy(caps, table)
     return CheckedTarget(table, tuple(c.name for c in columns), strategy, layout,
                          tuple(shard_tables),
-                         view_tree(options, client, layout, shard_tables) if views else ())
+                         view_tree(options, clients, layout, shard_tables) if views else ())
 
 
-def view_tree(options: SinkOptions, client, layout: ShardLayout,
+def view_tree(options: SinkOptions, clients: Clients, layout: ShardLayout,
               shard_tables: list[tuple[server_ext.TargetTable, str]]) -> tuple[ViewNode, ...]:
     """The materialized views the target feeds (``server_ext.ddl.views``), the same on every
     shard; ``()`` with ``materialized_views='ignore'``, logged.
@@ -183,6 +188,7 @@ def view_tree(options: SinkOptions, client, layout: ShardLayout,
     it would never fire), and shards whose trees differ.
     """
     if layout.local_table != options.table:
+        client = clients()
         above = server_ext.describe_table(client, options.table)
         found = discover(client, above)
         if found:
@@ -194,7 +200,7 @@ def view_tree(options: SinkOptions, client, layout: ShardLayout,
     trees = []
     for index, (table, url) in enumerate(shard_tables):
         try:
-            trees.append(discover(connections.clickhouse(options, url), table))
+            trees.append(discover(clients(url), table))
         except ViewProblem as exc:
             where = f" (shard {index + 1}, {url})" if len(shard_tables) > 1 else ""
             raise server_ext.UnsupportedTarget(f"cannot stage the views of {table.qualified}"
@@ -206,12 +212,12 @@ def view_tree(options: SinkOptions, client, layout: ShardLayout,
                 f"shard {index} of {layout.local_table} feeds other materialized views than "
                 "shard 1; every shard's local table must feed the same views")
     tree = trees[0] if trees else ()
-    if tree and options.materialized_views == "ignore":
+    if tree and options.target.materialized_views == "ignore":
         log.warning("materialized_views='ignore': %s feeds %s, which will not get the rows "
                     "of this write", layout.local_table,
                     ", ".join(node.view_name for node in tree))
         return ()
-    _require_same_views_on_replicas(options, layout, shard_tables, shapes)
+    _require_same_views_on_replicas(clients, layout, shard_tables, shapes)
     return tree
 
 
@@ -220,7 +226,7 @@ def _tree_shape(tree: tuple[ViewNode, ...]) -> list[tuple]:
     return [(n.view, n.table.qualified, n.select) for n in tree]
 
 
-def _require_same_views_on_replicas(options: SinkOptions, layout: ShardLayout,
+def _require_same_views_on_replicas(clients: Clients, layout: ShardLayout,
                                     shard_tables: list[tuple[server_ext.TargetTable, str]],
                                     shapes: list[list[tuple]]) -> None:
     """Refuse replicas of a shard whose local table feeds other views than the replica
@@ -233,7 +239,7 @@ def _require_same_views_on_replicas(options: SinkOptions, layout: ShardLayout,
             if url == described:
                 continue
             try:
-                shape = _tree_shape(discover(connections.clickhouse(options, url), table))
+                shape = _tree_shape(discover(clients(url), table))
             except server_ext.ServerUnreachable:
                 log.warning("replica %s of shard %d does not answer: its views are not "
                             "compared with %s's", shown_url(url), shard.index + 1,
@@ -249,7 +255,8 @@ def _require_same_views_on_replicas(options: SinkOptions, layout: ShardLayout,
                     "views. Nothing was staged")
 
 
-def check_publish(options: SinkOptions, checked: CheckedTarget, overwrite: bool = False) -> str:
+def check_publish(options: SinkOptions, checked: CheckedTarget, overwrite: bool = False, *,
+                  clients: Clients | None = None) -> str:
     """Check the target's engine and the ``strategy`` option against every shard's server;
     return the strategy the branches record.
 
@@ -271,6 +278,7 @@ def check_publish(options: SinkOptions, checked: CheckedTarget, overwrite: bool 
     supports it, else the next one every shard supports, so a cluster whose servers
     differ (one without MOVE PARTITION) gets a strategy all of them can run.
     """
+    clients = connections.clients_for(options, clients)
     shards = _described_shards(options, checked)
     several = len(shards) > 1
     views = tree_problem(checked.views, overwrite)  # shard 1's tree, every shard's too
@@ -287,43 +295,47 @@ def check_publish(options: SinkOptions, checked: CheckedTarget, overwrite: bool 
         raise server_ext.UnsupportedTarget(
             f"the shards of {checked.layout.local_table} disagree on being Replicated "
             f"({kinds}); one publish strategy cannot serve both kinds")
-    if options.compression:
+    if options.connection.compression:
         for index, (_, server) in enumerate(shards):
-            problem = encoding_problem(connections.clickhouse(options, server),
-                                       options.compression)
+            problem = encoding_problem(clients(server),
+                                       options.connection.compression)
             if problem:
-                raise OptionError(f"option compression={options.compression!r} cannot be "
-                                  f"used{_on_shard(index, server, several)}: {problem}; "
+                raise OptionError(f"option compression={options.connection.compression!r} "
+                                  f"cannot be used{_on_shard(index, server, several)}: {problem}; "
                                   "use gzip (every server reads it) or none. Nothing was staged")
-    if options.strategy == "auto":
-        return _auto_strategy(options, shards, checked.layout.local_table)
+    if options.publish.strategy == "auto":
+        return _auto_strategy(clients, shards, checked.layout.local_table)
     for index, (table, server) in enumerate(shards):
-        caps = server_ext.detect_capabilities(connections.clickhouse(options, server))
-        found = strategy_problem(caps, table, options.strategy)
+        caps = server_ext.detect_capabilities(clients(server))
+        found = strategy_problem(caps, table, options.publish.strategy)
         if found is not None:
             raise OptionError(strategy_refusal(
                 found, f"{table.qualified}{_on_shard(index, server, several)}"))
-    return options.strategy
+    return options.publish.strategy
 
 
-def view_strategies(options: SinkOptions, checked: CheckedTarget) -> tuple[str, ...]:
+def view_strategies(options: SinkOptions, checked: CheckedTarget, *,
+                    clients: Clients | None = None) -> tuple[str, ...]:
     """The strategy each view's table is published with (aligned with ``checked.views``):
     ``auto``'s choice for that table on every shard, whatever the ``strategy`` option
     says of the target (a Replicated target may feed a plain MergeTree rollup)."""
+    clients = connections.clients_for(options, clients)
     shards = _described_shards(options, checked)
-    return tuple(_auto_strategy(options, [(node.table, server) for _, server in shards],
+    return tuple(_auto_strategy(clients, [(node.table, server) for _, server in shards],
                                 f"{node.table.database}.{node.table.name}")
                  for node in checked.views)
 
 
-def check_publishable(options: SinkOptions, checked: CheckedTarget) -> None:
+def check_publishable(options: SinkOptions, checked: CheckedTarget, *,
+                      clients: Clients | None = None) -> None:
     """Refuse, before anything is staged, a target or view table that would refuse the
     partitions of its staging tables (``server_ext.staging.publish_problem``), on every
     shard: found after the decision, it would leave the xid ``Committing`` for good."""
+    clients = connections.clients_for(options, clients)
     shards = _described_shards(options, checked)
     several = len(shards) > 1
     for index, (table, server) in enumerate(shards):
-        client = connections.clickhouse(options, server)
+        client = clients(server)
         for each, strategy, view in ((table, checked.strategy, None),
                                      *((n.table, s, n) for n, s in zip(checked.views,
                                                                        checked.view_strategies,
@@ -335,16 +347,18 @@ def check_publishable(options: SinkOptions, checked: CheckedTarget) -> None:
                     f"{_on_shard(index, server, several)}: {problem}. Nothing was staged")
 
 
-def check_insert_memory(options: SinkOptions, checked: CheckedTarget) -> None:
+def check_insert_memory(options: SinkOptions, checked: CheckedTarget, *,
+                        clients: Clients | None = None) -> None:
     """Refuse, before any xid is opened or anything staged, a target (or view table) too
     wide for one staging INSERT within its server's per-query memory limit
     (``server_ext.old_server.insert_memory``: 18.16 holds ~2 MiB per column file, so its
     4 GB limit takes ~1,900 plain columns), on every shard. Found by the tasks, it would fail every
     attempt after the xid was opened, with only the server's "Memory limit exceeded"."""
+    clients = connections.clients_for(options, clients)
     shards = _described_shards(options, checked)
     several = len(shards) > 1
     for index, (table, server) in enumerate(shards):
-        client = connections.clickhouse(options, server)
+        client = clients(server)
         for each, view in ((table, None), *((node.table, node) for node in checked.views)):
             problem = memory_problem(client, each)
             if problem:
@@ -360,10 +374,10 @@ def _named(table: server_ext.TargetTable, view: ViewNode | None) -> str:
     return f"{table.qualified} (the table of materialized view {view.view_name})"
 
 
-def _auto_strategy(options: SinkOptions, tables, name: str) -> str:
+def _auto_strategy(clients: Clients, tables, name: str) -> str:
     """The strategy ``choose_strategy`` prefers for the first (table, server) if every
     one supports it, else the next one every one supports."""
-    caps = [(table, server_ext.detect_capabilities(connections.clickhouse(options, server)))
+    caps = [(table, server_ext.detect_capabilities(clients(server)))
             for table, server in tables]
     first_table, first_caps = caps[0]
     for candidate in supported_strategies(first_caps, first_table):
@@ -376,12 +390,12 @@ def _auto_strategy(options: SinkOptions, tables, name: str) -> str:
 def check_server_options(options: SinkOptions) -> None:
     """The checks that need no table, against the ``url`` server: for a multi-table
     transaction before it begins its xid (each write then checks its own table)."""
-    if options.strategy == "auto":
+    if options.publish.strategy == "auto":
         return
     caps = server_ext.detect_capabilities(connections.clickhouse(options))
-    found = strategy_problem(caps, None, options.strategy)
+    found = strategy_problem(caps, None, options.publish.strategy)
     if found is not None:
-        raise OptionError(strategy_refusal(found, f"any table on {options.url}"))
+        raise OptionError(strategy_refusal(found, f"any table on {options.connection.url}"))
 
 
 def strategy_refusal(problem: StrategyProblem, where: str) -> str:

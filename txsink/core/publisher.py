@@ -49,10 +49,9 @@ from txsink.core.payload import (
     staged_manifest,
     staging_place,
 )
+from txsink.core.tuning import DEFAULT_TUNING
 
 log = logging.getLogger(__name__)
-
-RELEASE_WORKERS = 2  # published winners' staging drops in flight at once
 
 
 class BranchPublisher:
@@ -75,10 +74,12 @@ class BranchPublisher:
 
     def __init__(self, client_for: Callable[[str | None], ClickHouseClient],
                  coord: Coordinator, limits: SizeLimits = DEFAULT_LIMITS,
-                 tables: tuple[server_ext.TargetTable, ...] = ()) -> None:
+                 tables: tuple[server_ext.TargetTable, ...] = (),
+                 release_workers: int = DEFAULT_TUNING.release_workers) -> None:
         self.client_for = client_for
         self.coord = coord
         self.limits = limits
+        self.release_workers = release_workers
         self.tables = {(t.database, t.name): t for t in tables}
         self._known: dict[tuple[int, str], BranchRecord] = {}
         self._pool: ThreadPoolExecutor | None = None
@@ -152,7 +153,7 @@ class BranchPublisher:
         """
         with self._lock:  # winners of different groups are published at once
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(RELEASE_WORKERS,
+                self._pool = ThreadPoolExecutor(self.release_workers,
                                                 thread_name_prefix="txsink-release")
             self._pending.append((record, self._pool.submit(self.drop_staging, record)))
 

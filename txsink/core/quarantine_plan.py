@@ -35,31 +35,35 @@ from server_ext.sharding import ShardLayout
 from server_ext.sql import shown_name
 from server_ext.staging import publish_problem
 from txsink.core import connections
+from txsink.core.connections import Clients
 from txsink.options import OptionError, SinkOptions
 
 log = logging.getLogger(__name__)
 
 
-def quarantine_table_for(options: SinkOptions, layout: ShardLayout, overwrite: bool
-                         ) -> tuple[server_ext.TargetTable | None, Strategy | None]:
+def quarantine_table_for(options: SinkOptions, layout: ShardLayout, overwrite: bool, *,
+            clients: Clients | None = None
+            ) -> tuple[server_ext.TargetTable | None, Strategy | None]:
     """The quarantine table (created when missing on every replica of every shard of
     ``layout``) and its publish strategy, or ``(None, None)`` with ``bad_rows=fail``.
     Runs before any xid is opened; every server is checked before any table is created.
+    ``clients``: the planner's (default: the options' own).
     """
-    if options.bad_rows != "quarantine" or not options.quarantine_table:
+    if options.bad_rows.mode != "quarantine" or not options.bad_rows.quarantine_table:
         return None, None
     if overwrite:
         raise OptionError("option bad_rows=quarantine cannot be used with mode('overwrite'), "
                           "which replaces whole partitions of every table it publishes "
                           "into. Nothing was staged")
-    name = options.quarantine_table
+    name = options.bad_rows.quarantine_table
+    clients = connections.clients_for(options, clients)
     several = sum(len(shard.replicas) for shard in layout.shards) > 1
-    servers = [_Server(shard.index, url, len(shard.replicas) > 1, several)
+    servers = [_Server(shard.index, url, len(shard.replicas) > 1, several, clients(url))
                for shard in layout.shards for url in shard.replicas]
     found = {s.url: _checked(options, s, name) for s in servers}
     for server in servers:  # every server checked: now create what is missing
         if found[server.url] is None:
-            found[server.url] = ensure_quarantine_table(server.client(options), name,
+            found[server.url] = ensure_quarantine_table(server.client, name,
                                                     replicated=server.replicated)
             log.info("txsink bad_rows=quarantine: created %s%s", name, server.where)
     strategies: list[tuple[Strategy, list[Strategy]]] = []
@@ -73,19 +77,18 @@ def quarantine_table_for(options: SinkOptions, layout: ShardLayout, overwrite: b
 class _Server:
     """One server the quarantine table must be on: a replica of a shard."""
 
-    def __init__(self, shard: int, url: str, replicated: bool, several: bool) -> None:
+    def __init__(self, shard: int, url: str, replicated: bool, several: bool,
+                 client) -> None:
         self.url = url
+        self.client = client
         self.replicated = replicated  # its shard has several replicas
         self.where = f" on shard {shard + 1} ({url})" if several else ""  # alone: the url
-
-    def client(self, options: SinkOptions):
-        return connections.clickhouse(options, self.url)
 
 
 def _checked(options: SinkOptions, server: _Server, name: str
              ) -> server_ext.TargetTable | None:
     """The quarantine table on ``server`` checked (None: missing, and creatable there)."""
-    client = server.client(options)
+    client = server.client
     table = find_quarantine_table(client, name)
     if table is not None:
         problem = quarantine_schema_problem(table)
@@ -123,7 +126,7 @@ def _publishable(options: SinkOptions, server: _Server, table: server_ext.Target
                  ) -> tuple[Strategy, list[Strategy]]:
     """The strategy ``auto`` picks for ``table`` on ``server`` and every one it supports;
     refused by name when nothing can be published into it or it feeds views."""
-    client = server.client(options)
+    client = server.client
     caps = server_ext.detect_capabilities(client)
     strategy = server_ext.choose_strategy(caps, table)
     problem = target_engine_problem(table) or publish_problem(client, table, strategy)

@@ -54,8 +54,8 @@ def check_bound(options: SinkOptions, messages: Sequence[BranchMessage]) -> None
     """Refuse the decision of a write whose tasks quarantined more than ``max_bad_rows``
     rows in all (each task counted its own)."""
     total = sum(m.bad_rows for m in messages)
-    if options.bad_rows == "quarantine" and total > options.max_bad_rows:
-        raise TooManyBadRows(bound_message(total, options.max_bad_rows))
+    if options.bad_rows.mode == "quarantine" and total > options.bad_rows.max_bad_rows:
+        raise TooManyBadRows(bound_message(total, options.bad_rows.max_bad_rows))
 
 
 def bound_message(count: int, bound: int, *, task: bool = False) -> str:
@@ -92,7 +92,7 @@ class QuarantineShare(StagedTable):
         ``first_row``-th) to be staged; fail at once past the write's bound. Their
         quarantine records are built for many batches at once (:meth:`_stage`)."""
         self.count += len(bad)
-        bound = self.plan.options.max_bad_rows
+        bound = self.plan.options.bad_rows.max_bad_rows
         if self.count > bound:
             raise TooManyBadRows(bound_message(self.count, bound, task=True))
         if self.writer is None:

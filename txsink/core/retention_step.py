@@ -15,6 +15,7 @@ import time
 
 from coordinator import Coordinator
 from txsink.core.history_summary import fold_into
+from txsink.core.tuning import DEFAULT_TUNING, Tuning
 from txsink.options import SinkOptions
 
 log = logging.getLogger(__name__)
@@ -32,17 +33,20 @@ def pass_interval(retention: float) -> float:
 _next_pass: dict[tuple[object, ...], float] = {}  # (store, root, sink) -> monotonic time
 
 
-def retain_after_commit(options: SinkOptions, coord: Coordinator) -> None:
-    """The writers' retention step (module docstring); call after a ``Committed`` write."""
-    if not options.retention:
+def retain_after_commit(options: SinkOptions, coord: Coordinator,
+                        tuning: Tuning = DEFAULT_TUNING) -> None:
+    """The writers' retention step (module docstring); call after a ``Committed`` write;
+    one pass removes at most ``tuning.retention_pass_xids`` xids."""
+    if not options.transaction.retention:
         return
-    key = (options.root_identity, options.zk_root, coord.sink_id)
+    key = (options.store.root_identity, options.store.zk_root, coord.sink_id)
     now = time.monotonic()
     if _next_pass.get(key, 0.0) > now:
         return
-    _next_pass[key] = now + pass_interval(options.retention)
+    _next_pass[key] = now + pass_interval(options.transaction.retention)
     try:
-        done = coord.retain(options.retention, fold_into(options.url))
+        done = coord.retain(options.transaction.retention, fold_into(options.connection.url),
+                            limit=tuning.retention_pass_xids)
     except Exception as exc:  # noqa: BLE001 - the commit is done; the next pass repeats
         log.warning("txsink sink=%s retention pass failed (the next one repeats it): %s",
                     coord.sink_id, exc)

@@ -109,9 +109,9 @@ class ShardBranch(StagedTable):
             staging = create_staging(self.client, target, self.staging, caps)
             self.create_views(staging.qualified)
             crashpoints.hit(crashpoints.BRANCH_AFTER_VIEWS)
-            given = dict(self.plan.options.insert_settings)
+            given = dict(self.plan.options.connection.insert_settings)
             bound = partition_bound_settings(
-                self.client, self.plan.options.max_partitions_per_job, given)
+                self.client, self.plan.options.publish.max_partitions_per_job, given)
             self.writer = staging.writer(
                 self.plan, target_columns=columns, extra_settings={**given, **bound},
                 repeat_inserts=not self.views,  # the views' shares have no count to seal

@@ -34,7 +34,7 @@ class StagedTable(Protocol):
 def staging_name(plan: WritePlan, epoch: int, branch_id: str) -> str:
     """The staging table of ``branch_id`` in ``epoch`` (unique per branch and sink)."""
     return server_ext.staging_table_name(plan.sink_id, epoch, branch_id,
-                                         root=plan.options.root_identity)
+                                         root=plan.options.store.root_identity)
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,8 @@ class Staging:
         ``options``: the rest of ``BranchWriter``'s."""
         return server_ext.BranchWriter(
             self.client, self.table, self.qualified, self.caps,
-            block_rows=plan.options.insert_block_rows, dedup_token=self.dedup_token,
-            encoding=plan.options.compression, **options)
+            block_rows=plan.options.connection.insert_block_rows, dedup_token=self.dedup_token,
+            encoding=plan.options.connection.compression, **options)
 
 
 def create_staging(client: Client, table: server_ext.TargetTable, staging: str,

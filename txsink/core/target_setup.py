@@ -38,6 +38,7 @@ from server_ext.sharding import parse_shard_urls
 from server_ext.sql import identifier_text, qualified_name, split_table_name
 from server_ext.types import flatten_schema, type_problem
 from txsink.core import connections, distributed_target
+from txsink.core.connections import Clients
 from txsink.core.spark_arrow import arrow_schema
 from txsink.options import OptionError, SinkOptions
 from txsink.options.distributed_options import SHARDING_KEY_ALONE
@@ -47,40 +48,45 @@ log = logging.getLogger(__name__)
 
 
 
-def prepare_target(options: SinkOptions, spark_schema) -> SinkOptions:
+def prepare_target(options: SinkOptions, spark_schema, *,
+                   clients: Clients | None = None) -> SinkOptions:
     """Create the target and add its missing columns as the options ask, on every server
     that holds it (the ``url`` server, or every replica of every shard of ``shards``),
     and the Distributed table above them that ``distributed_table`` names; return the
-    options the write proceeds with (``distributed_target.written_through``)."""
-    if options.create_table != IF_MISSING and options.schema_evolution != ADD_COLUMNS:
+    options the write proceeds with (``distributed_target.written_through``). ``clients``:
+    the planner's (default: the options' own)."""
+    if options.target.create_table != IF_MISSING and options.target.schema_evolution != ADD_COLUMNS:
         return options
+    clients = connections.clients_for(options, clients)
     schema = arrow_schema(spark_schema)
-    distributed = distributed_target.checked_statement(options, schema)  # checked before any change
+    # checked before any change
+    distributed = distributed_target.checked_statement(options, schema, clients)
     servers = _servers(options)
-    found = {url: _describe(options, url) for url in servers}
+    found = {url: _describe(options, clients(url)) for url in servers}
     missing = [url for url, table in found.items() if table is None]
-    target = found.get(options.url)
-    if (options.sharding_key and not options.shards and distributed is None
+    target = found.get(options.connection.url)
+    if (options.distributed.sharding_key and not options.distributed.shards and distributed is None
             and (target is None or target.engine != "Distributed")):
         raise OptionError(f"{SHARDING_KEY_ALONE}. Nothing was created or changed")
-    if missing and options.create_table == IF_MISSING:
-        _create(options, schema, missing)
-        found.update({url: _describe(options, url) for url in missing})
-    if options.schema_evolution == ADD_COLUMNS:
-        _add_columns(options, schema, {url: t for url, t in found.items() if t is not None})
-    distributed_target.create(options, distributed)
+    if missing and options.target.create_table == IF_MISSING:
+        _create(options, clients, schema, missing)
+        found.update({url: _describe(options, clients(url)) for url in missing})
+    if options.target.schema_evolution == ADD_COLUMNS:
+        _add_columns(options, clients, schema,
+                     {url: t for url, t in found.items() if t is not None})
+    distributed_target.create(options, distributed, clients)
     return distributed_target.written_through(options)
 
 
 def _servers(options: SinkOptions) -> list[str]:
-    if options.shards:
-        return [url for shard in parse_shard_urls(options.shards) for url in shard]
-    return [options.url]
+    if options.distributed.shards:
+        return [url for shard in parse_shard_urls(options.distributed.shards) for url in shard]
+    return [options.connection.url]
 
 
-def _describe(options: SinkOptions, url: str) -> server_ext.TargetTable | None:
+def _describe(options: SinkOptions, client) -> server_ext.TargetTable | None:
     try:
-        return server_ext.describe_table(connections.clickhouse(options, url), options.table)
+        return server_ext.describe_table(client, options.table)
     except server_ext.ClickHouseError as exc:
         if exc.code == UNKNOWN_TABLE:
             return None
@@ -91,14 +97,16 @@ def _qualified(options: SinkOptions) -> str:
     return qualified_name(*split_table_name(options.table))
 
 
-def _create(options: SinkOptions, schema: pa.Schema, servers: list[str]) -> None:
+def _create(options: SinkOptions, clients: Clients, schema: pa.Schema,
+            servers: list[str]) -> None:
     """Build every server's statement first (a refusal then leaves no server changed),
     then create the table on each."""
-    shape = TableShape(options.engine, options.order_by or "", options.partition_by or "")
+    target = options.target
+    shape = TableShape(target.engine, target.order_by or "", target.partition_by or "")
     keys = shape.keys(schema.names)
     statements = []
     for url in servers:
-        client = connections.clickhouse(options, url)
+        client = clients(url)
         columns, problems = column_types(schema, type_families(client), keys)
         if problems:
             raise server_ext.SchemaMismatch(
@@ -117,13 +125,13 @@ def _create(options: SinkOptions, schema: pa.Schema, servers: list[str]) -> None
                  len(columns))
 
 
-def _add_columns(options: SinkOptions, schema: pa.Schema,
+def _add_columns(options: SinkOptions, clients: Clients, schema: pa.Schema,
                  found: dict[str, server_ext.TargetTable]) -> None:
     """Check every server's table against the DataFrame, then add what each lacks."""
     planned: list[tuple[str, object, str, str]] = []
     for url, table in found.items():
         new, problems = column_changes(table, schema)
-        client = connections.clickhouse(options, url)
+        client = clients(url)
         families = type_families(client) if new else frozenset()
         for field in new:
             try:

@@ -15,6 +15,7 @@ import server_ext
 from server_ext.ddl import ViewNode
 from server_ext.publish import Strategy
 from server_ext.sharding import ShardLayout, layout_from_urls
+from txsink.core.tuning import DEFAULT_TUNING, Tuning
 from txsink.options import SinkOptions
 
 
@@ -41,6 +42,8 @@ class WritePlan:
     # This write's own: two writes of one table in a transaction share the xid, and each
     # needs a pre-combined table of its own (txsink.core.combine)
     write_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    # the sizes and pools its tasks and its commit share (txsink/core/tuning.py)
+    tuning: Tuning = DEFAULT_TUNING
 
     @property
     def target(self) -> str:
@@ -66,4 +69,4 @@ def send_columns(target, names: tuple[str, ...]) -> list:
 
 
 def single_server(options: SinkOptions) -> ShardLayout:
-    return layout_from_urls([[options.url]], options.table, None)
+    return layout_from_urls([[options.connection.url]], options.table, None)

@@ -24,6 +24,7 @@ credentials never appear in a process listing)::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -34,7 +35,7 @@ import time
 from pathlib import Path
 
 from coordinator import Coordinator, XidState
-from txsink.options import SinkOptions
+from txsink.options import ConnectionOptions, SinkOptions, StoreOptions
 
 log = logging.getLogger(__name__)
 
@@ -83,20 +84,20 @@ def _alive(pid: int, started: str | None) -> bool:
 
 #: the options a keeper needs to reach the node store (credentials included: they travel
 #: on the keeper's stdin, never on its command line)
-STORE_FIELDS = ("url", "user", "password", "timeout", "retries", "ca_file", "zookeeper",
-                "zookeeper_auth", "zookeeper_ca_file", "coordinator", "records_url",
-                "records_table", "session_timeout")
+CONNECTION_FIELDS = ("url", "user", "password", "timeout", "retries", "ca_file")
 
 
 def store_settings(options: SinkOptions) -> dict[str, object]:
-    return {name: getattr(options, name) for name in STORE_FIELDS}
+    return {"connection": {name: getattr(options.connection, name)
+                           for name in CONNECTION_FIELDS},
+            "store": dataclasses.asdict(options.store)}
 
 
 def start(options: SinkOptions, sink_id: str, epoch: int) -> bool:
     """Start a keeper for xid ``(sink_id, epoch)``; True once it holds."""
     watched = driver_pid()
     fields = _stat(watched)
-    settings = {"store": store_settings(options), "zk_root": options.zk_root,
+    settings = {"store": store_settings(options), "zk_root": options.store.zk_root,
                 "sink_id": sink_id, "epoch": epoch, "pid": watched,
                 "started": fields[19] if fields else None}
     try:
@@ -162,7 +163,9 @@ def keep(settings: dict) -> int:
     from coordinator import XidState
     from txsink.core.connections import node_store
 
-    client = node_store(SinkOptions(table="", **settings["store"]))
+    store = settings["store"]
+    client = node_store(SinkOptions(connection=ConnectionOptions(**store["connection"]),
+                                    table="", store=StoreOptions(**store["store"])))
     coord = Coordinator(client, settings["sink_id"], root=settings["zk_root"])
     epoch = int(settings["epoch"])
     if not coord.hold(epoch, "batch keeper"):

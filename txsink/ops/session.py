@@ -25,7 +25,9 @@ from txsink.options import (
     DEFAULT_RECORDS_TABLE,
     KEEPERMAP,
     ZOOKEEPER,
+    ConnectionOptions,
     SinkOptions,
+    StoreOptions,
     root_identity,
 )
 
@@ -52,10 +54,12 @@ class Session:
             server = records_url or url
             if server is None:
                 raise ValueError("--coordinator keepermap needs --records-url (or --url)")
-            options = SinkOptions(url=server, table="", zookeeper="", user=user,
-                                  password=password, zk_root=zk_root, coordinator=KEEPERMAP,
-                                  records_url=records_url, records_table=records_table)
-            self.root_identity = options.root_identity  # what gc may judge
+            options = SinkOptions(
+                connection=ConnectionOptions(url=server, user=user, password=password),
+                table="", store=StoreOptions(zk_root=zk_root, coordinator=KEEPERMAP,
+                                             records_url=records_url,
+                                             records_table=records_table))
+            self.root_identity = options.store.root_identity  # what gc may judge
             self.zk = connections.records(options, shared=False)
         else:
             self.root_identity = root_identity(zookeeper, zk_root)

@@ -10,11 +10,31 @@ of it becomes visible.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from txsink.options.target_name import name_problem
 
 BAD_ROWS_CHOICES = ("fail", "quarantine")
 DEFAULT_MAX_BAD_ROWS = 100_000
 OPTION_NAMES = ("bad_rows", "quarantine_table", "max_bad_rows")
+
+
+@dataclass(frozen=True)
+class BadRowsOptions:
+    """What a value that does not fit its column does."""
+
+    mode: str = BAD_ROWS_CHOICES[0]  # the option bad_rows: "fail" or "quarantine"
+    quarantine_table: str | None = None  # database.table of the quarantined rows
+    max_bad_rows: int = DEFAULT_MAX_BAD_ROWS  # per write (xid)
+
+
+def parse(values: dict[str, object]) -> BadRowsOptions:
+    """These options of ``values``, checked (:func:`check`), as a record."""
+    check(values)
+    return BadRowsOptions(mode=str(values["bad_rows"]),
+                          quarantine_table=values.get("quarantine_table"),  # type: ignore[arg-type]
+                          max_bad_rows=int(values.get(  # type: ignore[call-overload]
+                              "max_bad_rows", DEFAULT_MAX_BAD_ROWS)))
 
 
 def check(values: dict[str, object]) -> None:

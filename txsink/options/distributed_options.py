@@ -1,5 +1,6 @@
-"""The options of a created ``Distributed`` table: ``distributed_table`` and ``cluster``,
-checked with the other options before any server is asked.
+"""The options of a sharded target: ``shards``, ``sharding_key``, ``replica_choice``, and
+of a created ``Distributed`` table: ``distributed_table`` and ``cluster``, checked with the
+other options before any server is asked.
 
 With ``create_table=if_missing``, ``table`` names the shards' local table, created on
 every replica of every shard of ``shards``; ``distributed_table`` names the Distributed
@@ -12,10 +13,15 @@ without the others, is refused by name rather than guessed or ignored.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from server_ext.ddl import expression_problem
+from server_ext.sharding import ShardingError, parse_shard_urls
 from server_ext.sql import split_table_name
 
 OPTION_NAMES = ("distributed_table", "cluster")
+SHARD_OPTIONS = ("shards", "sharding_key", "replica_choice")
+REPLICA_CHOICES = ("round_robin", "random")
 #: What each option a Distributed table needs says (for the refusal naming the missing).
 NEEDED = {"cluster": "the cluster name of the servers' remote_servers",
           "shards": "the HTTP URLs of every replica of every shard, in the cluster's order",
@@ -60,6 +66,36 @@ def check(values: dict[str, object]) -> None:
         raise ValueError(f"option sharding_key={key!r} is not one expression: {problem}")
     values["distributed_table"] = table
     values["cluster"] = str(values["cluster"]).strip()
+
+
+@dataclass(frozen=True)
+class DistributedOptions:
+    """The shards the rows go to, and the Distributed table the sink may create."""
+
+    shards: str | None = None  # the HTTP URLs of every replica of every shard
+    sharding_key: str | None = None  # the expression that routes each row to its shard
+    replica_choice: str = REPLICA_CHOICES[0]  # one of REPLICA_CHOICES
+    distributed_table: str | None = None  # database.table, on the url server
+    cluster: str | None = None  # its cluster, from the servers' remote_servers
+
+
+def parse(values: dict[str, object]) -> DistributedOptions:
+    """These options of ``values`` (whose ``create_table`` is already normalised), checked
+    (:func:`check`, then the replica choice and the shards' URLs), as a record."""
+    check(values)
+    choice = str(values.get("replica_choice", REPLICA_CHOICES[0])).lower()
+    if choice not in REPLICA_CHOICES:
+        raise ValueError(
+            f"option replica_choice={choice!r} is not one of {', '.join(REPLICA_CHOICES)}")
+    if "shards" in values:
+        try:
+            parse_shard_urls(str(values["shards"]))
+        except ShardingError as exc:
+            raise ValueError(f"option shards: {exc}") from None
+    return DistributedOptions(
+        **{name: values[name] for name in (*OPTION_NAMES, "shards", "sharding_key")
+           if name in values},  # type: ignore[arg-type]
+        replica_choice=choice)
 
 
 def _name_problem(name: str) -> str | None:

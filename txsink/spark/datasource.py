@@ -102,7 +102,7 @@ class BatchWriter(DataSourceArrowWriter):
         """Invoked on the driver once every task succeeded: decides and publishes the
         xid (``driver.commit_epoch``)."""
         if self.plan.epoch is None:
-            driver.log_covered(self.plan.sink_id, self.plan.options.txn_version,
+            driver.log_covered(self.plan.sink_id, self.plan.options.transaction.txn_version,
                                self.plan.covered_by_txn)
             return
         driver.commit_epoch(self.plan, self.plan.epoch, _unwrapped(messages))

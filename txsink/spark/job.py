@@ -135,7 +135,7 @@ def write(df, *, table: str, mode: str = "append", **options: object) -> None:
     overwrite = overwrite_of(mode)
     plan = plan_write(job_options(table, options), df.schema, overwrite, streaming=False)
     if plan.epoch is None:  # covered by the sink's txn_version: write nothing
-        driver.log_covered(plan.sink_id, plan.options.txn_version, plan.covered_by_txn)
+        driver.log_covered(plan.sink_id, plan.options.transaction.txn_version, plan.covered_by_txn)
         return
     run_epoch(df, plan, plan.epoch)
 

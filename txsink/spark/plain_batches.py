@@ -36,7 +36,7 @@ def plan_plain(raw: dict[str, str], schema) -> tuple[SinkOptions, tuple[str, ...
     raw = dict(raw)
     raw.setdefault("zookeeper", "unused")
     options = parse_options(raw)
-    if options.bad_rows != "fail":  # never ignored silently
+    if options.bad_rows.mode != "fail":  # never ignored silently
         raise OptionError("option bad_rows=quarantine is clickhouse_tx's: "
                           "clickhouse_plain fails the write on a bad value")
     options = prepare_target(options, schema)  # create_table, …: as clickhouse_tx
@@ -50,9 +50,10 @@ def insert_rows(options: SinkOptions, columns: tuple[str, ...],
     target = server_ext.describe_table(client, options.table)
     writer = server_ext.BranchWriter(
         client, target, qualified_name(target.database, target.name),
-        server_ext.detect_capabilities(client), block_rows=options.insert_block_rows,
+        server_ext.detect_capabilities(client), block_rows=options.connection.insert_block_rows,
         target_columns=send_columns(target, columns),
-        extra_settings=dict(options.insert_settings), encoding=options.compression,
+        extra_settings=dict(options.connection.insert_settings),
+        encoding=options.connection.compression,
     )
     for batch in batches:
         if batch.num_rows:

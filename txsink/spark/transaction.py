@@ -135,14 +135,15 @@ class Transaction:
         self._require_no_failure("its commit")
         self.finished = "committing"  # from here on a write could not be in the decision
         if self.epoch is None:
-            driver.log_covered(self.sink_id, self._parsed.txn_version, self.covered_by_txn)
+            driver.log_covered(self.sink_id, self._parsed.transaction.txn_version,
+                               self.covered_by_txn)
             self.finished = "committed"
             return
         started = time.time()
         try:
             with driver.publisher_for(self._parsed, self.coord) as publisher:
                 final = driver.decide(self.coord, self.epoch, self.generation, None, publisher,
-                                      self._parsed.txn_version)
+                                      self._parsed.transaction.txn_version)
         finally:
             self.coord.release(self.epoch)
         self.finished = "committed"
