@@ -588,9 +588,11 @@ def messages(data: dict, out: Path) -> Path | None:
     ax.set_ylabel("messages per epoch (steady)", fontsize=8)
     ax.set_title(f"{data.get('rows', 0):,}-row epochs of {data.get('tasks')} tasks over "
                  f"{data.get('target_partitions')} partitions, {data.get('server')}, "
-                 f"store {data.get('store')}", fontsize=9)
+                 f"store {data.get('store')}"
+                 + (", rows carried" if data.get("carry_max_bytes") else ""), fontsize=9)
     ax.legend(fontsize=7)
-    name = f"messages_{data.get('server')}_{data.get('store')}.png"
+    carried = "_carried" if data.get("carry_max_bytes") else ""
+    name = f"messages_{data.get('server')}_{data.get('store')}{carried}.png"
     return _save(fig, out / name)
 
 
