@@ -48,6 +48,13 @@ SERVER_FIXTURES = frozenset({"services", "spark", "clickhouse_url", "zk_hosts", 
                              "nodes"})
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "second_server: an every_spark test's run on its second server or store "
+        "through mapInArrow, left out under the older PySparks (tests/harness/"
+        "spark_versions.py: SECOND_SERVER)")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):

@@ -2,10 +2,15 @@
 ``txsink.foreach_batch`` and ``txsink.transaction`` (all through ``mapInArrow``).
 
 The tests marked ``every_spark`` are the exactly-once guarantee; they use no
-``pyspark.sql.datasource`` and also run under PySpark 3.5, 4.0 and 4.1
-(``pytest -m every_spark`` in a virtualenv of that PySpark), each on both servers (ids
-``[ch18]``, ``[ch26]``). The data source's own forms are checked where the API exists
-and skipped where it does not.
+``pyspark.sql.datasource`` and also run under PySpark 3.5 and 4.0 (``pytest -m
+every_spark`` in a virtualenv of that PySpark). Each runs on both servers (ids ``[ch18]``,
+``[ch26]``) in the main environment, and on 18.16 under the older PySparks: their
+``[ch26]`` runs are marked ``second_server``. What a PySpark changes here is Spark's
+side, and the tasks get the same Arrow schema on each
+(``test_the_arrow_schema_is_the_one_the_tasks_receive``, run under every version), so the
+modern server would see the same batches and the same commit as under the main
+environment's PySpark (``tests/harness/spark_versions.py``, ``SECOND_SERVER``). The data
+source's own forms are checked where the API exists and skipped where it does not.
 """
 
 from __future__ import annotations
@@ -24,6 +29,13 @@ from txsink.options import OptionError
 from txsink.spark.versions import has_data_source, has_stream_arrow_writer
 
 every_spark = pytest.mark.every_spark
+
+
+@pytest.fixture(params=["ch18", pytest.param("ch26", marks=pytest.mark.second_server)])
+def server(request) -> str:
+    """``tests/conftest.py``'s servers, the modern one's runs marked ``second_server``
+    (the module docstring says why the older PySparks leave them out)."""
+    return request.param
 
 
 @pytest.fixture
