@@ -429,6 +429,14 @@ def server_db(server_url: str) -> Iterator[str]:
     run_sql(server_url, f"DROP DATABASE IF EXISTS `{name}`")
 
 
+def on_18_16_only(test):
+    """Run ``test`` (which takes ``server``) on 18.16 alone, its id still naming the server:
+    for what the sink decides before or apart from the server (a refused option or call, a
+    covered ``txn_version``), where the modern server's run would repeat the same steps;
+    the modern server's publish is tried by the module's other tests."""
+    return pytest.mark.parametrize("server", ["ch18"], indirect=True)(test)
+
+
 def on_servers(**marks):
     """Parametrize ``server`` with marks for some servers' runs, for example
     ``@on_servers(ch26=pytest.mark.xfail(strict=True, reason="bug ..."))``."""
