@@ -50,9 +50,9 @@ SERVER_FIXTURES = frozenset({"services", "spark", "clickhouse_url", "zk_hosts", 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "second_server: an every_spark test's run on its second server or store "
-        "through mapInArrow, left out under the older PySparks (tests/harness/"
-        "spark_versions.py: SECOND_SERVER)")
+        "markers", "second_server: an every_spark test's run on its second server through "
+        "mapInArrow, left out under the older PySparks (tests/harness/spark_versions.py: "
+        "SECOND_SERVER)")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -68,13 +68,13 @@ BENCH_PACKAGES = ("clickhouse-connect", "clickhouse-driver")
 #: The guarantee tests' marker: the default selection when no pytest arguments are given.
 MARKER = "every_spark"
 #: Marks the run of an ``every_spark`` test through ``mapInArrow`` (``txsink.write``,
-#: ``foreach_batch``, ``transaction``) on its second server or store (``[ch26]``,
-#: ``[km26]``); the older PySparks leave these out (:data:`SELECTION`). What a PySpark
+#: ``foreach_batch``, ``transaction``) on its second server (``[ch26]``); the older
+#: PySparks leave these out (:data:`SELECTION`). What a PySpark
 #: changes on those ways in is Spark's side: the tasks get the Arrow schema of
 #: ``arrow_schema(df.schema)`` on each (``test_the_arrow_schema_is_the_one_the_tasks_receive``,
 #: run under every version), so the server and the store see the same batches and the same
-#: commit whatever the PySpark; their side of the same tests runs on both servers and
-#: stores in the main environment. The data source's forms (README, SQL) keep both servers
+#: commit whatever the PySpark; their side of the same tests runs on both servers in the
+#: main environment. The data source's forms (README, SQL) keep both servers
 #: everywhere: their batches are Spark's own.
 SECOND_SERVER = "second_server"
 #: What the virtualenvs run by default.
