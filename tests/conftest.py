@@ -48,6 +48,13 @@ SERVER_FIXTURES = frozenset({"services", "spark", "clickhouse_url", "zk_hosts", 
                              "nodes"})
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "second_server: an every_spark test's run on its second server through "
+        "mapInArrow, left out under the older PySparks (tests/harness/spark_versions.py: "
+        "SECOND_SERVER)")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
@@ -420,6 +427,14 @@ def server_db(server_url: str) -> Iterator[str]:
     run_sql(server_url, f"CREATE DATABASE `{name}`")
     yield name
     run_sql(server_url, f"DROP DATABASE IF EXISTS `{name}`")
+
+
+def on_18_16_only(test):
+    """Run ``test`` (which takes ``server``) on 18.16 alone, its id still naming the server:
+    for what the sink decides before or apart from the server (a refused option or call, a
+    covered ``txn_version``), where the modern server's run would repeat the same steps;
+    the modern server's publish is tried by the module's other tests."""
+    return pytest.mark.parametrize("server", ["ch18"], indirect=True)(test)
 
 
 def on_servers(**marks):

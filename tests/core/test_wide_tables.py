@@ -6,7 +6,10 @@ the statement's column list travels in the INSERT's body, so no URL limit applie
 remains is the server's per-query memory: 18.16 holds ~2 MiB per column file while it
 writes a part and its ``max_memory_usage`` is 4 GB (~1,900 plain columns), while the
 26.x server sizes its buffers to the data and has no per-query limit. Each test writes a
-few rows: the widths, not the rows, are what is tested.
+few rows: the widths, not the rows, are what is tested. One width per side of the limit:
+5,000 columns written on 26.x (a narrower table takes the same path with less), 2,000
+refused on 18.16 (the estimate grows with the columns, and 2,000 is the width nearest
+the limit; a wider one is refused by the same comparison).
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ def assert_values_written(url: str, table: str, columns: int) -> None:
     assert wrong == "0"
 
 
-@pytest.mark.parametrize("columns", [2000, 5000])
+@pytest.mark.parametrize("columns", [5000])
 @pytest.mark.parametrize("server", ["ch26"], indirect=True)
 def test_a_wide_table_is_written_exactly_once_on_a_server_without_a_memory_limit(
         spark, server_url, server_db, sink_options, columns):
@@ -84,7 +87,7 @@ def test_a_table_wider_than_a_url_allows_is_written_exactly_once_within_the_memo
     assert_values_written(server_url, table, 1500)
 
 
-@pytest.mark.parametrize("columns", [2000, 5000])
+@pytest.mark.parametrize("columns", [2000])
 @pytest.mark.parametrize("server", ["ch18"], indirect=True)
 def test_a_table_too_wide_for_the_servers_memory_is_refused_before_any_xid_or_staging(
         spark, server_url, server_db, sink_options, zk, columns):

@@ -34,7 +34,7 @@ import requests
 
 import txsink
 from server_ext.staging.staging_tables import STAGING_DATABASE, root_tag
-from tests.harness.chaos.faults import private_services
+from tests.harness.chaos.faults import discard, private_services
 from tests.harness.services import READONLY_USER, SECRET_PASSWORD, SECRET_USER, Services
 from txsink.ops import cli
 from txsink.options import root_identity
@@ -50,7 +50,7 @@ def private(tmp_path_factory) -> Iterator[Services]:
     services = private_services(tmp_path_factory.mktemp("bad-input-servers"), PORT_BASE)
     services.up()
     yield services
-    services.down()
+    discard(services)
 
 
 def sql(url: str, query: str, **params: str) -> str:

@@ -19,7 +19,7 @@ import os
 import pytest
 
 from tests.harness.chaos.actors import KILLED, classify_failure, recover_reason
-from tests.harness.chaos.faults import private_services
+from tests.harness.chaos.faults import discard, private_services
 from tests.harness.chaos.schedule import (
     FAULT_KINDS,
     REPLICATED,
@@ -100,7 +100,7 @@ def test_every_fault_kind_once_with_recover_loop_second_driver_and_zombie_task_o
     try:
         report = run_schedule(run, plan_every_kind(SEED, gap=(2.0, 4.0)), drain_timeout=120)
     finally:
-        services.down()
+        discard(services)
     table = render(report)
     print(table)
     assert sum(report.injected.values()) == len(FAULT_KINDS), table

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import uuid
@@ -22,9 +21,9 @@ import pytest
 
 from tests.conftest import run_sql
 from tests.harness.chaos import jvm
+from tests.harness.spark_versions import project_wheel
 from tests.sinkutil import assert_exactly_once, coordinator_root, id_counts
 
-REPO = Path(__file__).resolve().parents[2]
 ROWS = 1000
 ZK_PARENT = "/txsink-test-discovery"
 
@@ -68,16 +67,15 @@ print(json.dumps(result))
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
-    """A regular (not editable) install of this checkout, from a copy of it: setuptools'
-    ``build/`` in the checkout could hold modules deleted since."""
-    tmp = tmp_path_factory.mktemp("discovery")
-    source, target = tmp / "src", tmp / "site"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
-        ".git", "build", "dist", "*.egg-info", "__pycache__", ".*cache", ".hypothesis",
-        ".txsink", ".venv"))
+    """A regular (not editable) install of this checkout: the project's wheel, the one the
+    older PySparks' virtualenvs install (``spark_versions.project_wheel``: built from a
+    copy of the product's files, so setuptools' ``build/`` in the checkout cannot add
+    modules deleted since, and cached by their content: ``./run test`` builds it for the
+    virtualenvs while the suite runs, and a build here is the one they then find)."""
+    target = tmp_path_factory.mktemp("discovery") / "site"
     done = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-         "--disable-pip-version-check", "--target", str(target), str(source)],
+         "--disable-pip-version-check", "--target", str(target), str(project_wheel())],
         capture_output=True, text=True, timeout=240, env=_env_without_pythonpath())
     assert done.returncode == 0, done.stderr[-3000:]
     return target

@@ -4,6 +4,12 @@ application id (Delta's ``txnAppId`` + ``txnVersion``).
 A job whose version the sink has committed (or a newer one) writes nothing and succeeds
 with one log line; the case it exists for is an orchestrator retrying a job whose driver
 died after its decision or after its commit, before anyone saw it succeed.
+
+On 18.16 only (``on_18_16_only``; the dead drivers' retries there too): a covered version
+is decided in the coordinator at the job's plan, before any server is asked, and a job
+that does write publishes as any write does; the data source's publish on the modern
+server is tried by ``tests/spark/test_sink_batch.py``, and a covered rerun through
+``txsink.write`` on both servers by ``tests/spark/test_spark_ways_in.py``.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import pytest
 import txsink
 from coordinator import Coordinator
 from coordinator.sink_admin import SinkAdmin
+from tests.conftest import on_18_16_only
 from tests.harness.crash_arming import arm_env
 from tests.sinkutil import (
     SHORT_SESSION,
@@ -55,12 +62,14 @@ def zookeeper(zk_hosts, zk_chroot) -> str:
     return zk_hosts + zk_chroot
 
 
+@on_18_16_only
 def test_rerun_of_a_committed_txn_version_writes_nothing(spark, server_url, zookeeper, target):
     write(spark, server_url, zookeeper, target, version=1, first=0)
     write(spark, server_url, zookeeper, target, version=1, first=0)
     assert_exactly_once(server_url, target, range(400))
 
 
+@on_18_16_only
 def test_job_with_a_lower_txn_version_than_the_committed_one_writes_nothing(
         spark, server_url, zookeeper, target):
     write(spark, server_url, zookeeper, target, version=5, first=0)
@@ -68,6 +77,7 @@ def test_job_with_a_lower_txn_version_than_the_committed_one_writes_nothing(
     assert_exactly_once(server_url, target, range(400))
 
 
+@on_18_16_only
 def test_job_with_a_higher_txn_version_writes(spark, server_url, zookeeper, target, zk):
     write(spark, server_url, zookeeper, target, version=1, first=0)
     write(spark, server_url, zookeeper, target, version=2, first=1000)
@@ -75,6 +85,7 @@ def test_job_with_a_higher_txn_version_writes(spark, server_url, zookeeper, targ
     assert Coordinator(zk, SINK).txn_version() == 2
 
 
+@on_18_16_only
 def test_covered_job_leaves_no_staging_and_no_xid(spark, server_url, zookeeper, target, zk):
     write(spark, server_url, zookeeper, target, version=1, first=0)
     before = staging_tables(server_url, {"zookeeper": zookeeper})
@@ -83,6 +94,7 @@ def test_covered_job_leaves_no_staging_and_no_xid(spark, server_url, zookeeper, 
     assert staging_tables(server_url, {"zookeeper": zookeeper}) == before
 
 
+@on_18_16_only
 def test_transaction_with_a_committed_txn_version_writes_nothing(
         spark, server_url, zookeeper, target):
     for _ in range(2):

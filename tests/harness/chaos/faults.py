@@ -127,6 +127,15 @@ def kill_server(services: Services, kind: str, timeout: float = 10.0) -> bool:
     return was_running
 
 
+def discard(services: Services) -> None:
+    """The end of a private pair whose data nobody reads again (a test's): its ClickHouse
+    killed rather than shut down, then :meth:`Services.down` for the rest. An 18.16
+    server's shutdown may wait ~10 s, for its ZooKeeper session (after a restart of that
+    ZooKeeper) or its Replicated tables."""
+    kill_server(services, "clickhouse")
+    services.down()
+
+
 def uses_zookeeper(services: Services) -> bool:
     """Whether the ClickHouse of ``services`` needs their ZooKeeper to start: an 18.16
     server always (its config names it), a modern one given it as its Keeper."""
