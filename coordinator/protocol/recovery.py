@@ -145,7 +145,9 @@ class Recovery:
         except Fenced:
             raise  # a newer writer took over: it recovers, not us
         except PublishInProgress as exc:
-            expected = self.leave_to is not None and self.leave_to(exc.holder)
+            # holder None: the lease was released between the refused take and the read
+            expected = (self.leave_to is not None and exc.holder is not None
+                        and self.leave_to(exc.holder))
             return replace(self._action(record, IN_PROGRESS, f"held by {exc.holder}"),
                            expected=expected)
         except CoordinatorError as exc:

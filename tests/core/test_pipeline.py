@@ -111,6 +111,11 @@ def test_a_holder_is_own_only_with_this_drivers_pipelined_role():
     assert not pipeline.is_own("not json")
 
 
+def test_a_lease_released_before_its_holder_was_read_is_nobodys():
+    """Recovery saw the lease taken, then read no holder: it was released in between."""
+    assert not pipeline.is_own(None)
+
+
 def test_a_pipeline_publishes_one_epoch_at_a_time():
     line = pipeline.Pipeline("sink=t")
     release = threading.Event()

@@ -53,11 +53,11 @@ def role() -> str:
     return f"{ROLE} {socket.gethostname()}/{driver_pid(otherwise=os.getpid())}"
 
 
-def is_own(holder: str) -> bool:
+def is_own(holder: str | None) -> bool:
     """Whether a lease holder's identity is a pipelined publish of this driver: one whose
-    next decision waits for it, so recovery need not."""
+    next decision waits for it, so recovery need not (None: nobody holds it now)."""
     try:
-        return str(json.loads(holder).get("role")) == role()
+        return str(json.loads(holder or "").get("role")) == role()
     except (ValueError, AttributeError):
         return False
 
