@@ -19,7 +19,12 @@ are used in tables, JSON and plots:
   every PySpark from 3.5;
 - ``foreach_tx`` — the body of an exactly-once ``foreachBatch`` function: ``txsink.write``
   with the micro-batch's id as ``txn_version`` (each call the next id of its sink), what
-  ``txsink.foreach_batch`` does inside a stream (it refuses to run outside one).
+  ``txsink.foreach_batch`` does inside a stream (it refuses to run outside one);
+- ``tx_carried`` / ``write_carried`` / ``foreach_tx_carried`` — the same three with
+  ``carry_max_bytes`` = :data:`CARRY_MAX_BYTES`: a task whose rows take at most that many
+  Arrow bytes hands them to the driver in its commit message, and the driver stages them
+  (``txsink/core/carried_rows.py``). The benchmark rows take ~48 Arrow bytes each, so a
+  task of up to ~350,000 rows carries; a larger one stages as without the option.
 
 Nothing here imports ``pyspark.sql.datasource`` at import time: PySpark 3.5 has none.
 """
@@ -42,6 +47,9 @@ from sinkbench.environment import sql
 #: The batch ids ``foreach_tx`` hands its sinks: each call a new micro-batch.
 _batch_ids = itertools.count()
 
+#: ``carry_max_bytes`` of the ``*_carried`` variants (16 MiB).
+CARRY_MAX_BYTES = 16_777_216
+
 
 @dataclass(frozen=True)
 class Sink:
@@ -63,6 +71,10 @@ class Sink:
     def tx_options(self) -> dict[str, str]:
         return {**self.options(), "zookeeper": self.zookeeper, "zk_root": self.zk_root,
                 "sink_id": self.sink_id}
+
+    def carried_options(self) -> dict[str, str]:
+        """``tx_options`` with the ``*_carried`` variants' ``carry_max_bytes``."""
+        return {**self.tx_options(), "carry_max_bytes": str(CARRY_MAX_BYTES)}
 
     def client_target(self) -> ClientTarget:
         return ClientTarget(urlsplit(self.url).hostname or "127.0.0.1", self.table,
@@ -101,20 +113,34 @@ def write_plain(df, sink: Sink) -> None:
     df.write.format("clickhouse_plain").options(**sink.options()).mode("append").save()
 
 
-def write_tx(df, sink: Sink) -> None:
-    df.write.format("clickhouse_tx").options(**sink.tx_options()).mode("append").save()
+def write_tx(df, sink: Sink, carry: bool = False) -> None:
+    options = sink.carried_options() if carry else sink.tx_options()
+    df.write.format("clickhouse_tx").options(**options).mode("append").save()
 
 
-def write_txsink(df, sink: Sink) -> None:
+def write_txsink(df, sink: Sink, carry: bool = False) -> None:
     import txsink
 
-    txsink.write(df, mode="append", **sink.tx_options())
+    txsink.write(df, mode="append", **(sink.carried_options() if carry else sink.tx_options()))
 
 
-def write_foreach_tx(df, sink: Sink) -> None:
+def write_foreach_tx(df, sink: Sink, carry: bool = False) -> None:
     import txsink
 
-    txsink.write(df, mode="append", txn_version=str(next(_batch_ids)), **sink.tx_options())
+    txsink.write(df, mode="append", txn_version=str(next(_batch_ids)),
+                 **(sink.carried_options() if carry else sink.tx_options()))
+
+
+def write_tx_carried(df, sink: Sink) -> None:
+    write_tx(df, sink, carry=True)
+
+
+def write_txsink_carried(df, sink: Sink) -> None:
+    write_txsink(df, sink, carry=True)
+
+
+def write_foreach_tx_carried(df, sink: Sink) -> None:
+    write_foreach_tx(df, sink, carry=True)
 
 
 def write_client_driver(df, sink: Sink) -> None:
@@ -144,11 +170,15 @@ VARIANTS: dict[str, Write] = {
     "tx": write_tx,
     "write": write_txsink,
     "foreach_tx": write_foreach_tx,
+    "tx_carried": write_tx_carried,
+    "write_carried": write_txsink_carried,
+    "foreach_tx_carried": write_foreach_tx_carried,
 }
 
 #: Variants whose rows land in ClickHouse (the target is recreated and counted).
 WRITES_TABLE = frozenset({"plain", "client_driver", "client_executor", "connect_driver",
-                          "connect_executor", "tx", "write", "foreach_tx"})
+                          "connect_executor", "tx", "write", "foreach_tx", "tx_carried",
+                          "write_carried", "foreach_tx_carried"})
 
 #: Variants that need clickhouse-connect, hence a server it supports (not 18.16).
 CONNECT = ("connect_driver", "connect_executor")
