@@ -61,7 +61,7 @@ from coordinator.formats import steps
 from coordinator.formats.records import BranchRecord, StreamRecord, XidRecord
 from coordinator.formats.states import XidState
 from coordinator.plumbing.nodes import NodeStore
-from coordinator.plumbing.paths import SinkLayout
+from coordinator.plumbing.paths import DEFAULT_ROOT, SinkLayout
 from coordinator.plumbing.store import SinkStore, default_retry
 from coordinator.protocol.branch_ledger import Ledger
 from coordinator.protocol.callbacks import BranchCallback, CallbackPolicy
@@ -92,7 +92,7 @@ class Coordinator:
     it raise to simulate a crash at exactly that step.
     """
 
-    def __init__(self, client: NodeStore, sink_id: str, root: str = "/txsink",
+    def __init__(self, client: NodeStore, sink_id: str, root: str = DEFAULT_ROOT,
                  retry: KazooRetry | None = None, on_step: StepHook | None = None,
                  callback_policy: CallbackPolicy | None = None, lease_wait: float = 300.0,
                  role: str = "driver") -> None:

@@ -31,6 +31,7 @@ from coordinator.formats.records import XidRecord
 from coordinator.formats.states import XidState
 from coordinator.plumbing.multi import Multi, MultiFailed
 from coordinator.plumbing.nodes import NodeStore
+from coordinator.plumbing.paths import DEFAULT_ROOT
 from coordinator.plumbing.store import list_sinks
 from coordinator.protocol.epochs import LastCommitted, TxnVersion
 from coordinator.protocol.fencing import Generation
@@ -52,7 +53,7 @@ class SinkAdmin:
         self.store = coordinator.store
 
     @staticmethod
-    def sinks(client: NodeStore, root: str = "/txsink") -> list[str]:
+    def sinks(client: NodeStore, root: str = DEFAULT_ROOT) -> list[str]:
         """Every sink id with a tree under ``root``."""
         return list_sinks(client, root)
 

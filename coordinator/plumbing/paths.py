@@ -42,6 +42,9 @@ from coordinator.plumbing.nodes import NodeStore
 
 log = logging.getLogger(__name__)
 
+#: The root of a sink's records when none is given (the option ``zk_root``'s default).
+DEFAULT_ROOT = "/txsink"
+
 EPOCH_DIGITS = 20
 
 

@@ -54,6 +54,7 @@ from coordinator.errors import CheckpointReplaced, ResetRefused, SinkStateLost
 from coordinator.formats.records import StreamRecord, XidRecord, decode, encode
 from coordinator.formats.states import XidState
 from coordinator.plumbing.multi import Multi, MultiFailed, tries
+from coordinator.plumbing.paths import DEFAULT_ROOT
 from coordinator.plumbing.store import SinkStore
 from coordinator.protocol.epochs import LAST_COMMITTED, LastCommitted
 from coordinator.protocol.fencing import FENCE, Generation
@@ -86,7 +87,7 @@ def reset_command(store: SinkStore, flags: str) -> str:
     elif hosts := ",".join(f"{host}:{port}" for host, port in getattr(client, "hosts", [])):
         parts.append(f"--zookeeper {hosts}{getattr(client, 'chroot', '') or ''}")
     root = store.layout.root or "/"
-    if root != "/txsink":
+    if root != DEFAULT_ROOT:
         parts.append(f"--zk-root {root}")
     parts += [f"--sink {store.sink_id}", flags]
     return " ".join(parts)

@@ -30,6 +30,7 @@ from txsink.options import (
     StoreOptions,
     root_identity,
 )
+from txsink.options.store_options import DEFAULT_ZK_ROOT
 
 CONNECT_SECONDS = 5.0  # an operator waits this long for ZooKeeper, then gets one line
 
@@ -42,7 +43,7 @@ class Session:
     """One ZooKeeper session (and, when needed, ClickHouse clients) per command: the
     sinks of the root it may read, their coordinators, the servers' clients."""
 
-    def __init__(self, zookeeper: str, zk_root: str = "/txsink", url: str | None = None,
+    def __init__(self, zookeeper: str, zk_root: str = DEFAULT_ZK_ROOT, url: str | None = None,
                  user: str | None = None, password: str | None = None,
                  zookeeper_auth: str | None = None,
                  zookeeper_ca_file: str | None = None, coordinator: str = ZOOKEEPER,

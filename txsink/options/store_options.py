@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from coordinator.plumbing.auth import DigestAuth, hosts_problem
 from coordinator.plumbing.nodes import SESSION_TIMEOUT as DEFAULT_SESSION_TIMEOUT
-from coordinator.plumbing.paths import check_root
+from coordinator.plumbing.paths import DEFAULT_ROOT, check_root
 from server_ext.sharding import shown_url, url_problem
 from txsink.options.connection_options import CREDENTIAL_VARIABLES
 from txsink.options.parse_util import OptionError, given, numbers, require_file
@@ -24,7 +24,7 @@ from txsink.options.target_name import name_problem
 ZOOKEEPER, KEEPERMAP = "zookeeper", "keepermap"
 STORES = (ZOOKEEPER, KEEPERMAP)
 DEFAULT_RECORDS_TABLE = "txsink.records"
-DEFAULT_ZK_ROOT = "/txsink"
+DEFAULT_ZK_ROOT = DEFAULT_ROOT
 #: options that name one store only: giving them with the other store names both
 STORE_OPTIONS = {ZOOKEEPER: ("zookeeper", "zookeeper_auth", "zookeeper_ca_file"),
                  KEEPERMAP: ("records_url", "records_table")}
