@@ -270,13 +270,21 @@ class Coordinator:
         sink's :meth:`txn_version` with the ``Committed`` write. ``prepared``: winner
         records the caller read since the xid began, not read again.
         """
+        lease = None if epoch in self._leases else PublishLease(
+            self.store, epoch, actor_identity(self.role, generation))
         record, decided_now, known = self._steps.decide_commit(epoch, generation, winners,
-                                                               txn_version, prepared)
+                                                               txn_version, prepared, lease)
         if record.state is XidState.COMMITTED:
             return record
         if decided_now:
-            self._step(steps.COMMIT_AFTER_DECISION)
-        return self._finish(record, generation, fresh=decided_now, finish=lambda r, lease:
+            try:
+                self._step(steps.COMMIT_AFTER_DECISION)
+            except BaseException:
+                if lease is not None:
+                    lease.release()  # as a crashed holder's session would, in time
+                raise
+        return self._finish(record, generation, fresh=decided_now, taken=lease,
+                            finish=lambda r, lease:
                             self._completion.finish_commit(r, lease, generation, publish,
                                                            rollback, metrics, known,
                                                            publish_group))
@@ -428,8 +436,10 @@ class Coordinator:
 
     @contextmanager
     def publish_lease(self, epoch: int, generation: int | None = None,
-                      wait: float = 0.0) -> Iterator[PublishLease]:
+                      wait: float = 0.0, taken: PublishLease | None = None
+                      ) -> Iterator[PublishLease]:
         """Hold the xid's publish lease for the block (re-entrant in one coordinator).
+        ``taken``: the lease object to hold (one a decision's multi-op may have taken).
 
         Raises :class:`PublishInProgress` when another live actor still holds it after
         ``wait`` seconds. After a wait the caller must re-read the xid (``lease.waited``):
@@ -439,7 +449,7 @@ class Coordinator:
         if held is not None:
             yield held
             return
-        lease = PublishLease(self.store, epoch, actor_identity(self.role, generation))
+        lease = taken or PublishLease(self.store, epoch, actor_identity(self.role, generation))
         deadline = time.monotonic() + wait
         while not lease.acquire():
             if time.monotonic() >= deadline:
@@ -466,8 +476,10 @@ class Coordinator:
     # -- internals -------------------------------------------------------------------
 
     def _finish(self, record: XidRecord, generation: int, fresh: bool,
-                finish: Callable[[XidRecord, PublishLease], XidRecord]) -> XidRecord:
+                finish: Callable[[XidRecord, PublishLease], XidRecord],
+                taken: PublishLease | None = None) -> XidRecord:
         """Finish a decided xid under its lease, waiting for a live holder first.
+        ``taken``: the lease the decision's multi-op may have taken.
 
         A lease lost mid-way (this session expired) is taken again, if nobody else took
         it meanwhile, and the xid finished from its records: every step is idempotent.
@@ -475,7 +487,8 @@ class Coordinator:
         state = record.state
         for attempt in range(LEASE_RETAKES + 1):
             try:
-                with self.publish_lease(record.epoch, generation, self.lease_wait) as lease:
+                with self.publish_lease(record.epoch, generation, self.lease_wait,
+                                        taken=taken if attempt == 0 else None) as lease:
                     if lease.waited or not fresh or attempt:
                         record = self._reread(record)
                     if record.state is not state:

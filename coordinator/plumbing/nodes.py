@@ -59,20 +59,6 @@ class MultiOpRequest(Protocol):
     def commit(self) -> list[Any]: ...
 
 
-class Lease(Protocol):
-    """One holder at a time of ``path`` (kazoo's ``Lock`` recipe, non-blocking use)."""
-
-    is_acquired: bool
-    node: str | None  # the holder's own node under ``path`` while acquired
-    assured_path: bool
-
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool: ...
-
-    def release(self) -> bool: ...
-
-    def contenders(self) -> list[str]: ...
-
-
 class Handler(Protocol):
     sleep_func: Callable[[float], None]
 
@@ -103,4 +89,3 @@ class NodeStore(Protocol):
 
     def transaction(self) -> MultiOpRequest: ...
 
-    def Lock(self, path: str, identifier: str | None = None) -> Lease: ...  # noqa: N802

@@ -13,7 +13,7 @@ One sink's tree (``root`` defaults to ``/txsink``; a kazoo chroot may sit above 
       open/<epoch>    (empty) index of unfinished xids: all that recovery reads
       live/<epoch>.<holder>  (ephemeral) an open xid's writer is alive (liveness.py)
       xids/<epoch>    xid record (state, generation, attempt, winners, metrics, history)
-        publisher/<lock node>        publish lease (ephemeral; publish_lease.py)
+        publisher/holder, lease-<id> publish lease (ephemeral; publish_lease.py)
         branches/<branch>            branch record (state, attempt, owner, manifest)
           ledger/<key>               publish ledger entry (key: a staging table name)
 

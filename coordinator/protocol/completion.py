@@ -185,6 +185,7 @@ class Completion:
                 if txn is not None and record.txn_version is not None:
                     self.txn_versions.advance(multi, record.txn_version, *txn)
                 multi.delete(self.store.layout.open_marker(record.epoch), label="open")
+                lease.release_in(multi)
 
             try:
                 return self._apply(current, final, updates, lease, extra=close)
@@ -218,8 +219,9 @@ class Completion:
             updates = [b.moved_to(BranchState.ABORTED) for b in branches.values()
                        if b.state is not BranchState.ABORTED]
             try:
-                return self._apply(current, final, updates, lease, extra=lambda m: m.delete(
-                    self.store.layout.open_marker(record.epoch), label="open"))
+                return self._apply(current, final, updates, lease, extra=lambda m: (
+                    m.delete(self.store.layout.open_marker(record.epoch), label="open"),
+                    lease.release_in(m)))
             except MultiFailed as failed:
                 current = self._after_conflict(failed, current)
                 branches = self.store.read_branches(record.epoch)
@@ -229,7 +231,8 @@ class Completion:
 
     def _apply(self, current: XidRecord, final: XidRecord, updates: list[BranchRecord],
                lease: PublishLease, extra: Callable[[Multi], object]) -> XidRecord:
-        """Write branch updates (in chunks if large) and then the xid's final state.
+        """Write branch updates (in chunks if large) and then the xid's final state,
+        which releases the lease (``extra`` adds its release).
 
         Every chunk re-checks the lease and the xid's version, so a chunk never lands
         after someone else changed the xid; the xid's own write comes last, so a crash
@@ -248,6 +251,7 @@ class Completion:
                        label="xid")
         extra(multi)
         multi.commit()
+        lease.released()  # the final write releases the lease
         return replace(final, version=current.version + 1)
 
     def _after_conflict(self, failed: MultiFailed, current: XidRecord) -> XidRecord:

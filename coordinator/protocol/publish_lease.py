@@ -2,10 +2,18 @@
 
 After the decision, an xid is finished (published or rolled back) by whoever holds its
 lease: the driver that decided it, a second driver's recovery at job start, a restarted
-stream replaying the epoch, or an operator's ``txsink recover``. The lease is kazoo's
-``Lock`` recipe on ``<xid>/publisher``: an ephemeral sequential znode, so it dies with its
-holder's session of the store and a crashed holder never blocks anyone for longer than the
-session timeout.
+stream replaying the epoch, or an operator's ``txsink recover``. The lease is two
+ephemeral nodes under ``<xid>/publisher`` (made with the xid), created and deleted in one
+multi-op: ``holder`` (a fixed name, so a second actor's create fails while it lives; its
+data names the holder) and ``lease-<uuid>`` (this holder's own node, which every fenced
+write checks). Both die with the holder's session of the store, so a crashed holder never
+blocks anyone for longer than the session timeout, and a holder whose session expired can
+pass no check of its own node, nor delete a successor's ``holder`` (the delete of its own
+node, gone, fails the multi).
+
+The lease rides other multi-ops where it can: the decision's compare-and-set takes it
+(``take_in``), the xid's final write releases it (``release_in``), so a commit that
+decides and finishes an xid sends no request for its lease at all.
 
 Contract:
 
@@ -44,14 +52,17 @@ import json
 import os
 import socket
 import time
+import uuid
 
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
 from coordinator.errors import PublishLeaseLost, UnknownXid
-from coordinator.plumbing.multi import Multi
+from coordinator.plumbing.multi import Multi, MultiFailed
 from coordinator.plumbing.store import SinkStore
 
 LEASE = "lease"  # label of the lease check in a multi-op
+LEASE_TAKE = "lease_take"  # label of the lease's creation in a multi-op
+HOLDER = "holder"  # the node whose existence is the lease (its data: the holder)
 
 
 def actor_identity(role: str, generation: int | None = None) -> str:
@@ -69,35 +80,46 @@ class PublishLease:
     def __init__(self, store: SinkStore, epoch: int, identity: str) -> None:
         self.store = store
         self.epoch = epoch
+        self.identity = identity
         self.path = store.layout.publisher(epoch)
-        self._lock = store.client.Lock(self.path, identifier=identity)
+        self._own: str | None = None  # the own node's name while held
+        self._tried: str | None = None  # the own node's name of the last take sent
         self.waited = False  # another holder was seen: the caller re-reads the xid
 
     @property
     def held(self) -> bool:
-        return self._lock.is_acquired
+        return self._own is not None
 
     @property
     def node(self) -> str:
-        if not self._lock.is_acquired or self._lock.node is None:
+        if self._own is None:
             raise PublishLeaseLost(f"xid {self.store.sink_id}/{self.epoch}: lease not held")
-        return f"{self.path}/{self._lock.node}"
+        return f"{self.path}/{self._own}"
+
+    def take_in(self, multi: Multi) -> Multi:
+        """Add the taking of the lease to ``multi``; call :meth:`taken` once it applied.
+        A multi that fails at label ``lease_take`` found the lease held by another actor
+        (or an xid made before its ``publisher`` folder existed)."""
+        self._tried = f"lease-{uuid.uuid4().hex[:12]}"
+        multi.create(f"{self.path}/{HOLDER}", self.identity.encode(), label=LEASE_TAKE,
+                     ephemeral=True)
+        return multi.create(f"{self.path}/{self._tried}", label=LEASE_TAKE, ephemeral=True)
+
+    def taken(self) -> None:
+        self._own = self._tried
 
     def acquire(self) -> bool:
         """Take the lease if nobody holds it; idempotent for the holder."""
-        if self._lock.is_acquired:
+        if self._own is not None:
             return True
-        self.store.run(self._ensure_dir)
-        return bool(self._lock.acquire(blocking=False))
+        return bool(self.store.run(self._acquire))
 
     def holder(self) -> str | None:
         """The identity of the live holder (None: nobody)."""
-        self._lock.assured_path = True  # never create the path just to look
         try:
-            contenders = self.store.run(self._lock.contenders)
+            return self.store.run(self.store.client.get, f"{self.path}/{HOLDER}")[0].decode()
         except NoNodeError:
             return None
-        return contenders[0] if contenders else None
 
     def guard(self, multi: Multi) -> Multi:
         """Add the lease check: the multi applies only while this holder's node lives."""
@@ -109,18 +131,53 @@ class PublishLease:
         Called right before a statement that makes rows visible.
         """
         if self.store.run(self.store.client.exists, self.node) is None:
-            self._lock.is_acquired = False
+            self._own = None
             raise PublishLeaseLost(
                 f"xid {self.store.sink_id}/{self.epoch}: the publish lease was lost (ZooKeeper "
                 "session expired); another actor may finish the xid")
 
+    def release_in(self, multi: Multi) -> Multi:
+        """Add the release to ``multi`` (after its :meth:`guard`); call :meth:`released`
+        once it applied."""
+        multi.delete(self.node, label=LEASE)
+        return multi.delete(f"{self.path}/{HOLDER}", label=LEASE)
+
+    def released(self) -> None:
+        self._own = None
+
     def release(self) -> None:
-        if not self._lock.is_acquired:
+        """Idempotent; a holder whose session is gone has nothing left to release."""
+        if self._own is None:
             return
         try:
-            self._lock.release()
-        except KazooException:
-            pass  # the session is gone: so is the ephemeral node
+            self.release_in(Multi(self.store.client)).commit()
+        except (KazooException, MultiFailed):
+            pass  # the session is gone: so are its ephemeral nodes
+        self._own = None
+
+    def _acquire(self) -> bool:
+        for _ in range(3):
+            tried = self._tried
+            try:
+                self.take_in(Multi(self.store.client)).commit()
+            except MultiFailed as failed:
+                if isinstance(failed.error, NoNodeError):
+                    self._ensure_dir()  # an xid made before its folder was
+                    continue
+                if not isinstance(failed.error, NodeExistsError):
+                    raise failed.error from None
+                # held: by this take, whose reply was lost, or by a session past its
+                # expiry (a KeeperMap store expires it on this read), or by another actor
+                if tried is not None and self.store.client.exists(f"{self.path}/{tried}"):
+                    self._tried = tried
+                    self.taken()
+                    return True
+                if self.store.client.exists(f"{self.path}/{HOLDER}") is not None:
+                    return False
+                continue
+            self.taken()
+            return True
+        return False
 
     def _ensure_dir(self) -> None:
         """Create ``<xid>/publisher`` without re-creating a pruned xid on the way."""
@@ -130,4 +187,3 @@ class PublishLease:
             pass
         except NoNodeError:
             raise UnknownXid(f"xid {self.store.sink_id}/{self.epoch} has no record") from None
-        self._lock.assured_path = True

@@ -9,16 +9,14 @@ Its parts: ``table.py`` (the key-value table it writes through, and its keys), `
 (why a log, and the fold of a sink's log into its tree), ``log_store.py`` (the store
 itself: reads, appends, sessions with an expiry), ``heartbeat.py`` (the thread that
 refreshes a session), ``snapshot.py`` (snapshots of the fold, and the retention that
-trims the log), ``lock.py`` (the publish lease's lock).
+trims the log).
 
 Limits: an entry is one Keeper node, so a record near the coordinator's 900 kB cap
-(escaped once more inside its entry) may exceed Keeper's 1 MB node limit; the publish
-lock is this package's own (:class:`KeeperMapLock`, ``lock.py``).
+(escaped once more inside its entry) may exceed Keeper's 1 MB node limit.
 """
 
-from coordinator.plumbing.keepermap.lock import KeeperMapLock
 from coordinator.plumbing.keepermap.log import CLOCK_MARGIN, Stat
 from coordinator.plumbing.keepermap.log_store import KeeperMapNodes
 from coordinator.plumbing.keepermap.table import KeyValueTable
 
-__all__ = ["CLOCK_MARGIN", "KeeperMapLock", "KeeperMapNodes", "KeyValueTable", "Stat"]
+__all__ = ["CLOCK_MARGIN", "KeeperMapNodes", "KeyValueTable", "Stat"]

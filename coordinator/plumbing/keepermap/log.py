@@ -209,7 +209,7 @@ class Overlay:
         if path != self.log.root:
             if parent is None:
                 raise NoNodeError()
-            if alone and parent.children:
+            if alone and parent.children:  # a lease node of logs of earlier releases
                 raise NodeExistsError()
         if owner is not None:
             if self.ended_session(owner):

@@ -40,7 +40,6 @@ from kazoo.exceptions import (
 
 from coordinator.errors import SinkTreeDamaged
 from coordinator.plumbing.keepermap.heartbeat import Heartbeat
-from coordinator.plumbing.keepermap.lock import KeeperMapLock
 from coordinator.plumbing.keepermap.log import (
     CLOCK_MARGIN,
     KEPT_IDS,
@@ -238,22 +237,6 @@ class KeeperMapNodes:
                     pass
         return True
 
-    def create_alone(self, path: str, value: bytes = b"") -> str:
-        """Create ``path`` as an ephemeral node of this session only while its parent has
-        no other child (one log entry): a lock's holder node. ``NodeExistsError`` while
-        the parent has a child; a session expired meanwhile is replaced, as in
-        :meth:`create`."""
-        return self._ephemeral_once_more(lambda: self._one(self._create_op(
-            path, value, ephemeral=True, sequence=False, alone=True)))
-
-    def delete_own(self, path: str) -> bool:
-        """Delete ``path`` if this session created it; ``NoNodeError`` if it is gone or
-        another session's (a holder whose session expired cannot delete a successor's)."""
-        return self._one(["delete", path, -1, False, self.session])
-
-    def Lock(self, path: str, identifier: str | None = None) -> KeeperMapLock:  # noqa: N802
-        return KeeperMapLock(self, path, identifier or "")
-
     # -- the session -------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -281,13 +264,13 @@ class KeeperMapNodes:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _create_op(self, path: str, value: bytes, ephemeral: bool, sequence: bool,
-                   alone: bool = False) -> list[Any]:
+    def _create_op(self, path: str, value: bytes, ephemeral: bool, sequence: bool
+                   ) -> list[Any]:
         if sequence:
             raise BadArgumentsError("the KeeperMap store has no sequential nodes")
         owner = self.session if ephemeral else None
         expires = time.time() + self.session_timeout if ephemeral else 0.0
-        return ["create", path, pack(value), owner, expires, alone]
+        return ["create", path, pack(value), owner, expires, False]  # False: see log.py
 
     def _ephemeral_once_more(self, call: Any) -> Any:
         """``call`` again if it failed because this session had been expired: the store
