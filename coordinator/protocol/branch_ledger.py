@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import NoNodeError
 
 from coordinator.errors import CoordinatorError, PublishLeaseLost, UnknownBranch
 from coordinator.formats.records import decode, encode
@@ -61,12 +61,16 @@ class Ledger:
         self.branch_id = branch_id
         self.lease = lease
         self.path = store.layout.ledger(epoch, branch_id)
-        self._versions: dict[str, int | None] = {}  # None: read, absent
+        self._entries: dict[str, tuple[dict[str, Any], int]] | None = None  # all, read once
         self._node_exists = False
 
     def get(self, key: str) -> dict[str, Any] | None:
-        found = self.store.run(self.store.read_json, self._entry(key))
-        self._versions[key] = found[1] if found is not None else None
+        """The entry as this ledger last read or wrote it: every entry is read at the
+        first ``get`` (one listing, the entries pipelined; none for a branch without a
+        ledger yet). Only the lease holder writes, so what it read stays true for it."""
+        if self._entries is None:
+            self._entries = self.store.run(self._read_all)
+        found = self._entries.get(key)
         return found[0] if found is not None else None
 
     def put(self, key: str, value: dict[str, Any]) -> None:
@@ -74,10 +78,12 @@ class Ledger:
             raise PublishLeaseLost(
                 f"ledger of branch {self.branch_id} (xid {self.store.sink_id}/{self.epoch}): "
                 "a write needs the xid's publish lease")
-        if key not in self._versions:
-            self.get(key)
+        self.get(key)
+        assert self._entries is not None
+        found = self._entries.get(key)
         data = encode(value, f"ledger entry {key!r} of branch {self.branch_id}")
-        self._versions[key] = self.store.run(self._put, key, data, self._versions[key])
+        version = self.store.run(self._put, key, data, found[1] if found else None)
+        self._entries[key] = (decode(data), version)
 
     def confirm(self) -> None:
         """Raise :class:`PublishLeaseLost` unless the caller's lease lives right now."""
@@ -86,20 +92,20 @@ class Ledger:
         self.lease.check()
 
     def items(self) -> dict[str, dict[str, Any]]:
-        """Every entry, for operators and the audit."""
+        """Every entry as stored now, for operators and the audit."""
         return self.store.run(self._items)
 
     def _entry(self, key: str) -> str:
         return self.store.layout.ledger_entry(self.epoch, self.branch_id, key)
 
     def _put(self, key: str, data: bytes, version: int | None) -> int:
-        """One fenced compare-and-set; returns the entry's new version."""
+        """One fenced compare-and-set (creating the ledger's node with its first entry);
+        returns the entry's new version."""
         assert self.lease is not None
         path = self._entry(key)
-        if not self._node_exists:
-            self._create_ledger_node()
-            self._node_exists = True
         multi = self.lease.guard(Multi(self.store.client))
+        if not self._node_exists:
+            multi.create(self.path, label="ledger")
         multi.write(path, data, version, label="entry")
         try:
             multi.commit()
@@ -108,37 +114,37 @@ class Ledger:
                 raise PublishLeaseLost(
                     f"xid {self.store.sink_id}/{self.epoch}: publish lease lost before writing "
                     f"ledger entry {key!r} of branch {self.branch_id}") from None
-            if failed.conflict:
+            if failed.label == "ledger" and isinstance(failed.error, NoNodeError):
+                raise UnknownBranch(
+                    f"branch {self.branch_id} of xid {self.store.sink_id}/{self.epoch} "
+                    "has no record; a ledger lives under a registered branch") from None
+            if failed.conflict:  # the node or the entry written meanwhile, or by our own
+                self._node_exists = True  # try whose reply was lost
                 found = self.store.read_json(path)
                 if found is not None and encode(found[0], key) == data:
-                    return found[1]  # our own write, whose reply was lost
+                    return found[1]
                 raise LedgerConflict(
                     f"ledger entry {key!r} of branch {self.branch_id} (xid "
                     f"{self.store.sink_id}/{self.epoch}) was changed by another writer") from None
             raise failed.error from None
+        self._node_exists = True
         return 0 if version is None else version + 1
 
-    def _create_ledger_node(self) -> None:
-        try:
-            self.store.client.create(self.path)
-        except NodeExistsError:
-            return
-        except NoNodeError:
-            raise UnknownBranch(
-                f"branch {self.branch_id} of xid {self.store.sink_id}/{self.epoch} "
-                "has no record; a ledger lives under a registered branch"
-            ) from None
-
-    def _items(self) -> dict[str, dict[str, Any]]:
+    def _read_all(self) -> dict[str, tuple[dict[str, Any], int]]:
         try:
             names = self.store.client.get_children(self.path)
         except NoNodeError:
             return {}
+        self._node_exists = True
         pending = [(n, self.store.client.get_async(f"{self.path}/{n}")) for n in names]
         entries = {}
         for name, result in pending:
             try:
-                entries[unescape(name)] = decode(result.get()[0])
+                data, stat = result.get()
             except NoNodeError:
                 continue
+            entries[unescape(name)] = (decode(data), stat.version)
         return entries
+
+    def _items(self) -> dict[str, dict[str, Any]]:
+        return {key: value for key, (value, _) in self._read_all().items()}

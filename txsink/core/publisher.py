@@ -32,6 +32,7 @@ from server_ext.client import ClickHouseClient
 from server_ext.publish import (
     COMBINED,
     DEFAULT_LIMITS,
+    PublishLedger,
     PublishRecord,
     PublishReport,
     SizeLimits,
@@ -113,7 +114,7 @@ class BranchPublisher:
             raise CoordinatorError(f"xid {record.xid}: winner {record.branch_id} has no payload")
         client = self.client_for(server_of(record))
         ledger = self.coord.ledger(record.epoch, record.branch_id)
-        strategy = switched_strategy(self.coord, record) or payload.strategy
+        strategy = switched_strategy(self.coord, record, ledger) or payload.strategy
         if isinstance(payload, CombinedBranch):
             sources = list(payload.embedded) or self.source_manifests(record, payload)
             if payload.overwrite:
@@ -217,11 +218,13 @@ def judged(error: server_ext.ClickHouseError) -> Outcome:
     return Failed(str(error), error)
 
 
-def switched_strategy(coord: Coordinator, record: BranchRecord) -> str | None:
+def switched_strategy(coord: Coordinator, record: BranchRecord,
+                      ledger: PublishLedger | None = None) -> str | None:
     """The strategy an operator switched a winner to (``txsink recover --strategy``, see
     txsink.ops for when a switch is safe), None for a winner never switched. Every
-    publisher honours it: a job's recovery as much as the operator's."""
-    switch = StrategySwitch.load(coord.ledger(record.epoch, record.branch_id))
+    publisher honours it: a job's recovery as much as the operator's. ``ledger``: the
+    branch's, if the caller has it (its entries are read once)."""
+    switch = StrategySwitch.load(ledger or coord.ledger(record.epoch, record.branch_id))
     return switch.to if switch else None
 
 
