@@ -267,13 +267,17 @@ class Coordinator:
         :class:`XidAborted`; a winner that is not ``Prepared`` raises before deciding.
         A publish that keeps failing raises :class:`PublishFailed` with the xid left
         ``Committing``. ``txn_version`` is recorded with the decision and becomes the
-        sink's :meth:`txn_version` with the ``Committed`` write. ``prepared``: winner
-        records the caller read since the xid began, not read again.
+        sink's :meth:`txn_version` with the ``Committed`` write. ``prepared``: branch
+        records the caller read since the xid began (the winners', their sources'), not
+        read again.
         """
+        prepared = list(prepared)
         lease = None if epoch in self._leases else PublishLease(
             self.store, epoch, actor_identity(self.role, generation))
         record, decided_now, known = self._steps.decide_commit(epoch, generation, winners,
                                                                txn_version, prepared, lease)
+        if decided_now:  # the caller's records of this attempt: the losers' among them
+            known = {**{b.branch_id: b for b in prepared}, **known}
         if record.state is XidState.COMMITTED:
             return record
         if decided_now:
@@ -422,6 +426,16 @@ class Coordinator:
         """Branches of the xid by branch id: all (every attempt), or those of
         ``branch_ids`` that exist; one pipelined read."""
         found = self.store.run(self.store.read_branches, epoch, branch_ids)
+        return [found[b] for b in sorted(found)]
+
+    def winner_records(self, epoch: int, branch_ids: Iterable[str]) -> list[BranchRecord]:
+        """:meth:`branches` of ``branch_ids``, those this coordinator prepared taken as it
+        wrote them (not read again): what a driver checks and decides with, in the
+        attempt it prepared them in (the decision's compare-and-set covers them)."""
+        wanted = list(branch_ids)
+        own = self._steps.prepared_here(epoch, wanted)
+        rest = [b for b in wanted if b not in own]
+        found = {**own, **(self.store.run(self.store.read_branches, epoch, rest) if rest else {})}
         return [found[b] for b in sorted(found)]
 
     def ledger(self, epoch: int, branch_id: str) -> Ledger:

@@ -80,10 +80,14 @@ class Completion:
     def finish_commit(self, record: XidRecord, lease: PublishLease, generation: int,
                       publish: BranchCallback,
                       rollback: BranchCallback, metrics: dict[str, Any] | None = None,
-                      winners: dict[str, BranchRecord] | None = None,
+                      known: dict[str, BranchRecord] | None = None,
                       publish_group: PublishGroup | None = None) -> XidRecord:
-        """Publish the winners of a ``Committing`` xid and mark it ``Committed``."""
-        branches = dict(winners or {})
+        """Publish the winners of a ``Committing`` xid and mark it ``Committed``.
+        ``known``: branch records the caller read in this attempt, not read again (the
+        final write is a compare-and-set of each: a record changed since fails it, and
+        the retry reads every branch afresh)."""
+        known = dict(known or {})
+        branches = {b: known[b] for b in record.winners if b in known}
         missing = [b for b in record.winners if b not in branches]
         if missing:
             branches.update(self.store.run(self.store.read_branches, record.epoch, missing))
@@ -101,7 +105,10 @@ class Completion:
         # Every non-winner, read *after* the decision: no branch can register any more.
         names = [b for b in self.store.run(self.store.branch_ids, record.epoch)
                  if b not in record.winners]
-        losers = self.store.run(self.store.read_branches, record.epoch, names)
+        losers = {b: known[b] for b in names if b in known}
+        unread = [b for b in names if b not in known]
+        if unread:
+            losers.update(self.store.run(self.store.read_branches, record.epoch, unread))
         final = self.store.run(self._write_committed, record, lease, generation, branches, losers,
                                metrics or {})
         log.info("xid %s committed: %d winner(s) published, %d other branch(es) aborted",

@@ -126,6 +126,15 @@ class Transitions:
         self._run(epoch, NO_FENCE, lambda cached: self._metrics_once(
             epoch, normalized, known if cached else None))
 
+    def prepared_here(self, epoch: int, branch_ids: Iterable[str]) -> dict[str, BranchRecord]:
+        """The branches of ``branch_ids`` this object prepared in the xid's attempt it
+        last saw, as it wrote them."""
+        xid = self._xids.get(epoch)
+        found = {b: self._branches.get((epoch, b)) for b in branch_ids}
+        return {b: r for b, r in found.items()
+                if r is not None and xid is not None and r.attempt == xid.attempt
+                and r.state is BranchState.PREPARED}
+
     # -- one try of each step (raise MultiFailed to be re-run from a fresh read) --------
 
     def _begin_once(self, record: XidRecord | None, epoch: int, generation: int,
@@ -202,17 +211,18 @@ class Transitions:
                 or branch.state is BranchState.ABORTED):
             raise XidDecided(f"xid {record.xid} is {record.state.value} (attempt "
                              f"{record.attempt}); branch {branch_id} cannot prepare")
-        prepared = branch.moved_to(BranchState.PREPARED, manifest=manifest)
+        data = branch.moved_to(BranchState.PREPARED, manifest=manifest).to_bytes()
         multi = Multi(self.store.client)
         multi.check(self.layout.xid(epoch), record.version, label="xid")
-        multi.set_data(self.layout.branch(epoch, branch_id), prepared.to_bytes(),
-                       branch.version, label="branch")
+        multi.set_data(self.layout.branch(epoch, branch_id), data, branch.version,
+                       label="branch")
         try:
             multi.commit()
         except MultiFailed:
             self._branches.pop((epoch, branch_id), None)
             raise
-        self._branches[(epoch, branch_id)] = replace(prepared, version=branch.version + 1)
+        self._branches[(epoch, branch_id)] = BranchRecord.from_bytes(  # as a reader sees it
+            self.store.sink_id, epoch, branch_id, data, branch.version + 1)
 
     def _select_once(self, epoch: int, generation: int, branch_ids: list[str],
                      cached: bool) -> None:
@@ -371,9 +381,16 @@ class Transitions:
     def _require_prepared(self, record: XidRecord, branch_ids: list[str],
                           given: dict[str, BranchRecord] | None = None
                           ) -> dict[str, BranchRecord]:
-        """Read the would-be winners (those not ``given``); each must be ``Prepared`` in
-        the current attempt."""
+        """Read the would-be winners (those not ``given``, nor, with ``given``, prepared
+        by this coordinator in the xid's attempt); each must be ``Prepared`` in the
+        current attempt."""
+        trusted = given is not None  # a first try: what this attempt read or wrote
         given = {b: given[b] for b in branch_ids if b in given} if given else {}
+        for branch_id in branch_ids if trusted else ():
+            own = self._branches.get((record.epoch, branch_id))
+            if (branch_id not in given and own is not None and own.attempt == record.attempt
+                    and own.state is BranchState.PREPARED):
+                given[branch_id] = own
         missing = [b for b in branch_ids if b not in given]
         found = {**given, **(self.store.read_branches(record.epoch, missing) if missing else {})}
         for branch_id in branch_ids:
