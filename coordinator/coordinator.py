@@ -272,23 +272,15 @@ class Coordinator:
         read again.
         """
         prepared = list(prepared)
-        lease = None if epoch in self._leases else PublishLease(
-            self.store, epoch, actor_identity(self.role, generation))
         record, decided_now, known = self._steps.decide_commit(epoch, generation, winners,
-                                                               txn_version, prepared, lease)
+                                                               txn_version, prepared)
         if decided_now:  # the caller's records of this attempt: the losers' among them
             known = {**{b.branch_id: b for b in prepared}, **known}
         if record.state is XidState.COMMITTED:
             return record
         if decided_now:
-            try:
-                self._step(steps.COMMIT_AFTER_DECISION)
-            except BaseException:
-                if lease is not None:
-                    lease.release()  # as a crashed holder's session would, in time
-                raise
-        return self._finish(record, generation, fresh=decided_now, taken=lease,
-                            finish=lambda r, lease:
+            self._step(steps.COMMIT_AFTER_DECISION)
+        return self._finish(record, generation, fresh=decided_now, finish=lambda r, lease:
                             self._completion.finish_commit(r, lease, generation, publish,
                                                            rollback, metrics, known,
                                                            publish_group))
@@ -450,10 +442,8 @@ class Coordinator:
 
     @contextmanager
     def publish_lease(self, epoch: int, generation: int | None = None,
-                      wait: float = 0.0, taken: PublishLease | None = None
-                      ) -> Iterator[PublishLease]:
+                      wait: float = 0.0) -> Iterator[PublishLease]:
         """Hold the xid's publish lease for the block (re-entrant in one coordinator).
-        ``taken``: the lease object to hold (one a decision's multi-op may have taken).
 
         Raises :class:`PublishInProgress` when another live actor still holds it after
         ``wait`` seconds. After a wait the caller must re-read the xid (``lease.waited``):
@@ -463,7 +453,7 @@ class Coordinator:
         if held is not None:
             yield held
             return
-        lease = taken or PublishLease(self.store, epoch, actor_identity(self.role, generation))
+        lease = PublishLease(self.store, epoch, actor_identity(self.role, generation))
         deadline = time.monotonic() + wait
         while not lease.acquire():
             if time.monotonic() >= deadline:
@@ -490,10 +480,8 @@ class Coordinator:
     # -- internals -------------------------------------------------------------------
 
     def _finish(self, record: XidRecord, generation: int, fresh: bool,
-                finish: Callable[[XidRecord, PublishLease], XidRecord],
-                taken: PublishLease | None = None) -> XidRecord:
+                finish: Callable[[XidRecord, PublishLease], XidRecord]) -> XidRecord:
         """Finish a decided xid under its lease, waiting for a live holder first.
-        ``taken``: the lease the decision's multi-op may have taken.
 
         A lease lost mid-way (this session expired) is taken again, if nobody else took
         it meanwhile, and the xid finished from its records: every step is idempotent.
@@ -501,8 +489,7 @@ class Coordinator:
         state = record.state
         for attempt in range(LEASE_RETAKES + 1):
             try:
-                with self.publish_lease(record.epoch, generation, self.lease_wait,
-                                        taken=taken if attempt == 0 else None) as lease:
+                with self.publish_lease(record.epoch, generation, self.lease_wait) as lease:
                     if lease.waited or not fresh or attempt:
                         record = self._reread(record)
                     if record.state is not state:

@@ -11,9 +11,8 @@ blocks anyone for longer than the session timeout, and a holder whose session ex
 pass no check of its own node, nor delete a successor's ``holder`` (the delete of its own
 node, gone, fails the multi).
 
-The lease rides other multi-ops where it can: the decision's compare-and-set takes it
-(``take_in``), the xid's final write releases it (``release_in``), so a commit that
-decides and finishes an xid sends no request for its lease at all.
+Taking it is one multi-op (its folder is made with the xid); the xid's final write
+releases it (``release_in``), so finishing an xid costs one request for its lease.
 
 Contract:
 
@@ -61,7 +60,6 @@ from coordinator.plumbing.multi import Multi, MultiFailed
 from coordinator.plumbing.store import SinkStore
 
 LEASE = "lease"  # label of the lease check in a multi-op
-LEASE_TAKE = "lease_take"  # label of the lease's creation in a multi-op
 HOLDER = "holder"  # the node whose existence is the lease (its data: the holder)
 
 
@@ -83,7 +81,8 @@ class PublishLease:
         self.identity = identity
         self.path = store.layout.publisher(epoch)
         self._own: str | None = None  # the own node's name while held
-        self._tried: str | None = None  # the own node's name of the last take sent
+        self._tried: str | None = None  # the own node's name of the last take sent (a
+        # take whose reply was lost is found by it)
         self.waited = False  # another holder was seen: the caller re-reads the xid
 
     @property
@@ -95,18 +94,6 @@ class PublishLease:
         if self._own is None:
             raise PublishLeaseLost(f"xid {self.store.sink_id}/{self.epoch}: lease not held")
         return f"{self.path}/{self._own}"
-
-    def take_in(self, multi: Multi) -> Multi:
-        """Add the taking of the lease to ``multi``; call :meth:`taken` once it applied.
-        A multi that fails at label ``lease_take`` found the lease held by another actor
-        (or an xid made before its ``publisher`` folder existed)."""
-        self._tried = f"lease-{uuid.uuid4().hex[:12]}"
-        multi.create(f"{self.path}/{HOLDER}", self.identity.encode(), label=LEASE_TAKE,
-                     ephemeral=True)
-        return multi.create(f"{self.path}/{self._tried}", label=LEASE_TAKE, ephemeral=True)
-
-    def taken(self) -> None:
-        self._own = self._tried
 
     def acquire(self) -> bool:
         """Take the lease if nobody holds it; idempotent for the holder."""
@@ -157,9 +144,13 @@ class PublishLease:
 
     def _acquire(self) -> bool:
         for _ in range(3):
-            tried = self._tried
+            tried, self._tried = self._tried, f"lease-{uuid.uuid4().hex[:12]}"
+            multi = Multi(self.store.client)
+            multi.create(f"{self.path}/{HOLDER}", self.identity.encode(), label=LEASE,
+                         ephemeral=True)
+            multi.create(f"{self.path}/{self._tried}", label=LEASE, ephemeral=True)
             try:
-                self.take_in(Multi(self.store.client)).commit()
+                multi.commit()
             except MultiFailed as failed:
                 if isinstance(failed.error, NoNodeError):
                     self._ensure_dir()  # an xid made before its folder was
@@ -168,14 +159,14 @@ class PublishLease:
                     raise failed.error from None
                 # held: by this take, whose reply was lost, or by a session past its
                 # expiry (a KeeperMap store expires it on this read), or by another actor
-                if tried is not None and self.store.client.exists(f"{self.path}/{tried}"):
-                    self._tried = tried
-                    self.taken()
+                if tried is not None and self.store.client.exists(
+                        f"{self.path}/{tried}") is not None:
+                    self._own = tried
                     return True
                 if self.store.client.exists(f"{self.path}/{HOLDER}") is not None:
                     return False
                 continue
-            self.taken()
+            self._own = self._tried
             return True
         return False
 

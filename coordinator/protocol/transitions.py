@@ -29,6 +29,7 @@ from kazoo.retry import ForceRetryError
 from coordinator.errors import (
     Fenced,
     InvalidTransition,
+    SinkTakenOver,
     SinkTreeDamaged,
     UnknownBranch,
     UnknownXid,
@@ -43,7 +44,6 @@ from coordinator.plumbing.store import SinkStore
 from coordinator.protocol.epochs import LastCommitted
 from coordinator.protocol.fencing import Generation, settle
 from coordinator.protocol.liveness import WATCHED, Liveness
-from coordinator.protocol.publish_lease import LEASE_TAKE, PublishLease
 from coordinator.upkeep.retention import Retention
 
 T = TypeVar("T")
@@ -96,18 +96,21 @@ class Transitions:
 
     def decide_commit(self, epoch: int, generation: int, winners: list[str] | None,
                       txn_version: int | None = None,
-                      prepared: Iterable[BranchRecord] = (),
-                      lease: PublishLease | None = None
+                      prepared: Iterable[BranchRecord] = ()
                       ) -> tuple[XidRecord, bool, dict[str, BranchRecord]]:
         """Write ``Committing`` with the winners (and the job's ``txn_version``). Returns
         (record, decided by this call, winner records read while validating). A decided
         xid is returned as it is. ``prepared``: winner records the caller read in this
         attempt, not read again (a winner leaves ``Prepared`` only with a change of the
-        xid record, which the decision's compare-and-set refuses). ``lease``: taken in
-        the decision's multi-op where nobody holds it (``lease.held`` says whether)."""
+        xid record, which the decision's compare-and-set refuses)."""
         given = {b.branch_id: b for b in prepared}
-        return self._run(epoch, generation, lambda cached: self._commit_once(
-            epoch, generation, winners, txn_version, cached, given, lease))
+        try:
+            return self._run(epoch, generation, lambda cached: self._commit_once(
+                epoch, generation, winners, txn_version, cached, given))
+        except Fenced as exc:  # a writer told who took the sink over (and rolled it back)
+            if isinstance(exc, SinkTakenOver):
+                raise
+            raise self.sink_generation.taken_over(generation, exc) or exc from None
 
     def decide_abort(self, epoch: int, generation: int, older_than: int | None = None,
                      judged_version: int | None = None) -> tuple[XidRecord, bool]:
@@ -236,8 +239,7 @@ class Transitions:
 
     def _commit_once(self, epoch: int, generation: int, winners: list[str] | None,
                      txn_version: int | None, cached: bool,
-                     given: dict[str, BranchRecord] | None = None,
-                     lease: PublishLease | None = None
+                     given: dict[str, BranchRecord] | None = None
                      ) -> tuple[XidRecord, bool, dict[str, BranchRecord]]:
         record = self._require(epoch, cached)
         if record.state in (XidState.COMMITTING, XidState.COMMITTED):
@@ -254,19 +256,9 @@ class Transitions:
             fresh = self._require(epoch, cached=False)
             if fresh.version == record.version:
                 raise self.sink_generation.taken_over(generation, exc) or exc from None
-            return self._commit_once(epoch, generation, winners, txn_version, cached=True,
-                                     lease=lease)
+            return self._commit_once(epoch, generation, winners, txn_version, cached=True)
         decided = record.moved_to(XidState.COMMITTING, generation, winners=tuple(chosen),
                                   decided_at=time.time(), txn_version=txn_version)
-        if lease is not None and not lease.held:
-            try:
-                written = self._write(record, generation, decided, lease=lease)
-            except MultiFailed as failed:
-                if failed.label != LEASE_TAKE:
-                    raise
-            else:
-                lease.taken()
-                return written, True, known
         return self._write(record, generation, decided), True, known
 
     def _abort_once(self, epoch: int, generation: int, older_than: int | None,
@@ -363,16 +355,13 @@ class Transitions:
         return XidState.INITIALIZED
 
     def _write(self, current: XidRecord, generation: int, new: XidRecord,
-               reopen: bool = False, lease: PublishLease | None = None) -> XidRecord:
-        """One fenced compare-and-set of the xid record (plus its open-index entry, and
-        the taking of ``lease``)."""
+               reopen: bool = False) -> XidRecord:
+        """One fenced compare-and-set of the xid record (plus its open-index entry)."""
         multi = self._fenced(generation)
         multi.set_data(self.layout.xid(current.epoch), new.to_bytes(), current.version,
                        label="xid")
         if reopen:
             multi.create(self.layout.open_marker(current.epoch), label="open")
-        if lease is not None:
-            lease.take_in(multi)
         multi.commit()
         written = replace(new, version=current.version + 1)
         self._remember(written)
