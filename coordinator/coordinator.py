@@ -343,6 +343,9 @@ class Coordinator:
         Every xid is attempted; if some could not be finished, :class:`RecoveryIncomplete`
         carries the report (or, with ``raise_on_failure=False``, the report lists them).
         """
+        epochs = self.store.run(self.store.epochs, True)
+        if not epochs:  # nothing open: nothing to finish, judge or fence against
+            return RecoveryReport(self.sink_id, self._own_generation)
         generation = (self._own_generation if self._own_generation is not None
                       else self.generation())
         judged = self._judge(unwatched_after) if abandoned else None
@@ -359,7 +362,7 @@ class Coordinator:
         try:
             report = recovery.run(generation, publish, rollback,
                                   generation if older_than_generation is None
-                                  else older_than_generation, raise_on_failure)
+                                  else older_than_generation, raise_on_failure, epochs)
         except RecoveryIncomplete as exc:
             self._mark_recovered(exc.report)
             raise

@@ -74,7 +74,7 @@ class RecoveryReport:
     """Every xid recovery touched; empty ``actions`` means there was nothing to do."""
 
     sink_id: str
-    generation: int
+    generation: int | None  # None: not read (nothing was open)
     actions: list[RecoveryAction] = field(default_factory=list)
 
     @property
@@ -87,7 +87,8 @@ class RecoveryReport:
 
     def __str__(self) -> str:
         body = "; ".join(str(a) for a in self.actions) or "nothing to recover"
-        return f"sink {self.sink_id} (generation {self.generation}): {body}"
+        at = "" if self.generation is None else f" (generation {self.generation})"
+        return f"sink {self.sink_id}{at}: {body}"
 
 
 class Recovery:
@@ -111,9 +112,12 @@ class Recovery:
         self.leave_to = leave_to  # holders whose xids are expected in progress
 
     def run(self, generation: int, publish: BranchCallback, rollback: BranchCallback,
-            older_than: int, raise_on_failure: bool) -> RecoveryReport:
+            older_than: int, raise_on_failure: bool,
+            epochs: list[int] | None = None) -> RecoveryReport:
+        """``epochs``: the open index as the caller read it (None: read here)."""
         report = RecoveryReport(self.store.sink_id, generation)
-        epochs = self.store.run(self.store.epochs, True)
+        if epochs is None:
+            epochs = self.store.run(self.store.epochs, True)
         records = self.store.run(self.store.read_xids, epochs)
         for record in sorted(records, key=lambda r: (_ORDER.get(r.state, 3), r.epoch)):
             action = self._recover_one(record, generation, publish, rollback, older_than)
