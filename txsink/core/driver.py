@@ -426,8 +426,8 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object],
 def _publish_in_background(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
                            lease: ExitStack, messages: Sequence[BranchMessage],
                            started: float) -> None:
-    """A pipelined epoch's publish, under the lease its commit took (released here once
-    its metrics are recorded: ``wait_published`` waits for the lease's holder)."""
+    """A pipelined epoch's publish, under the lease its commit took (the ``Committed``
+    write releases it; this process's ``wait_published`` waits for this thread)."""
     with lease:
         final = _finish_decided(plan, coord, epoch, generation)
         record_committed(plan, coord, epoch, final, messages, started, PIPELINED)
