@@ -133,10 +133,13 @@ class Transitions:
         """The branches of ``branch_ids`` this object prepared in the xid's attempt it
         last saw, as it wrote them."""
         xid = self._xids.get(epoch)
-        found = {b: self._branches.get((epoch, b)) for b in branch_ids}
-        return {b: r for b, r in found.items()
-                if r is not None and xid is not None and r.attempt == xid.attempt
-                and r.state is BranchState.PREPARED}
+        return self._prepared_in(xid, branch_ids) if xid is not None else {}
+
+    def _prepared_in(self, record: XidRecord, branch_ids: Iterable[str]
+                     ) -> dict[str, BranchRecord]:
+        found = {b: self._branches.get((record.epoch, b)) for b in branch_ids}
+        return {b: r for b, r in found.items() if r is not None
+                and r.attempt == record.attempt and r.state is BranchState.PREPARED}
 
     # -- one try of each step (raise MultiFailed to be re-run from a fresh read) --------
 
@@ -373,13 +376,11 @@ class Transitions:
         """Read the would-be winners (those not ``given``, nor, with ``given``, prepared
         by this coordinator in the xid's attempt); each must be ``Prepared`` in the
         current attempt."""
-        trusted = given is not None  # a first try: what this attempt read or wrote
-        given = {b: given[b] for b in branch_ids if b in given} if given else {}
-        for branch_id in branch_ids if trusted else ():
-            own = self._branches.get((record.epoch, branch_id))
-            if (branch_id not in given and own is not None and own.attempt == record.attempt
-                    and own.state is BranchState.PREPARED):
-                given[branch_id] = own
+        if given is not None:  # a first try: what this attempt read or wrote
+            given = {**self._prepared_in(record, branch_ids),
+                     **{b: given[b] for b in branch_ids if b in given}}
+        else:
+            given = {}
         missing = [b for b in branch_ids if b not in given]
         found = {**given, **(self.store.read_branches(record.epoch, missing) if missing else {})}
         for branch_id in branch_ids:
