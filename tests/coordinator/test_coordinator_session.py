@@ -14,6 +14,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from coordinator import BranchRecord, Coordinator, XidState
+from coordinator.protocol.publish_lease import PublishLease
 from tests.coordinator.test_coordinator_support import Target, prepared_branches
 
 
@@ -82,3 +83,18 @@ def test_the_generation_survives_session_expiry(own_session: KazooClient,
     assert driver.generation() == generation
     driver.begin(2, generation)
     assert driver.xid(2).state is XidState.INITIALIZED
+
+
+def test_a_holder_whose_session_expired_cannot_release_its_successors_lease(
+        own_session: KazooClient, zk: KazooClient, zk_hosts: str) -> None:
+    first = Coordinator(own_session, "orders")
+    generation = first.fence()
+    first.begin(3, generation)
+    old = PublishLease(first.store, 3, "old holder")
+    assert old.acquire()
+    expire_session(own_session, zk_hosts)  # its two nodes go with the session
+    new = PublishLease(Coordinator(zk, "orders").store, 3, "new holder")
+    assert new.acquire()
+    old.release()  # the delete of its own node, gone, fails the whole multi-op
+    assert new.holder() == "new holder"
+    new.check()
