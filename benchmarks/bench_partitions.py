@@ -12,7 +12,8 @@ parts than plain inserts. What it measures, on the same rows, side by side in on
   the same figure as its "committed ... commit_ms=" log line), against the goal
   100 ms + 1 ms per branch; from the xid's history, when within it the decision
   (``Committing``) was written; and ``cleanup_ms``, the time the driver's commit spent
-  after the ``Committed`` write dropping the non-winners' staging (sinks that record it);
+  after the ``Committed`` write dropping the non-winners' staging, where a sink records it
+  (``txsink`` logs it instead: its metrics are written with the ``Committed`` record);
 - **parts created** in the target by the job, ``tx`` vs ``plain`` (method below);
 - the largest znode the sink left under its ZooKeeper subtree (ZooKeeper refuses records
   over 1 MB).

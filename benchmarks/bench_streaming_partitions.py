@@ -9,8 +9,8 @@ modern one. After the first micro-batch with rows, the workload is the next ``--
 seconds of ids (``sinkbench/streaming.py``: visibility polled every 100 ms).
 
 Printed per (server, sink): Spark's median ``triggerExecution`` and ``addBatch`` of the
-micro-batches that carried the workload, the sink's median ``commit_ms`` and
-``cleanup_ms`` (recorded per epoch in ZooKeeper), mean and max visibility latency, and
+micro-batches that carried the workload, the sink's median ``commit_ms`` (recorded per
+epoch in ZooKeeper), mean and max visibility latency, and
 whether the query kept up: every row visible, and the median micro-batch no longer than
 the trigger interval. Writes ``results/streaming_partitions.json`` and ``.png``.
 
@@ -49,7 +49,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def metrics(scratch: Scratch, sink_prefix: str) -> dict:
-    """``cleanup_ms`` too (``streaming._epoch_metrics`` summarises the others)."""
+    """The median branches per epoch (``streaming._epoch_metrics`` summarises the rest)."""
     from kazoo.client import KazooClient
 
     from coordinator import Coordinator
@@ -65,9 +65,7 @@ def metrics(scratch: Scratch, sink_prefix: str) -> dict:
     finally:
         client.stop()
         client.close()
-    values = [m["cleanup_ms"] for m in found if "cleanup_ms" in m]
-    return {"cleanup_ms_median": round(statistics.median(values), 1) if values else None,
-            "branches_median": statistics.median([m.get("branches", 0) for m in found])
+    return {"branches_median": statistics.median([m.get("branches", 0) for m in found])
             if found else None}
 
 
@@ -132,15 +130,15 @@ def main() -> None:
     print(f"\n### {args.partitions}-partition micro-batches at a {args.trigger:g} s trigger "
           f"({args.rate:,} rows/s, {args.rate * args.trigger:,.0f} rows per micro-batch)\n")
     print("| server | sink | micro-batches | triggerExecution ms | ÷ floor | addBatch ms | "
-          "commit_ms | cleanup_ms | latency mean / max s | keeps up |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+          "commit_ms | latency mean / max s | keeps up |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
     for r in results:
         epoch = r.get("epoch_metrics") or {}
         trigger_ms = r.get("trigger_ms_median")
         ratio = f"{trigger_ms / floor['median_ms']:.2f}" if trigger_ms else ""
         print(f"| {r['server']} | {r['sink']} | {r.get('micro_batches')} | "
               f"{trigger_ms} | {ratio} | {r.get('add_batch_ms_median')} | "
-              f"{epoch.get('commit_ms_median', '')} | {epoch.get('cleanup_ms_median', '')} | "
+              f"{epoch.get('commit_ms_median', '')} | "
               f"{r.get('latency_mean_s')} / {r.get('latency_max_s')} | "
               f"{'yes' if r['keeps_up'] else 'NO'} |")
     print(f"| – | no-op Python writer (floor, batch job) | {len(floor['seconds'])} | "

@@ -64,7 +64,7 @@ DEFAULT_URL = "http://127.0.0.1:8123"
 MODERN_URL = "http://127.0.0.1:8124"
 JOB_VARIANTS = ("tx_view", "plain_view", "tx_noview", "plain_noview")
 VIEW_COUNTS = (0, 1, 2, 4)
-METRICS = ("commit_ms", "stage_ms", "seal_ms", "cleanup_ms")
+METRICS = ("commit_ms", "stage_ms", "seal_ms")
 KEYS = 1000  # rollup keys per day (id % KEYS)
 
 

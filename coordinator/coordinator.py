@@ -251,7 +251,7 @@ class Coordinator:
 
     def commit(self, epoch: int, generation: int, winners: list[str] | None,
                publish: BranchCallback, rollback: BranchCallback,
-               metrics: dict[str, Any] | None = None,
+               metrics_of: Callable[[XidRecord], dict[str, Any]] | None = None,
                txn_version: int | None = None,
                publish_group: PublishGroup | None = None,
                prepared: Iterable[BranchRecord] = ()) -> XidRecord:
@@ -269,7 +269,9 @@ class Coordinator:
         ``Committing``. ``txn_version`` is recorded with the decision and becomes the
         sink's :meth:`txn_version` with the ``Committed`` write. ``prepared``: branch
         records the caller read since the xid began (the winners', their sources'), not
-        read again.
+        read again. ``metrics_of(record)``: the caller's metrics for the xid, computed from
+        its ``Committed`` record and written in the same write (not called on an xid
+        another actor finishes).
         """
         prepared = list(prepared)
         record, decided_now, known = self._steps.decide_commit(epoch, generation, winners,
@@ -282,7 +284,7 @@ class Coordinator:
             self._step(steps.COMMIT_AFTER_DECISION)
         return self._finish(record, generation, fresh=decided_now, finish=lambda r, lease:
                             self._completion.finish_commit(r, lease, generation, publish,
-                                                           rollback, metrics, known,
+                                                           rollback, metrics_of, known,
                                                            publish_group))
 
     def decide(self, epoch: int, generation: int, winners: list[str] | None,

@@ -79,7 +79,8 @@ class Completion:
 
     def finish_commit(self, record: XidRecord, lease: PublishLease, generation: int,
                       publish: BranchCallback,
-                      rollback: BranchCallback, metrics: dict[str, Any] | None = None,
+                      rollback: BranchCallback,
+                      metrics_of: Callable[[XidRecord], dict[str, Any]] | None = None,
                       known: dict[str, BranchRecord] | None = None,
                       publish_group: PublishGroup | None = None) -> XidRecord:
         """Publish the winners of a ``Committing`` xid and mark it ``Committed``.
@@ -110,7 +111,7 @@ class Completion:
         if unread:
             losers.update(self.store.run(self.store.read_branches, record.epoch, unread))
         final = self.store.run(self._write_committed, record, lease, generation, branches, losers,
-                               metrics or {})
+                               metrics_of)
         log.info("xid %s committed: %d winner(s) published, %d other branch(es) aborted",
                  record.xid, len(record.winners), len(losers))
         self.step(steps.COMMIT_AFTER_COMMITTED)
@@ -171,13 +172,15 @@ class Completion:
 
     def _write_committed(self, record: XidRecord, lease: PublishLease, generation: int,
                          winners: dict[str, BranchRecord], losers: dict[str, BranchRecord],
-                         metrics: dict[str, Any]) -> XidRecord:
+                         metrics_of: Callable[[XidRecord], dict[str, Any]] | None
+                         ) -> XidRecord:
         current = record
         for _ in range(CONFLICT_RETRIES):
             if current.state is XidState.COMMITTED:
                 return current
-            final = current.moved_to(XidState.COMMITTED, generation,
-                                     metrics={**current.metrics, **metrics})
+            final = current.moved_to(XidState.COMMITTED, generation)
+            if metrics_of is not None:
+                final = replace(final, metrics={**final.metrics, **metrics_of(final)})
             updates = [b.moved_to(BranchState.COMMITTED) for b in winners.values()
                        if b.state is not BranchState.COMMITTED and b.branch_id in record.winners]
             updates += [b.moved_to(BranchState.ABORTED) for b in losers.values()

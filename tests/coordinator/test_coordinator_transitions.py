@@ -21,6 +21,7 @@ from coordinator import (
     WinnerNotPrepared,
     XidAborted,
     XidDecided,
+    XidRecord,
     XidState,
 )
 from coordinator.plumbing.nodes import NodeStore
@@ -328,13 +329,20 @@ def test_commit_with_no_winner_commits_an_empty_epoch_and_rolls_back_all(
     assert len(target.rollback_calls) == 3
 
 
-def test_commit_records_the_caller_metrics_with_the_xid(
+def test_commit_writes_the_caller_metrics_with_the_committed_record(
         driver: tuple[Coordinator, int]) -> None:
     coord, generation = driver
     winners = bring_to(coord, generation, X.INITIALIZED)
-    coord.commit(EPOCH, generation, winners, Target().publish, Target().rollback,
-                 metrics={"rows": 20, "stage_ms": 4.5})
-    assert coord.xid(EPOCH).metrics == {"rows": 20, "stage_ms": 4.5}
+    seen: list[X] = []
+
+    def metrics_of(final: XidRecord) -> dict[str, object]:
+        seen.append(final.state)
+        return {"rows": 20, "committed": final.updated}
+
+    final = coord.commit(EPOCH, generation, winners, Target().publish, Target().rollback,
+                         metrics_of=metrics_of)
+    assert seen == [X.COMMITTED]
+    assert coord.xid(EPOCH).metrics == final.metrics == {"rows": 20, "committed": final.updated}
 
 
 def test_history_lists_every_state_the_xid_entered(driver: tuple[Coordinator, int]) -> None:

@@ -260,10 +260,14 @@ def test_a_job_planned_while_zookeeper_restarts_waits_for_its_replica_then_write
     sink = events_sink(url, zk_hosts, "ReplicatedMergeTree('/clickhouse/tables/{db}/events', 'r1')")
     db = sink.table.split(".")[0]
     kill_server(classic, "zookeeper")
-    assert run_sql(url, f"SELECT is_readonly FROM system.replicas WHERE database = '{db}'") \
-        .strip() == "1"
-    # the plan meets the read-only replica at once (asserted just above) and waits from
-    # then on, however long ZooKeeper stays down: 3 s of it prove the wait
+    # the replica turns read-only once it notices its session is gone, a moment later
+    readonly = f"SELECT is_readonly FROM system.replicas WHERE database = '{db}'"
+    deadline = time.monotonic() + 30.0
+    while run_sql(url, readonly).strip() != "1":
+        assert time.monotonic() < deadline, "the replica never turned read-only"
+        time.sleep(0.1)
+    # the plan meets the read-only replica at once (waited for just above) and waits
+    # from then on, however long ZooKeeper stays down: 3 s of it prove the wait
     later = threading.Timer(3.0, restart_server, (classic, "zookeeper"))
     later.start()
     try:

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
+from typing import Any
 
 import server_ext
 from coordinator import (
@@ -220,15 +221,18 @@ def taken_over_said(coord: Coordinator, generation: int) -> Iterator[None]:
 
 def decide(coord: Coordinator, epoch: int, generation: int, winners: list[str] | None,
            publisher: BranchPublisher, txn_version: int | None,
-           prepared: Sequence[BranchRecord] = ()) -> XidRecord:
+           prepared: Sequence[BranchRecord] = (),
+           metrics: CommittedMetrics | None = None) -> XidRecord:
     """Decide the xid with ``winners`` (None: those selected by ``transaction()``'s
     writes) and publish; the record of the ``Committed`` xid. The one commit of every
     writer; ``publisher`` drains when the caller's ``with`` block ends. ``prepared``:
-    winner records read since the xid began (not read again)."""
+    winner records read since the xid began (not read again); ``metrics``: written with
+    the ``Committed`` record."""
     with taken_over_said(coord, generation):
         return coord.commit(epoch, generation, winners, publish=publisher.publish,
                             rollback=publisher.rollback, txn_version=txn_version,
-                            publish_group=publisher.group, prepared=prepared)
+                            publish_group=publisher.group, prepared=prepared,
+                            metrics_of=metrics)
 
 
 def covered_txn_version(options: SinkOptions, coord: Coordinator) -> int | None:
@@ -412,63 +416,76 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object],
                 held.enter_context(coord.publish_lease(epoch, generation, coord.lease_wait))
                 decided = coord.decide(epoch, generation, winners,
                                        plan.options.transaction.txn_version, prepared=records)
+        metrics = CommittedMetrics(plan, branch_messages, started,
+                                   PIPELINED if pipelined else INLINE)
         if pipelined and decided.state is XidState.COMMITTING:
             lease = held.pop_all()  # from here on the background publish releases it
             pipeline.pipeline_for(plan.options, plan.sink_id).start(
                 epoch, lambda: _publish_in_background(plan, coord, epoch, generation, lease,
-                                                      branch_messages, started))
+                                                      metrics))
             return
         final = decide(coord, epoch, generation, winners, publisher,
-                       plan.options.transaction.txn_version, records)
-    after_committed(plan, coord, epoch, final, branch_messages, started, INLINE)
-
-
-def _publish_in_background(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
-                           lease: ExitStack, messages: Sequence[BranchMessage],
-                           started: float) -> None:
-    """A pipelined epoch's publish, under the lease its commit took (the ``Committed``
-    write releases it; this process's ``wait_published`` waits for this thread)."""
-    with lease:
-        final = _finish_decided(plan, coord, epoch, generation)
-        record_committed(plan, coord, epoch, final, messages, started, PIPELINED)
-    retain_after_commit(plan.options, coord, plan.tuning)
-
-
-def _finish_decided(plan: WritePlan, coord: Coordinator, epoch: int,
-                    generation: int) -> XidRecord:
-    """Publish a ``Committing`` xid's recorded decision and mark it ``Committed`` (a
-    ``Committed`` one is returned as it is)."""
-    with publisher_for(plan.options, coord, plan.tables, plan.tuning) as publisher:
-        return coord.commit(epoch, generation, None, publish=publisher.publish,
-                            rollback=publisher.rollback, publish_group=publisher.group)
-
-
-def after_committed(plan: WritePlan, coord: Coordinator, epoch: int, final: XidRecord,
-                    messages: Sequence[BranchMessage], started: float, publish: str) -> None:
-    """What a writer does once its xid is ``Committed``: its metrics and log line
-    (:func:`record_committed`), then a retention pass."""
-    record_committed(plan, coord, epoch, final, messages, started, publish)
+                       plan.options.transaction.txn_version, records, metrics)
+    metrics.logged(coord, final)
     # after Committed: off the decision's path
     retain_after_commit(plan.options, coord, plan.tuning)
 
 
-def record_committed(plan: WritePlan, coord: Coordinator, epoch: int, final: XidRecord,
-                     messages: Sequence[BranchMessage], started: float, publish: str) -> None:
-    """A ``Committed`` xid's metrics on its record, and the log line. Runs where the
-    publish ran (the committing thread, or the background publish of a pipelined epoch)."""
-    metrics = replace(epoch_metrics(messages, started, final.updated, final.decided_at),
-                      publish=publish)
-    if plan.quarantine is not None:  # what status shows per epoch
-        metrics = replace(metrics, quarantined=sum(m.bad_rows for m in messages))
-    coord.record_metrics(epoch, metrics.to_dict(), known=final)
-    log.info(
-        "txsink sink=%s epoch=%d committed rows=%d branches=%d partitions=%d "
-        "stage_ms=%.0f seal_ms=%.0f commit_ms=%.0f visibility_lag_ms=%.0f cleanup_ms=%.0f "
-        "latency_ms=%.0f publish=%s",
-        plan.sink_id, epoch, metrics.rows, metrics.branches, metrics.partitions,
-        metrics.stage_ms, metrics.seal_ms, metrics.commit_ms, metrics.visibility_lag_ms or 0,
-        metrics.cleanup_ms, metrics.latency_ms, publish,
-    )
+def _publish_in_background(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
+                           lease: ExitStack, metrics: CommittedMetrics) -> None:
+    """A pipelined epoch's publish, under the lease its commit took (the ``Committed``
+    write, which carries the epoch's metrics, releases it; this process's
+    ``wait_published`` waits for this thread)."""
+    with lease:
+        final = _finish_decided(plan, coord, epoch, generation, metrics)
+    metrics.logged(coord, final)
+    retain_after_commit(plan.options, coord, plan.tuning)
+
+
+def _finish_decided(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
+                    metrics: CommittedMetrics | None = None) -> XidRecord:
+    """Publish a ``Committing`` xid's recorded decision and mark it ``Committed`` (a
+    ``Committed`` one is returned as it is)."""
+    with publisher_for(plan.options, coord, plan.tables, plan.tuning) as publisher:
+        return coord.commit(epoch, generation, None, publish=publisher.publish,
+                            rollback=publisher.rollback, publish_group=publisher.group,
+                            metrics_of=metrics)
+
+
+class CommittedMetrics:
+    """A writer's metrics of its epoch, computed from the xid's ``Committed`` record and
+    written with it (:meth:`Coordinator.commit`'s ``metrics_of``): whoever reads a
+    ``Committed`` record reads its writer's figures. ``cleanup_ms`` is not among them
+    (the clean-up follows that write); the log line has it."""
+
+    def __init__(self, plan: WritePlan, messages: Sequence[BranchMessage], started: float,
+                 publish: str) -> None:
+        self.plan, self.messages, self.started, self.publish = plan, messages, started, publish
+        self.written: dict[str, Any] | None = None
+
+    def __call__(self, final: XidRecord) -> dict[str, Any]:
+        metrics = replace(epoch_metrics(self.messages, self.started, final.updated,
+                                        final.decided_at), publish=self.publish, cleanup_ms=None)
+        if self.plan.quarantine is not None:  # what status shows per epoch
+            metrics = replace(metrics, quarantined=sum(m.bad_rows for m in self.messages))
+        self.written = metrics.to_dict()
+        return self.written
+
+    def logged(self, coord: Coordinator, final: XidRecord) -> None:
+        """The log line of a ``Committed`` xid; its metrics recorded now if another actor
+        wrote that record (this writer's commit found it ``Committed``)."""
+        written = self.written
+        if written is None or any(final.metrics.get(k) != v for k, v in written.items()):
+            written = self(final)
+            coord.record_metrics(final.epoch, written, known=final)
+        metrics = EpochMetrics.from_dict(written)
+        log.info(
+            "txsink sink=%s epoch=%d committed rows=%d branches=%d partitions=%d "
+            "stage_ms=%.0f seal_ms=%.0f commit_ms=%.0f visibility_lag_ms=%.0f cleanup_ms=%.0f "
+            "latency_ms=%.0f publish=%s",
+            self.plan.sink_id, final.epoch, metrics.rows, metrics.branches, metrics.partitions,
+            metrics.stage_ms, metrics.seal_ms, metrics.commit_ms, metrics.visibility_lag_ms or 0,
+            (time.time() - final.updated) * 1000, metrics.latency_ms, self.publish)
 
 
 def finish_clean_up(plan: WritePlan, coord: Coordinator, epoch: int) -> None:
