@@ -49,7 +49,9 @@ class EpochMetrics:
     """What one xid cost and who finished it; a figure not recorded is None.
 
     ``commit_ms`` runs from the start of the commit to the xid's ``Committed`` write
-    (rows visible, decision final); ``cleanup_ms`` is what the commit spent afterwards;
+    (rows visible, decision final); ``cleanup_ms`` is what the commit spent afterwards
+    (recorded by a ``transaction()``; a stream's or job's metrics are written with the
+    ``Committed`` record, before it, and its log line has it);
     ``latency_ms`` runs from the first row written (a batch job) or the xid's begin
     (``transaction()``) to the decision. ``decide_ms`` runs from the start of the commit
     to the decision, ``visibility_lag_ms`` from the decision to the ``Committed`` write
