@@ -2,7 +2,7 @@
 
 Contract. With ``publish=pipelined`` the commit of epoch N takes N's publish lease, writes
 the decision (``Committing``, durable) and hands the held lease and the rest of the
-commit (publish, ``Committed``, clean-up, metrics) to this process's :class:`Pipeline` of
+commit (publish, ``Committed`` with its metrics, clean-up) to this process's :class:`Pipeline` of
 the sink, then returns: Spark records the micro-batch and starts N+1's tasks while one
 background thread finishes N. Before N+1's decision the writer calls :func:`settle`: it
 waits for this process's in-flight publish and then makes sure N is ``Committed``
