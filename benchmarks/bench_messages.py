@@ -14,7 +14,7 @@ the KeeperMap records table) and the ClickHouse statements of each variant:
 - ``batch_tx`` — ``df.write.format("clickhouse_tx")``; ``batch_plain`` — ``clickhouse_plain``.
 
 Counted exactly and for this run alone: the sink is pointed at two local proxies
-(``sinkbench/wire.py``) that relay every connection to the servers and record each
+(``tests/harness/wire.py``) that relay every connection to the servers and record each
 ZooKeeper request (with its operation and path) and each ClickHouse connection's port;
 the statements are the rows of ``system.query_log`` from those ports (the proxy adds
 ``log_queries=1``: 18.16 logs nothing by default). The benchmark's own statements go
@@ -23,6 +23,8 @@ stream's next files are added only once the previous micro-batch has finished), 
 message belongs to one epoch even at 18.16's one-second ``query_log`` resolution;
 messages outside every epoch (query start and stop) are counted apart. Per process:
 the Spark Python workers (tasks, and the data source's driver side) and the driver.
+Beside each exactly-once epoch: what its metrics recorded (``store_requests`` /
+``statements``, the writer's own count up to its ``Committed`` write).
 
     PYTHONPATH=. python benchmarks/bench_messages.py --url http://127.0.0.1:8124 \\
         [--store zookeeper|keepermap] [--rows 100000] [--epochs 4] [--variants a,b]
@@ -51,7 +53,8 @@ from urllib.parse import urlsplit
 from kazoo.client import KazooClient
 from sinkbench import environment, messages, workload
 from sinkbench.environment import load, sql
-from sinkbench.wire import ClickHouseProxy, ZooKeeperProxy
+
+from tests.harness.wire import ClickHouseProxy, ZooKeeperProxy
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DATABASE = "bench_messages"
@@ -201,6 +204,23 @@ def run_variant(spark, variant: str, run: Run, rows: int, epochs: int) -> dict:
             "input_rows": tasks, "visible_rows": visible}
 
 
+def recorded(run: Run, variant: str, zookeeper: str) -> list[dict]:
+    """What each epoch's metrics record of its messages (``store_requests``,
+    ``statements``: the writer's own count up to the ``Committed`` write), read past the
+    proxies."""
+    if variant.endswith("plain") or variant.endswith("plain_write"):
+        return []
+    from txsink.core import connections
+    from txsink.options import parse_options
+
+    options = {**run.options(variant), "url": run.url, "table": run.table(variant)}
+    if run.store == "zookeeper":
+        options["zookeeper"] = zookeeper + run.chroot
+    coord = connections.coordinator(parse_options(options), run.sink_id(variant))
+    return [{key: record.metrics.get(key) for key in ("store_requests", "statements")}
+            for record in coord.store.run(coord.store.read_xids, coord.store.epochs())]
+
+
 def count(run: Run, measured: dict, statements: list[messages.Statement]) -> dict:
     """The variant's messages per epoch, by kind and by process."""
     variant = measured["variant"]
@@ -304,8 +324,11 @@ def render(result: dict) -> str:
                      "(coordinator | ClickHouse)")
         for number, epoch in enumerate(data["epochs"]):
             coordinator = epoch["zk_by_process"] if store == "zookeeper" else None
+            mine = data["recorded"][number] if number < len(data["recorded"]) else None
             lines.append(f"  {number:<8}{epoch[coordinator_key]:>16}{epoch['statements']:>15}"
-                         f"  {_processes(coordinator)} | "
+                         + ("" if mine is None else
+                            f"  recorded {mine['store_requests']} / {mine['statements']}")
+                         + f"  {_processes(coordinator)} | "
                          f"{_processes(epoch['statements_by_process'])}"
                          + _unlogged(epoch)
                          + (f"  ({epoch['exceptions']} failed)" if epoch["exceptions"] else ""))
@@ -429,6 +452,7 @@ def main() -> None:
         for variant in wanted:
             log(f"== {variant} (load {load():.1f})")
             measured.append(run_variant(spark, variant, run, args.rows, args.epochs))
+            measured[-1]["recorded"] = recorded(run, variant, args.zookeeper)
         time.sleep(GAP_SECONDS)
         found = messages.statements(args.url, list(run.clickhouse.connections.values()),
                                     run.clickhouse.log.between(started, time.time()), started)

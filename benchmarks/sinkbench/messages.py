@@ -1,8 +1,8 @@
 """Messages of a run: ClickHouse statements from ``system.query_log``, their kinds, and
-the ZooKeeper requests of :mod:`sinkbench.wire` put into the same shape.
+the ZooKeeper requests of :mod:`tests.harness.wire` put into the same shape.
 
 A statement is a row of ``system.query_log`` (any type but ``QueryStart``) whose client
-port is that of an upstream connection of the run's :class:`~sinkbench.wire.ClickHouseProxy`
+port is that of an upstream connection of the run's :class:`~tests.harness.wire.ClickHouseProxy`
 while it was open; its kind is the statement's first word(s) and the class of the table
 it names (``target``, ``staging``, ``records``, a ``system.`` table), so that a reader
 sees where the statements go.
@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from sinkbench.environment import sql
-from sinkbench.wire import PROCESSES, Connection, Request
+from tests.harness.wire import PROCESSES, Connection, Request
 
 #: query_log's type codes (18.16 has a UInt8, later servers an Enum8 of these)
 QUERY_TYPES = {1: "QueryStart", 2: "QueryFinish", 3: "ExceptionBeforeStart",
@@ -139,7 +139,7 @@ def zk_kind(kind: str, root: str, sink_id: str) -> str:
 
 
 def by_pid(items: list[Request] | list[Statement]) -> dict[str, int]:
-    """Counts per process, named ``<what>:<pid>`` (see :data:`sinkbench.wire.PROCESSES`)."""
+    """Counts per process, named ``<what>:<pid>`` (see :data:`tests.harness.wire.PROCESSES`)."""
     counts = Counter("?" if i.pid is None else f"{PROCESSES.get(i.pid, '?')}:{i.pid}"
                      for i in items)
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import copy_context
 from dataclasses import replace
 from typing import Any
 
@@ -143,7 +144,9 @@ class Completion:
             publish_all(winners)
             return
         with ThreadPoolExecutor(min(PUBLISH_WORKERS, len(groups))) as pool:
-            futures = [pool.submit(publish_all, group) for group in groups.values()]
+            # each in the caller's context (a caller may count the messages its work sends)
+            futures = [pool.submit(copy_context().run, publish_all, group)
+                       for group in groups.values()]
         for future in futures:
             future.result()
 
@@ -179,14 +182,14 @@ class Completion:
             if current.state is XidState.COMMITTED:
                 return current
             final = current.moved_to(XidState.COMMITTED, generation)
-            if metrics_of is not None:
-                final = replace(final, metrics={**final.metrics, **metrics_of(final)})
             updates = [b.moved_to(BranchState.COMMITTED) for b in winners.values()
                        if b.state is not BranchState.COMMITTED and b.branch_id in record.winners]
             updates += [b.moved_to(BranchState.ABORTED) for b in losers.values()
                         if b.state is not BranchState.ABORTED]
             last_epoch, last_version = self.last.require()
             txn = self.txn_versions.read() if record.txn_version is not None else None
+            if metrics_of is not None:  # last, right before the write that carries them
+                final = replace(final, metrics={**final.metrics, **metrics_of(final)})
 
             def close(multi: Multi, last_epoch: int | None = last_epoch,
                       last_version: int = last_version,

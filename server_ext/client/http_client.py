@@ -118,6 +118,7 @@ class ClickHouseClient(TextClient):
         retries: int = DEFAULT_RETRIES,
         session: requests.Session | None = None,
         ca_file: str | None = None,
+        on_statement: Callable[[], None] | None = None,
     ) -> None:
         self.url, url_user, url_password = _strip_credentials(url)
         self.user = user if user is not None else url_user
@@ -139,6 +140,7 @@ class ClickHouseClient(TextClient):
         parts = urlsplit(self.url)
         default_port = 443 if parts.scheme == "https" else 8123
         self.address = f"{parts.hostname}:{parts.port or default_port}"
+        self._on_statement = on_statement  # called as each request is sent (a count)
 
     def __repr__(self) -> str:
         return f"ClickHouseClient(url={self.url!r}, user={self.user!r})"
@@ -279,6 +281,8 @@ class ClickHouseClient(TextClient):
     ) -> requests.Response:
         query_id = f"txsink-{uuid.uuid4().hex}"
         params = {**params, "query_id": query_id}
+        if self._on_statement is not None:
+            self._on_statement()
         try:
             resp = self._session.post(
                 self.url,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import copy_context
 
 from server_ext.capabilities import detect_capabilities, known_settings
 from server_ext.client.client_protocol import SqlClient
@@ -286,7 +287,8 @@ def merge_partitions(client: SqlClient, staging: str, partition_ids: list[str],
         if len(partition_ids) > 1 and getattr(client, "concurrent", False):
             with ThreadPoolExecutor(min(MERGE_WORKERS, len(partition_ids)),
                                     thread_name_prefix="txsink-merge") as pool:
-                list(pool.map(merge, partition_ids))  # raises the first failure
+                # in the caller's context, as in the writer's pool; raises the first failure
+                list(pool.map(lambda pid: copy_context().run(merge, pid), partition_ids))
         else:
             for pid in partition_ids:
                 merge(pid)

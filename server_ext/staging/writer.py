@@ -63,6 +63,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import copy_context
 from queue import Full, Queue
 
 import pyarrow as pa
@@ -246,8 +247,10 @@ class BranchWriter:
         if self._sender is None:
             self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txsink-insert")
         self._blocks += 1
-        self._in_flight = self._sender.submit(self._send, body, sum(b.num_rows for b in batches),
-                                              self._blocks)
+        # in the caller's context, as every pool of the sink's (a caller may count the
+        # statements its work sends)
+        self._in_flight = self._sender.submit(copy_context().run, self._send, body,
+                                              sum(b.num_rows for b in batches), self._blocks)
 
     def _wait(self) -> None:
         """Wait for the INSERT in flight; its failure is raised here."""

@@ -50,6 +50,7 @@ import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import copy_context
 from dataclasses import replace
 
 import numpy as np
@@ -64,6 +65,7 @@ from server_ext.staging import (
 )
 from server_ext.types import ContentDigest
 from txsink.core import carried_rows, combine, connections, crashpoints, payload
+from txsink.core.message_count import counting
 from txsink.core.messages import BranchMessage, CarriedMessage, SkippedMessage
 from txsink.core.payload import BranchOwner
 from txsink.core.shard_branch import ShardBranch, new_branch_id, pick_replica
@@ -215,8 +217,8 @@ class _Attempt:
                                 thread_name_prefix="txsink-digest") as pool:
             def digest(branch: ShardBranch, part: StagedTable
                        ) -> Future[dict[str, ContentDigest] | None]:
-                return pool.submit(server_ext.staged_digests, branch.client, part.table,
-                                   part.staging)
+                return pool.submit(copy_context().run, server_ext.staged_digests,
+                                   branch.client, part.table, part.staging)
 
             digesting = {part.staging: digest(branch, part) for branch in self.branches.values()
                          for part in branch.staged() if not part.table.replicated}
@@ -286,7 +288,8 @@ class _Attempt:
             return [contribute(item) for item in staged]
         with ThreadPoolExecutor(min(len(staged), self.plan.tuning.contribute_workers),
                                 thread_name_prefix="txsink-contribute") as pool:
-            return list(pool.map(contribute, staged))
+            return [f.result() for f in [pool.submit(copy_context().run, contribute, item)
+                                         for item in staged]]
 
     def contribute(self, branch: ShardBranch, manifest: server_ext.Manifest,
                    table: server_ext.TargetTable) -> str:
@@ -302,7 +305,18 @@ def write_branch(
     plan: WritePlan, epoch: int, batches: Iterator[pa.RecordBatch]
 ) -> BranchMessage | SkippedMessage | CarriedMessage:
     """Stage this task attempt's rows (one branch per shard), seal them and record every
-    branch as Prepared; or, few enough, carry them in the message (``carried_rows``)."""
+    branch as Prepared; or, few enough, carry them in the message (``carried_rows``). A
+    staging attempt's message counts the messages it sent."""
+    with counting() as meter:
+        message = _write_or_carry(plan, epoch, batches)
+    if not isinstance(message, BranchMessage):
+        return message
+    sent = meter.read()
+    return replace(message, store_requests=sent.store_requests, statements=sent.statements)
+
+
+def _write_or_carry(plan: WritePlan, epoch: int, batches: Iterator[pa.RecordBatch]
+                    ) -> BranchMessage | SkippedMessage | CarriedMessage:
     partition, _, owner = _task_identity()
     if plan.options.publish.carry_max_bytes:
         stream = (("", "") if plan.generation is not None else

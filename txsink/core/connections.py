@@ -11,6 +11,8 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
@@ -28,14 +30,27 @@ from coordinator.plumbing.nodes import SESSION_TIMEOUT, NodeStore
 from server_ext.client import DEFAULT_RETRIES, DEFAULT_TIMEOUT, ClickHouseClient
 from server_ext.ddl import KeeperMapTable
 from txsink.core import crashpoints
+from txsink.core.message_count import count_request, count_statement
 from txsink.options import KEEPERMAP, SinkOptions
 
 _lock = threading.Lock()
 _zk: dict[tuple[str, str | None, str | None, float], KazooClient] = {}  # hosts, auth, CA, timeout
 _allowed: set[tuple[str, str | None, str, str]] = set()  # sinks this process may read
-_ch: dict[tuple[str, str | None, str | None, float, int, str | None], ClickHouseClient] = {}
+# (url, user, password, timeout, retries, CA, how its statements are counted)
+_ch: dict[tuple[str, str | None, str | None, float, int, str | None, Callable[[], None]],
+          ClickHouseClient] = {}
 # (pid, url, user, table, session timeout)
 _records: dict[tuple[int, str, str | None, str, float], KeeperMapNodes] = {}
+
+
+class CountedKazooClient(KazooClient):
+    """A kazoo client that counts each request it sends (``message_count``): ``_call``
+    is the one method every kazoo 2.x request passes, the session's pings and handshake
+    apart (kazoo has no public hook for it)."""
+
+    def _call(self, request: Any, async_object: Any) -> Any:
+        count_request()
+        return super()._call(request, async_object)
 
 
 class RecordsUnusable(ValueError):
@@ -78,7 +93,7 @@ def zookeeper(hosts: str, timeout: float = 15.0, auth: str | None = None,
             return client
         if tls is not None:
             tls.check(hosts, advice=f"check the server's certificate and {ca_named}")
-        client = KazooClient(
+        client = CountedKazooClient(
             hosts=hosts,
             auth_data=digest.auth_data if digest else None,
             default_acl=digest.acl if digest else None,
@@ -104,25 +119,30 @@ def zookeeper(hosts: str, timeout: float = 15.0, auth: str | None = None,
 
 def clickhouse_client(url: str, user: str | None = None, password: str | None = None, *,
                       timeout: float = DEFAULT_TIMEOUT, retries: int = DEFAULT_RETRIES,
-                      ca_file: str | None = None) -> ClickHouseClient:
+                      ca_file: str | None = None,
+                      counted_as: Callable[[], None] = count_statement) -> ClickHouseClient:
     """The process's client for ``url`` and these credentials and settings: one HTTP
-    connection pool each, shared by the sink's tasks, its driver and operators."""
-    key = (url, user, password, timeout, retries, ca_file)
+    connection pool each, shared by the sink's tasks, its driver and operators.
+    ``counted_as``: how its statements are counted (``message_count``; the KeeperMap
+    records' client counts store requests)."""
+    key = (url, user, password, timeout, retries, ca_file, counted_as)
     with _lock:
         client = _ch.get(key)
         if client is None:
             client = ClickHouseClient(url, user=user, password=password, timeout=timeout,
-                                      retries=retries, ca_file=ca_file)
+                                      retries=retries, ca_file=ca_file,
+                                      on_statement=counted_as)
             _ch[key] = client
         return client
 
 
-def clickhouse(options: SinkOptions, url: str | None = None) -> ClickHouseClient:
+def clickhouse(options: SinkOptions, url: str | None = None,
+               counted_as: Callable[[], None] = count_statement) -> ClickHouseClient:
     """A client for ``url`` (default: the ``url`` option) with the options' credentials."""
     given = options.connection
     return clickhouse_client(url or given.url, given.user, given.password,
                              timeout=given.timeout, retries=given.retries,
-                             ca_file=given.ca_file)
+                             ca_file=given.ca_file, counted_as=counted_as)
 
 
 class Clients:
@@ -164,7 +184,8 @@ def records(options: SinkOptions, *, shared: bool = True) -> KeeperMapNodes:
         store = _records.get(key)
         if store is not None:
             return store if shared else KeeperMapNodes(store.table, given.session_timeout)
-    records_table = KeeperMapTable(clickhouse(options, options.records_server), database, table)
+    records_table = KeeperMapTable(clickhouse(options, options.records_server, count_request),
+                                   database, table)
     problem = records_table.problem()
     if problem is not None:
         raise RecordsUnusable(f"coordinator=keepermap: {problem}")

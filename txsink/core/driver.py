@@ -57,6 +57,7 @@ from txsink.core import (
     pipeline,
     quarantine_share,
 )
+from txsink.core.message_count import MessageCount, Meter, counting
 from txsink.core.messages import BranchMessage, CarriedMessage, SkippedMessage
 from txsink.core.metrics import EpochMetrics
 from txsink.core.publisher import BranchPublisher, server_of
@@ -375,7 +376,14 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object],
     returns once the decision is durable and leaves the publish to this process's
     background :class:`~txsink.core.pipeline.Pipeline`, after waiting for the previous
     epoch to be ``Committed``; a batch job, a transaction's write and ``inline`` return
-    after the ``Committed`` write."""
+    after the ``Committed`` write. The messages it sends are counted into the epoch's
+    metrics (``message_count``)."""
+    with counting() as meter:
+        _commit_epoch(plan, epoch, messages, publish, meter)
+
+
+def _commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object], publish: str | None,
+                  meter: Meter) -> None:
     pipelined = ((publish or plan.options.publish.mode) == PIPELINED and plan.generation is None
                  and not plan.options.transaction.in_transaction())
     coord = connections.coordinator(plan.options, plan.sink_id,
@@ -417,7 +425,7 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object],
                 decided = coord.decide(epoch, generation, winners,
                                        plan.options.transaction.txn_version, prepared=records)
         metrics = CommittedMetrics(plan, branch_messages, started,
-                                   PIPELINED if pipelined else INLINE)
+                                   PIPELINED if pipelined else INLINE, meter)
         if pipelined and decided.state is XidState.COMMITTING:
             lease = held.pop_all()  # from here on the background publish releases it
             pipeline.pipeline_for(plan.options, plan.sink_id).start(
@@ -459,13 +467,18 @@ class CommittedMetrics:
     (the clean-up follows that write); the log line has it."""
 
     def __init__(self, plan: WritePlan, messages: Sequence[BranchMessage], started: float,
-                 publish: str) -> None:
+                 publish: str, meter: Meter) -> None:
         self.plan, self.messages, self.started, self.publish = plan, messages, started, publish
+        self.meter = meter  # the commit's count so far
         self.written: dict[str, Any] | None = None
 
     def __call__(self, final: XidRecord) -> dict[str, Any]:
+        sent = sum((MessageCount(m.store_requests, m.statements) for m in self.messages),
+                   # and the Committed write itself
+                   self.plan.planned + self.meter.read() + MessageCount(store_requests=1))
         metrics = replace(epoch_metrics(self.messages, self.started, final.updated,
-                                        final.decided_at), publish=self.publish, cleanup_ms=None)
+                                        final.decided_at), publish=self.publish, cleanup_ms=None,
+                          store_requests=sent.store_requests, statements=sent.statements)
         if self.plan.quarantine is not None:  # what status shows per epoch
             metrics = replace(metrics, quarantined=sum(m.bad_rows for m in self.messages))
         self.written = metrics.to_dict()

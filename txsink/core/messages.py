@@ -30,6 +30,8 @@ class BranchMessage:
     stage_ms: float
     seal_ms: float
     bad_rows: int = 0  # rows quarantined by its quarantine shares (bad_rows=quarantine)
+    store_requests: int = 0  # the messages the attempt sent (txsink.core.message_count)
+    statements: int = 0
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,8 @@ class EpochMetrics:
     to the decision, ``visibility_lag_ms`` from the decision to the ``Committed`` write
     (rows visible); ``publish`` says whether the commit returned after the decision
     (``pipelined``: the lag is after Spark went on) or after ``Committed`` (``inline``).
+    ``store_requests`` and ``statements`` count the messages the writer's processes sent
+    for the epoch up to that write (its own included); the clean-up after it is not in them.
     """
 
     rows: int | None = None
@@ -73,6 +75,10 @@ class EpochMetrics:
     decide_ms: float | None = None
     visibility_lag_ms: float | None = None
     publish: str | None = None  # inline | pipelined
+    # messages up to and including the Committed write: the plan of the writer Spark
+    # committed through, each chosen task attempt and the commit (txsink.core.message_count)
+    store_requests: int | None = None  # ZooKeeper requests (KeeperMap statements)
+    statements: int | None = None  # ClickHouse statements beside those
     committed_at: float | None = None
     finished_by: str | None = None
     recovered_at: float | None = None

@@ -29,6 +29,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable
+from contextvars import copy_context
 
 from coordinator import Coordinator, XidState
 from txsink.core import crashpoints
@@ -120,7 +121,9 @@ class Pipeline:
                 raise RuntimeError(f"txsink {self.name}: epoch {self._epoch} is still "
                                    f"being published; wait() before starting {epoch}")
             # not a daemon thread: an interpreter that exits normally finishes the publish
-            self._thread = threading.Thread(target=run, name=f"txsink-publish-{epoch}")
+            # in the caller's context: the epoch's message count goes on in the thread
+            self._thread = threading.Thread(target=copy_context().run, args=(run,),
+                                            name=f"txsink-publish-{epoch}")
             self._epoch = epoch
             self._thread.start()
 

@@ -26,6 +26,7 @@ from server_ext.errors import ClickHouseError
 from server_ext.sql import split_table_name
 from server_ext.types import definitions
 from txsink.core import connections, driver, quarantine_plan, xid_keeper
+from txsink.core.message_count import counting
 from txsink.core.plan_checks import (
     check_insert_memory,
     check_publish,
@@ -117,14 +118,16 @@ def plan_write(raw_options: dict[str, str], spark_schema, overwrite: bool, *,
     from an earlier call (:class:`StreamPlans`)."""
     options = parse_options(raw_options)
     note_default_database(options.table)
-    if streaming and not options.transaction.in_transaction():
-        plan, kept = STREAM_PLANS.plan(
-            StreamPlans.key(raw_options, spark_schema, overwrite), options,
-            lambda: plan_afresh(options, spark_schema, overwrite, streaming=True))
-        if kept:
-            driver.open_stream(plan.options, plan.sink_id)
-        return plan
-    return plan_afresh(options, spark_schema, overwrite, streaming=streaming)
+    with counting() as meter:
+        if streaming and not options.transaction.in_transaction():
+            plan, kept = STREAM_PLANS.plan(
+                StreamPlans.key(raw_options, spark_schema, overwrite), options,
+                lambda: plan_afresh(options, spark_schema, overwrite, streaming=True))
+            if kept:
+                driver.open_stream(plan.options, plan.sink_id)
+        else:
+            plan = plan_afresh(options, spark_schema, overwrite, streaming=streaming)
+    return replace(plan, planned=meter.read())
 
 
 def plan_afresh(options: SinkOptions, spark_schema, overwrite: bool, *,

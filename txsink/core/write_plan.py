@@ -15,6 +15,7 @@ import server_ext
 from server_ext.ddl import ViewNode
 from server_ext.publish import Strategy
 from server_ext.sharding import ShardLayout, layout_from_urls
+from txsink.core.message_count import MessageCount
 from txsink.core.tuning import DEFAULT_TUNING, Tuning
 from txsink.options import SinkOptions
 
@@ -44,6 +45,8 @@ class WritePlan:
     write_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     # the sizes and pools its tasks and its commit share (txsink/core/tuning.py)
     tuning: Tuning = DEFAULT_TUNING
+    # the messages this plan's making sent (a kept stream plan: this call's checks)
+    planned: MessageCount = MessageCount()
 
     @property
     def target(self) -> str:

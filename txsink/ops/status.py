@@ -139,7 +139,7 @@ def render(result: dict[str, Any]) -> str:
                       "no timings recorded (finished by an unknown actor)"
                       if m.get("finished_by") == "unknown" else
                       f"commit {m.get('commit_ms', '?')} ms, "
-                      f"latency {m.get('latency_ms', '?')} ms{_lag(m)}")
+                      f"latency {m.get('latency_ms', '?')} ms{_lag(m)}{_sent(m)}")
             kept = (f"{m['quarantined']} quarantined, " if m.get("quarantined") is not None
                     else "")
             lines.append(f"  epoch {m['epoch']}: {m.get('rows', '?')} rows, {kept}"
@@ -152,6 +152,14 @@ def render(result: dict[str, Any]) -> str:
                          " ms (decision to rows visible)")
         lines += [f"  {line}" for line in _render_decisions(sink.get("operator_decisions", []))]
     return "\n".join(lines)
+
+
+def _sent(metrics: dict) -> str:
+    """An epoch's messages as ``status`` shows them ("" when not recorded)."""
+    if metrics.get("store_requests") is None:
+        return ""
+    return (f", {metrics['store_requests']} store requests and "
+            f"{metrics.get('statements', '?')} statements")
 
 
 def _lag(metrics: dict) -> str:

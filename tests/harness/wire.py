@@ -36,6 +36,10 @@ _PATH_OPS = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 15, 19, 20, 21, 103, 104, 106}
 _CREATES = {1, 15, 19, 21}
 
 
+#: How much of a ClickHouse statement :class:`ClickHouseProxy` keeps (its kind).
+STATEMENT_HEAD = 300
+
+
 @dataclass(frozen=True)
 class Request:
     """One request a client sent: when, from which process and connection, what."""
@@ -43,7 +47,7 @@ class Request:
     at: float
     pid: int | None
     connection: int
-    kind: str  # ZooKeeper: op and path(s); ClickHouse: "http"
+    kind: str  # ZooKeeper: op and path(s); ClickHouse: "http" and the statement's head
 
 
 @dataclass
@@ -330,16 +334,23 @@ class ClickHouseProxy(_Proxy):
             server.sendall(_log_queries(request_line) + b"\r\n" + rest)
             headers = {k.strip().lower(): v.strip() for k, _, v in
                        (h.partition(b":") for h in rest.split(b"\r\n") if h)}
+            head = b""
             if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
                 while True:
                     size_line = reader.line()
                     size = int(size_line.split(b";")[0], 16)
-                    server.sendall(size_line + reader.exactly(size + 2))
+                    chunk = reader.exactly(size + 2)
+                    head = head or chunk[:STATEMENT_HEAD]
+                    server.sendall(size_line + chunk)
                     if size == 0:
                         break
             elif length := int(headers.get(b"content-length", b"0")):
-                server.sendall(reader.exactly(length))
-            self.log.add(Request(sent, pid, number, "http"))
+                body = reader.exactly(length)
+                head = body[:STATEMENT_HEAD]
+                server.sendall(body)
+            compressed = b"content-encoding" in headers
+            statement = "" if compressed else head.decode("utf-8", "replace")
+            self.log.add(Request(sent, pid, number, f"http {statement}".rstrip()))
 
 
 def _log_queries(request_line: bytes) -> bytes:
