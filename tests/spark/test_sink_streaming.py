@@ -20,7 +20,7 @@ import txsink
 from coordinator import Coordinator
 from coordinator.sink_admin import SinkAdmin
 from tests.conftest import run_sql
-from tests.sinkutil import assert_exactly_once, create_events
+from tests.sinkutil import assert_exactly_once, create_events, staging_tables
 
 SCHEMA = "id LONG, day DATE, name STRING, value DOUBLE"
 
@@ -93,6 +93,28 @@ def test_restarted_query_continues_without_duplicates(spark, server_url, stream_
     write_input_file(source, 1, range(100, 250))
     run_stream(spark, source, checkpoint, options, table)
     assert_exactly_once(server_url, table, range(250))
+
+
+def test_a_running_query_fenced_by_a_newer_run_writes_nothing_more(
+        spark, server_url, stream_setup, zk):
+    """The run's tasks claimed its generation at its first micro-batch and do not claim
+    again (``attempt.JoinedRuns``): a newer run's claim still refuses the next one, at
+    its first step, before anything is staged."""
+    source, checkpoint, options, table = stream_setup
+    write_input_file(source, 0, range(0, 100))
+    query = (spark.readStream.schema(SCHEMA).json(str(source)).writeStream
+             .format("clickhouse_tx").options(**options).option("table", table)
+             .option("checkpointLocation", str(checkpoint)).start())
+    try:
+        query.processAllAvailable()
+        Coordinator(zk, "events").claim("a newer run")
+        write_input_file(source, 1, range(100, 200))
+        with pytest.raises(StreamingQueryException, match="SinkTakenOver"):
+            query.processAllAvailable()
+    finally:
+        query.stop()
+    assert_exactly_once(server_url, table, range(100))
+    assert staging_tables(server_url, options) == []
 
 
 def test_replayed_committed_micro_batch_writes_nothing(

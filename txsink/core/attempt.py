@@ -47,6 +47,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -326,15 +327,19 @@ def _write_or_carry(plan: WritePlan, epoch: int, batches: Iterator[pa.RecordBatc
             return carried
         batches = carried
     coord = connections.coordinator(plan.options, plan.sink_id)
-    generation = plan.generation
+    generation, run, joined = plan.generation, None, None
     if generation is None:  # streaming: the first task of a run fences older runs
-        # Before anything is claimed, begun or staged: the sink's epochs must be this
-        # query's micro-batches (StreamStateMismatch otherwise; coordinator/protocol/stream.py).
-        coord.own_stream(plan.stream_query or task_query_id(), epoch)
-        generation = coord.claim(run_of(owner))
+        run = (plan.options.store.root_identity, plan.sink_id,
+               plan.stream_query or task_query_id(), run_of(owner))
+        joined = JOINED.generation(run)
+        generation = joined if joined is not None else JOINED.join(run, coord, epoch)
     try:
         return _write_branch(plan, coord, epoch, generation, batches)
     except Exception as exc:
+        if run is not None:
+            JOINED.forget(run)
+            if joined is not None:  # the stream was checked by an earlier attempt
+                coord.own_stream(run[2], epoch)  # its refusal, if that is why
         # A refused step, or staging dropped under us, after another writer took the
         # sink over or an operator rolled the xid back: say so instead of the low-level
         # error.
@@ -342,6 +347,45 @@ def _write_or_carry(plan: WritePlan, epoch: int, batches: Iterator[pa.RecordBatc
         if taken is None:
             raise
         raise taken from exc
+
+
+class JoinedRuns:
+    """The streaming runs this process's task attempts joined, each with the generation
+    it claimed, by (store root, sink, query, run).
+
+    The first attempt of a run in the process checks that the sink's epochs are its
+    query's micro-batches (``Coordinator.own_stream``: StreamStateMismatch otherwise)
+    and claims the run's generation, before anything is begun or staged. Later attempts
+    of the run skip both (three requests): their registration's multi-op checks the
+    generation, so a newer run, a reset or any other fence still refuses them before
+    they stage, and a refused attempt checks the stream again to say why (and forgets
+    the run). Callers on any thread."""
+
+    KEPT = 64
+
+    def __init__(self) -> None:
+        self._runs: dict[tuple[str, str, str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def generation(self, run: tuple[str, str, str, str]) -> int | None:
+        with self._lock:
+            return self._runs.get(run)
+
+    def join(self, run: tuple[str, str, str, str], coord: Coordinator, epoch: int) -> int:
+        coord.own_stream(run[2], epoch)
+        generation = coord.claim(run[3])
+        with self._lock:
+            if len(self._runs) >= self.KEPT:
+                self._runs.clear()
+            self._runs[run] = generation
+        return generation
+
+    def forget(self, run: tuple[str, str, str, str]) -> None:
+        with self._lock:
+            self._runs.pop(run, None)
+
+
+JOINED = JoinedRuns()
 
 
 def _rolled_back(plan: WritePlan, coord: Coordinator, epoch: int, exc: Exception
