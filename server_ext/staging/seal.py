@@ -287,8 +287,11 @@ def merge_partitions(client: SqlClient, staging: str, partition_ids: list[str],
         if len(partition_ids) > 1 and getattr(client, "concurrent", False):
             with ThreadPoolExecutor(min(MERGE_WORKERS, len(partition_ids)),
                                     thread_name_prefix="txsink-merge") as pool:
-                # in the caller's context, as in the writer's pool; raises the first failure
-                list(pool.map(lambda pid: copy_context().run(merge, pid), partition_ids))
+                # each in a copy of the caller's context, taken here (a caller may count
+                # the statements its work sends); raises the first failure
+                futures = [pool.submit(copy_context().run, merge, pid) for pid in partition_ids]
+                for future in futures:
+                    future.result()
         else:
             for pid in partition_ids:
                 merge(pid)
