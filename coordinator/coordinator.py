@@ -188,7 +188,8 @@ class Coordinator:
 
     # -- xid -------------------------------------------------------------------------
 
-    def begin(self, epoch: int, generation: int, hold: str | None = None) -> XidState:
+    def begin(self, epoch: int, generation: int, hold: str | None = None,
+              new: bool = False, known: XidRecord | None = None) -> XidState:
         """Create the xid (``Unknown → Initialized``) or report its state; idempotent.
 
         ``Initialized`` of an older generation is adopted by this one (so recovery by
@@ -202,12 +203,22 @@ class Coordinator:
         all of whose holders are gone is abandoned (``coordinator/protocol/liveness.py``). The
         caller keeps its session until it decides, or hands over with :meth:`hold`, and
         ends its holding with :meth:`release`. An adopted xid is not watched.
+
+        ``new``: the caller expects the xid not to exist yet (an allocated epoch): it is
+        created without being read first. ``known``: its record as the writer that began
+        it handed it over (:meth:`begun`), not read again while ``Initialized`` (every
+        later step's compare-and-set proves it current). The result is the same either way.
         """
         holder = holder_identity(hold) if hold else None
-        state = self._steps.begin(epoch, generation, holder)
+        state = self._steps.begin(epoch, generation, holder, new=new, known=known)
         if holder is not None:
             self._holders[epoch] = holder[0]
         return state
+
+    def begun(self, epoch: int) -> XidRecord | None:
+        """The xid's record as this instance last wrote or read it: after :meth:`begin`,
+        what to hand to the writers that join it (``begin``'s ``known``)."""
+        return self._steps.known(epoch)
 
     def hold(self, epoch: int, role: str) -> bool:
         """Join the liveness holders of an ``Initialized`` xid that someone still holds

@@ -41,7 +41,7 @@ from coordinator.formats.states import BranchState, XidState
 from coordinator.plumbing.multi import CHUNK_BYTES, CONFLICT_RETRIES, Multi, MultiFailed
 from coordinator.plumbing.store import SinkStore
 from coordinator.protocol.callbacks import BranchCallback, CallbackPolicy
-from coordinator.protocol.epochs import LastCommitted, TxnVersion
+from coordinator.protocol.epochs import LAST_COMMITTED, LastCommitted, TxnVersion
 from coordinator.protocol.publish_lease import LEASE, PublishLease
 
 log = logging.getLogger(__name__)
@@ -178,6 +178,9 @@ class Completion:
                          metrics_of: Callable[[XidRecord], dict[str, Any]] | None
                          ) -> XidRecord:
         current = record
+        # last_committed as this process last wrote it, if it did (its versioned write
+        # checks it); read when that fails or there is none
+        remembered = self.last.remembered_below(record.epoch)
         for _ in range(CONFLICT_RETRIES):
             if current.state is XidState.COMMITTED:
                 return current
@@ -186,26 +189,37 @@ class Completion:
                        if b.state is not BranchState.COMMITTED and b.branch_id in record.winners]
             updates += [b.moved_to(BranchState.ABORTED) for b in losers.values()
                         if b.state is not BranchState.ABORTED]
-            last_epoch, last_version = self.last.require()
+            last_epoch, last_version = remembered or self.last.require()
             txn = self.txn_versions.read() if record.txn_version is not None else None
             if metrics_of is not None:  # last, right before the write that carries them
                 final = replace(final, metrics={**final.metrics, **metrics_of(final)})
+            advanced: list[bool] = []
 
             def close(multi: Multi, last_epoch: int | None = last_epoch,
                       last_version: int = last_version,
-                      txn: tuple[int | None, int] | None = txn) -> None:
-                self.last.advance(multi, record.epoch, last_epoch, last_version)
+                      txn: tuple[int | None, int] | None = txn,
+                      advanced: list[bool] = advanced) -> None:
+                advanced.append(self.last.advance(multi, record.epoch, last_epoch,
+                                                  last_version))
                 if txn is not None and record.txn_version is not None:
                     self.txn_versions.advance(multi, record.txn_version, *txn)
                 multi.delete(self.store.layout.open_marker(record.epoch), label="open")
                 lease.release_in(multi)
 
             try:
-                return self._apply(current, final, updates, lease, extra=close)
+                written = self._apply(current, final, updates, lease, extra=close)
             except MultiFailed as failed:
+                if remembered is not None and failed.label == LAST_COMMITTED:
+                    remembered = None  # moved since this process wrote it: read it
+                    self.last.forget()
+                    continue
                 current = self._after_conflict(failed, current)
                 winners = self.store.read_branches(record.epoch, record.winners)
                 losers = self.store.read_branches(record.epoch, losers.keys())
+                continue
+            if advanced[0]:
+                self.last.advanced(record.epoch, last_version)
+            return written
         raise CoordinatorError(f"xid {record.xid}: too much contention marking Committed")
 
     # -- abort -----------------------------------------------------------------------

@@ -17,6 +17,8 @@ committed so far.
 from __future__ import annotations
 
 import time
+import weakref
+from typing import Any, ClassVar
 
 from kazoo.exceptions import BadVersionError
 
@@ -76,7 +78,19 @@ class LastCommitted:
         last = LastCommitted(store)
         epoch, version = last.read()           # (None, 0) before the first commit
         last.advance(multi, 41, epoch, version)
+
+    The process remembers what it last wrote to each sink's node
+    (:meth:`remembered_below`), so that a writer committing one epoch after another need
+    not read it again: the remembered version is only ever used in a compare-and-set (a
+    check or a versioned write in the multi-op that relies on it), so a stale memory
+    fails that multi-op, and the caller forgets it, reads the node and tries again. (What
+    a process only read is not remembered: a task's worker reads the node that the
+    driver then moves, every epoch.)
     """
+
+    #: (epoch, version) by client and node path: what this process last wrote.
+    _seen: ClassVar[weakref.WeakKeyDictionary[Any, dict[str, tuple[int | None, int]]]] = \
+        weakref.WeakKeyDictionary()
 
     def __init__(self, store: SinkStore) -> None:
         self.store = store
@@ -105,12 +119,34 @@ class LastCommitted:
                 "txsink recover again")
         return epoch, version
 
-    def advance(self, multi: Multi, epoch: int, current: int | None, version: int) -> None:
-        """Add ``last_committed := max(current, epoch)`` (nothing if it would not move)."""
+    def remembered_below(self, epoch: int) -> tuple[int | None, int] | None:
+        """What this process last wrote to the node, if it lies below ``epoch``
+        (an epoch at or below it is read afresh: a reset may have lowered the node).
+        For a compare-and-set of its version only."""
+        seen = self._seen.get(self.store.client, {}).get(self.path)
+        if seen is None or (seen[0] is not None and seen[0] >= epoch):
+            return None
+        return seen
+
+    def forget(self) -> None:
+        self._seen.get(self.store.client, {}).pop(self.path, None)
+
+    def check(self, multi: Multi, version: int) -> None:
+        """Add the check that the node is still at ``version`` (as remembered)."""
+        multi.check(self.path, version, label=LAST_COMMITTED)
+
+    def advance(self, multi: Multi, epoch: int, current: int | None, version: int) -> bool:
+        """Add ``last_committed := max(current, epoch)`` (nothing if it would not move);
+        whether it was added (once the multi-op applied, call :meth:`advanced`)."""
         if current is not None and current >= epoch:
-            return  # it only ever grows, so no check is needed to keep it >= epoch
+            return False  # it only ever grows, so no check is needed to keep it >= epoch
         multi.set_data(self.path, encode({"epoch": epoch, "at": time.time()}, LAST_COMMITTED),
                        version, label=LAST_COMMITTED)
+        return True
+
+    def advanced(self, epoch: int, version: int) -> None:
+        """Remember the node as an applied :meth:`advance` from ``version`` left it."""
+        self._seen.setdefault(self.store.client, {})[self.path] = (epoch, version + 1)
 
 
 class TxnVersion:

@@ -41,7 +41,7 @@ from coordinator.formats.records import BranchRecord, XidRecord, decode, encode
 from coordinator.formats.states import BranchState, XidState
 from coordinator.plumbing.multi import CONFLICT_RETRIES, Multi, MultiFailed
 from coordinator.plumbing.store import SinkStore
-from coordinator.protocol.epochs import LastCommitted
+from coordinator.protocol.epochs import LAST_COMMITTED, LastCommitted
 from coordinator.protocol.fencing import Generation, settle
 from coordinator.protocol.liveness import WATCHED, Liveness
 from coordinator.upkeep.retention import Retention
@@ -72,13 +72,27 @@ class Transitions:
     # -- public steps ------------------------------------------------------------------
 
     def begin(self, epoch: int, generation: int,
-              holder: tuple[str, bytes] | None = None) -> XidState:
+              holder: tuple[str, bytes] | None = None, new: bool = False,
+              known: XidRecord | None = None) -> XidState:
         """``holder`` (name, data): a new xid is created watched, with this session's
-        liveness holder in the same multi-op (``coordinator/protocol/liveness.py``)."""
+        liveness holder in the same multi-op (``coordinator/protocol/liveness.py``).
+        ``new``: the caller expects no record (an allocated epoch, a micro-batch whose
+        tasks staged nothing), so the first try creates it without reading it; a record
+        that exists fails that multi-op, and the step reads it and decides as usual.
+        ``known``: the record as the writer that created it handed it over (the driver to
+        its tasks), taken as the first try's read while ``Initialized``."""
         if holder is not None:
             Liveness(self.store).ensure()
-        return self._run(epoch, generation, lambda _: self._begin_once(
-            self._read(epoch, False), epoch, generation, holder))
+        if known is not None and known.epoch == epoch:
+            self._remember(known)
+        return self._run(epoch, generation, lambda first: (
+            self._begin_new(epoch, generation, holder) if new and first else
+            self._begin_once(self._read(epoch, first and known is not None), epoch,
+                             generation, holder, first)))
+
+    def known(self, epoch: int) -> XidRecord | None:
+        """The xid's record as this object last wrote or read it (None: it has not)."""
+        return self._xids.get(epoch)
 
     def register(self, epoch: int, branch_id: str, generation: int,
                  owner: dict[str, Any]) -> None:
@@ -143,11 +157,32 @@ class Transitions:
 
     # -- one try of each step (raise MultiFailed to be re-run from a fresh read) --------
 
+    def _begin_new(self, epoch: int, generation: int,
+                   holder: tuple[str, bytes] | None) -> XidState:
+        """The first try of a begin that expects no record: the xid created unread when
+        its epoch lies above ``last_committed`` (remembered, and then checked, or read);
+        a record there fails the creation and the next try reads it. At or below, the
+        record decides, as in :meth:`_begin_once`."""
+        last_committed = LastCommitted(self.store)
+        remembered = last_committed.remembered_below(epoch)
+        if remembered is not None:
+            return self._create(epoch, generation, holder, remembered[1])
+        last = last_committed.read()[0]
+        if last is None or epoch > last:
+            return self._create(epoch, generation, holder)
+        return self._begin_once(self._read(epoch, False), epoch, generation, holder, False)
+
     def _begin_once(self, record: XidRecord | None, epoch: int, generation: int,
-                    holder: tuple[str, bytes] | None) -> XidState:
+                    holder: tuple[str, bytes] | None, first: bool) -> XidState:
         if record is None:
-            # every committed epoch lies at or below last_committed: above it, nothing to ask
-            last = LastCommitted(self.store).read()[0]
+            # every committed epoch lies at or below last_committed: above it, nothing to
+            # ask. Remembered below this epoch, it is checked in the creating multi-op
+            # instead of read (a committed epoch cannot slip in between either way).
+            last_committed = LastCommitted(self.store)
+            remembered = last_committed.remembered_below(epoch) if first else None
+            if remembered is not None:
+                return self._create(epoch, generation, holder, remembered[1])
+            last = last_committed.read()[0]
             if last is not None and epoch <= last:
                 if Retention(self.store).was_pruned_committed(epoch):
                     # committed long ago, record pruned: a replay must not write it again
@@ -339,8 +374,8 @@ class Transitions:
             f"verify`), record it with `txsink reset --sink {self.store.sink_id} "
             f"--committed-through {last}`; otherwise restore the record from a backup")
 
-    def _create(self, epoch: int, generation: int,
-                holder: tuple[str, bytes] | None) -> XidState:
+    def _create(self, epoch: int, generation: int, holder: tuple[str, bytes] | None,
+                last_committed_version: int | None = None) -> XidState:
         now = time.time()
         record = XidRecord(self.store.sink_id, epoch, XidState.UNKNOWN, generation,
                            created=now, updated=now,
@@ -351,9 +386,17 @@ class Transitions:
         multi.create(self.layout.branches(epoch), label="branches")
         multi.create(self.layout.publisher(epoch), label="publisher")  # the lease's folder
         multi.create(self.layout.open_marker(epoch), label="open")
+        last_committed = LastCommitted(self.store)
+        if last_committed_version is not None:
+            last_committed.check(multi, last_committed_version)
         if holder is not None:  # watched from its first instant: no window to misjudge
             Liveness(self.store).add_to(multi, epoch, *holder)
-        multi.commit()
+        try:
+            multi.commit()
+        except MultiFailed as failed:
+            if failed.label == LAST_COMMITTED:  # moved since this process wrote it
+                last_committed.forget()
+            raise
         self._remember(replace(record, version=0))
         return XidState.INITIALIZED
 

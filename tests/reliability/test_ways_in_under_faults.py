@@ -10,8 +10,10 @@ orchestrator retries it). The targets feed a materialized view, counted like the
 
 What these ways add to the data source's path is who runs the commit: the caller's
 process (``txsink.spark.job``), after one ``mapInArrow`` job, inside ``foreachBatch``
-for a stream. So the points tried are one per state a dead driver leaves its xid in
-around that commit: before the decision (``branch.after_prepare``: every branch
+for a stream, whose driver also begins each micro-batch's xid before its job. So the
+points tried are one per state a dead driver leaves its xid in: begun by the
+``foreachBatch`` driver, no task run (``driver.after_begin``), before the decision
+(``branch.after_prepare``: every branch
 prepared, no message collected), right after it (``commit.after_decision``) and inside
 publish (``publish.after_attach``: rows visible, not marked published). The steps
 between are the same code for every way (``tests/crashcases.py``).
@@ -47,13 +49,14 @@ from tests.harness.chaos.crashrun import CrashPointRun
 from tests.harness.chaos.pipeline import check_with_view, create_events_table, create_fed_view
 from tests.harness.crash_arming import arm_env
 from tests.sinkutil import SHORT_SESSION, driver_env, events_df
-from txsink.core.crashpoints import BRANCH_AFTER_PREPARE
+from txsink.core.crashpoints import BRANCH_AFTER_PREPARE, DRIVER_AFTER_BEGIN
 
 every_spark = pytest.mark.every_spark
 
 ROOT = Path(__file__).resolve().parents[2]
 #: One point per state around the caller's commit (see the module docstring).
-STREAM_POINTS = (BRANCH_AFTER_PREPARE, COMMIT_AFTER_DECISION, STEP_AFTER_ATTACH)
+STREAM_POINTS = (DRIVER_AFTER_BEGIN, BRANCH_AFTER_PREPARE, COMMIT_AFTER_DECISION,
+                 STEP_AFTER_ATTACH)
 SINK = "nightly-write"
 ROWS = 600
 

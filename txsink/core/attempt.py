@@ -416,7 +416,7 @@ def run_of(owner: dict[str, object]) -> str:
 
 def _write_branch(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
                   batches: Iterator[pa.RecordBatch]) -> BranchMessage | SkippedMessage:
-    state = coord.begin(epoch, generation)
+    state = coord.begin(epoch, generation, known=plan.begun)
     if state in (XidState.COMMITTED, XidState.COMMITTING):
         # Decided by an earlier run: the replay adds nothing; its commit finishes the xid.
         return SkippedMessage(epoch, generation)

@@ -24,6 +24,9 @@ BRANCH_AFTER_STAGING_WRITE = "branch.after_staging_write"  # task: rows staged, 
 BRANCH_AFTER_SEAL = "branch.after_seal"  # task: manifest built, not recorded
 BRANCH_AFTER_CONTRIBUTE = "branch.after_contribute"  # task: parts in pre-combined, not recorded
 BRANCH_AFTER_PREPARE = "branch.after_prepare"  # task: branch Prepared, no message yet
+#: a ``foreachBatch`` driver (``driver.begin_micro_batch``): the micro-batch's xid
+#: Initialized, no task started
+DRIVER_AFTER_BEGIN = "driver.after_begin"
 #: a pipelined commit (``txsink.core.pipeline``): its commit returned with the xid decided
 #: (Committing, lease held), the background publish not begun
 PIPELINE_BEFORE_PUBLISH = "pipeline.before_publish"
@@ -52,7 +55,7 @@ CRASH_POINTS: tuple[str, ...] = (
 PIPELINE_POINTS: tuple[str, ...] = (PIPELINE_BEFORE_PUBLISH, PIPELINE_BEFORE_SETTLE)
 
 #: Every named point: what fault tests may arm.
-ALL_POINTS: tuple[str, ...] = (*CRASH_POINTS, *PIPELINE_POINTS)
+ALL_POINTS: tuple[str, ...] = (*CRASH_POINTS, *PIPELINE_POINTS, DRIVER_AFTER_BEGIN)
 
 
 HOOK_VARIABLE = "TXSINK_STEP_HOOK"

@@ -53,6 +53,7 @@ from txsink.core import (
     carried_rows,
     combine,
     connections,
+    crashpoints,
     payload,
     pipeline,
     quarantine_share,
@@ -189,6 +190,7 @@ class OpenedXid:
     generation: int
     epoch: int | None
     covered_by_txn: int | None = None
+    record: XidRecord | None = None  # the xid as begun
 
 
 def open_xid(options: SinkOptions, sink_id: str, hold: str) -> OpenedXid:
@@ -203,8 +205,8 @@ def open_xid(options: SinkOptions, sink_id: str, hold: str) -> OpenedXid:
         return OpenedXid(coord, generation, None, covered)
     epoch = coord.allocate_epoch()
     with taken_over_said(coord, generation):  # another writer started right after us
-        coord.begin(epoch, generation, hold=hold)
-    return OpenedXid(coord, generation, epoch)
+        coord.begin(epoch, generation, hold=hold, new=True)
+    return OpenedXid(coord, generation, epoch, record=coord.begun(epoch))
 
 
 @contextmanager
@@ -268,16 +270,59 @@ def generation_of(plan: WritePlan, coord: Coordinator, messages: Sequence[object
     return max(claimed) if claimed else coord.generation()
 
 
-def claim_for_carried(plan: WritePlan, coord: Coordinator, epoch: int,
-                      carried: Sequence[CarriedMessage]) -> int | None:
-    """Streaming: what the tasks that carried their rows did not do (they said nothing to
-    the coordinator), done once for them before the xid is begun: the check that the
-    sink's epochs are this query's, and the run's claim. Its generation, or None (batch,
-    or no carried message)."""
+Run = tuple[str, str, str, str]  # a streaming run: store root, sink, query, run id
+
+
+def carried_run(plan: WritePlan, carried: Sequence[CarriedMessage]) -> Run | None:
+    """The streaming run whose tasks carried their rows, or None (batch, or no carried
+    message)."""
     if plan.generation is not None or not carried:
         return None
-    coord.own_stream(plan.stream_query or carried[0].query_id, epoch)
-    return coord.claim(carried[0].run_id)
+    return (plan.options.store.root_identity, plan.sink_id,
+            plan.stream_query or carried[0].query_id, carried[0].run_id)
+
+
+def join_run(coord: Coordinator, epoch: int, run: Run | None) -> int | None:
+    """Streaming, on the driver: what a task does before it begins the xid (the tasks
+    that carried their rows said nothing to the coordinator; a ``foreachBatch`` driver
+    begins it for its tasks): the check that the sink's epochs are this query's, and the
+    run's claim, once per run and process as a task's (``attempt.JoinedRuns``: the
+    creating multi-op checks the generation). Its generation, or None (no run)."""
+    if run is None:
+        return None
+    joined = attempt.JOINED.generation(run)
+    return joined if joined is not None else attempt.JOINED.join(run, coord, epoch)
+
+
+@contextmanager
+def refused_in_run(plan: WritePlan, epoch: int, run: Run | None) -> Iterator[None]:
+    """A step that failed after the run was joined earlier in this process: the run is
+    forgotten (the next step checks and claims again), and the stream checked to say
+    why, if that is why."""
+    try:
+        yield
+    except Exception:
+        if run is not None and attempt.JOINED.generation(run) is not None:
+            attempt.JOINED.forget(run)
+            connections.coordinator(plan.options, plan.sink_id).own_stream(run[2], epoch)
+        raise
+
+
+def begin_micro_batch(plan: WritePlan, epoch: int, run_id: str) -> WritePlan:
+    """``foreachBatch``: the micro-batch's xid begun on the driver before its job, in the
+    query's run (:func:`join_run`), and handed to its tasks and its commit in the plan
+    (``WritePlan.begun``), who then read neither it nor ``last_committed``: one creating
+    multi-op instead of every task's reads and their race to create it. A replayed
+    micro-batch finds its xid as the tasks would (``Committed``: they write nothing)."""
+    run = (plan.options.store.root_identity, plan.sink_id, plan.stream_query or "", run_id)
+    coord = connections.coordinator(plan.options, plan.sink_id)
+    with counting() as meter, refused_in_run(plan, epoch, run):
+        generation = join_run(coord, epoch, run)
+        assert generation is not None
+        with taken_over_said(coord, generation):
+            coord.begin(epoch, generation, new=True)
+    crashpoints.hit(crashpoints.DRIVER_AFTER_BEGIN)
+    return replace(plan, begun=coord.begun(epoch), planned=plan.planned + meter.read())
 
 
 def stage_carried(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
@@ -378,12 +423,13 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object],
     epoch to be ``Committed``; a batch job, a transaction's write and ``inline`` return
     after the ``Committed`` write. The messages it sends are counted into the epoch's
     metrics (``message_count``)."""
-    with counting() as meter:
-        _commit_epoch(plan, epoch, messages, publish, meter)
+    run = carried_run(plan, [m for m in messages if isinstance(m, CarriedMessage)])
+    with counting() as meter, refused_in_run(plan, epoch, run):
+        _commit_epoch(plan, epoch, messages, publish, meter, run)
 
 
 def _commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object], publish: str | None,
-                  meter: Meter) -> None:
+                  meter: Meter, run: Run | None) -> None:
     pipelined = ((publish or plan.options.publish.mode) == PIPELINED and plan.generation is None
                  and not plan.options.transaction.in_transaction())
     coord = connections.coordinator(plan.options, plan.sink_id,
@@ -391,10 +437,13 @@ def _commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object], publi
     branch_messages = [m for m in messages if isinstance(m, BranchMessage)]
     carried = [m for m in messages if isinstance(m, CarriedMessage)]
     started = time.time()
-    generation = generation_of(plan, coord, messages,
-                               claim_for_carried(plan, coord, epoch, carried))
+    generation = generation_of(plan, coord, messages, join_run(coord, epoch, run))
     with taken_over_said(coord, generation):
-        state = coord.begin(epoch, generation)  # a micro-batch with no task still gets its xid
+        # a micro-batch with no task still gets its xid; one whose tasks staged nothing
+        # (they carried their rows, or had none) expects to create it
+        state = coord.begin(epoch, generation, known=plan.begun, new=plan.begun is None
+                            and not any(isinstance(m, BranchMessage | SkippedMessage)
+                                        for m in messages))
     if state is XidState.COMMITTED:  # a replay (also of an epoch whose record was pruned)
         log.info("txsink sink=%s epoch=%d already committed; nothing to do", plan.sink_id, epoch)
         finish_clean_up(plan, coord, epoch)

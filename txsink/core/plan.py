@@ -147,7 +147,7 @@ def plan_afresh(options: SinkOptions, spark_schema, overwrite: bool, *,
     quarantined, quarantine_strategy = quarantine_plan.quarantine_table_for(
         options, checked.layout, overwrite=overwrite, clients=clients)  # before any xid
     sink_id = options.transaction.resolved_sink_id(streaming)
-    covered_by_txn = None
+    covered_by_txn, begun = None, None
     if options.transaction.in_transaction():
         generation, epoch = options.transaction.tx_generation, options.transaction.tx_epoch
     elif streaming:
@@ -158,7 +158,7 @@ def plan_afresh(options: SinkOptions, spark_schema, overwrite: bool, *,
         generation = epoch = None
     else:
         opened = driver.open_xid(options, sink_id, hold="batch driver")
-        generation, epoch = opened.generation, opened.epoch
+        generation, epoch, begun = opened.generation, opened.epoch, opened.record
         covered_by_txn = opened.covered_by_txn
         if covered_by_txn is None:
             xid_keeper.hand_over(options, opened.coord, epoch)  # outlives this planner
@@ -169,4 +169,4 @@ def plan_afresh(options: SinkOptions, spark_schema, overwrite: bool, *,
                      epoch=epoch, layout=checked.layout, table=checked.table,
                      covered_by_txn=covered_by_txn, views=checked.views,
                      view_strategies=checked.view_strategies, quarantine=quarantined,
-                     quarantine_strategy=quarantine_strategy)
+                     quarantine_strategy=quarantine_strategy, begun=begun)

@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import server_ext
+from coordinator import XidRecord
 from server_ext.ddl import ViewNode
 from server_ext.publish import Strategy
 from server_ext.sharding import ShardLayout, layout_from_urls
@@ -47,6 +48,9 @@ class WritePlan:
     tuning: Tuning = DEFAULT_TUNING
     # the messages this plan's making sent (a kept stream plan: this call's checks)
     planned: MessageCount = MessageCount()
+    # the xid as the driver began it (a batch job, a foreachBatch micro-batch): its tasks'
+    # begin and the commit's take it instead of reading it (``Coordinator.begin``'s known)
+    begun: XidRecord | None = None
 
     @property
     def target(self) -> str:

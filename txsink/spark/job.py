@@ -154,8 +154,12 @@ class ForeachBatch:
             raise OptionError(complete_mode_refused("txsink.foreach_batch"))
         raw = dict(self.options)
         raw.setdefault("sink_id", stream_sink_id_of_query(query_id))
-        plan = plan_write(raw, batch_df.schema, False, streaming=True)
-        run_epoch(batch_df, replace(plan, stream_query=query_id), int(batch_id))
+        plan = replace(plan_write(raw, batch_df.schema, False, streaming=True),
+                       stream_query=query_id)
+        run_id = batch_df.sparkSession.sparkContext.getLocalProperty("spark.jobGroup.id")
+        if run_id:  # the run's id, as its tasks read it (Spark's job group of the query)
+            plan = driver.begin_micro_batch(plan, int(batch_id), run_id)
+        run_epoch(batch_df, plan, int(batch_id))
 
 
 def foreach_batch(*, table: str, **options: object) -> ForeachBatch:
