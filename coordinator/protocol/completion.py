@@ -193,14 +193,11 @@ class Completion:
             txn = self.txn_versions.read() if record.txn_version is not None else None
             if metrics_of is not None:  # last, right before the write that carries them
                 final = replace(final, metrics={**final.metrics, **metrics_of(final)})
-            advanced: list[bool] = []
 
             def close(multi: Multi, last_epoch: int | None = last_epoch,
                       last_version: int = last_version,
-                      txn: tuple[int | None, int] | None = txn,
-                      advanced: list[bool] = advanced) -> None:
-                advanced.append(self.last.advance(multi, record.epoch, last_epoch,
-                                                  last_version))
+                      txn: tuple[int | None, int] | None = txn) -> None:
+                self.last.advance(multi, record.epoch, last_epoch, last_version)
                 if txn is not None and record.txn_version is not None:
                     self.txn_versions.advance(multi, record.txn_version, *txn)
                 multi.delete(self.store.layout.open_marker(record.epoch), label="open")
@@ -217,7 +214,7 @@ class Completion:
                 winners = self.store.read_branches(record.epoch, record.winners)
                 losers = self.store.read_branches(record.epoch, losers.keys())
                 continue
-            if advanced[0]:
+            if self.last.moves(record.epoch, last_epoch):
                 self.last.advanced(record.epoch, last_version)
             return written
         raise CoordinatorError(f"xid {record.xid}: too much contention marking Committed")

@@ -135,14 +135,18 @@ class LastCommitted:
         """Add the check that the node is still at ``version`` (as remembered)."""
         multi.check(self.path, version, label=LAST_COMMITTED)
 
-    def advance(self, multi: Multi, epoch: int, current: int | None, version: int) -> bool:
-        """Add ``last_committed := max(current, epoch)`` (nothing if it would not move);
-        whether it was added (once the multi-op applied, call :meth:`advanced`)."""
-        if current is not None and current >= epoch:
-            return False  # it only ever grows, so no check is needed to keep it >= epoch
+    @staticmethod
+    def moves(epoch: int, current: int | None) -> bool:
+        """Whether committing ``epoch`` moves the node from ``current``."""
+        return current is None or current < epoch
+
+    def advance(self, multi: Multi, epoch: int, current: int | None, version: int) -> None:
+        """Add ``last_committed := max(current, epoch)`` (nothing if it would not move;
+        once the multi-op applied, call :meth:`advanced`)."""
+        if not self.moves(epoch, current):
+            return  # it only ever grows, so no check is needed to keep it >= epoch
         multi.set_data(self.path, encode({"epoch": epoch, "at": time.time()}, LAST_COMMITTED),
                        version, label=LAST_COMMITTED)
-        return True
 
     def advanced(self, epoch: int, version: int) -> None:
         """Remember the node as an applied :meth:`advance` from ``version`` left it."""

@@ -159,37 +159,43 @@ class Transitions:
 
     def _begin_new(self, epoch: int, generation: int,
                    holder: tuple[str, bytes] | None) -> XidState:
-        """The first try of a begin that expects no record: the xid created unread when
-        its epoch lies above ``last_committed`` (remembered, and then checked, or read);
-        a record there fails the creation and the next try reads it. At or below, the
-        record decides, as in :meth:`_begin_once`."""
+        """The first try of a begin that expects no record: above ``last_committed`` the
+        xid is created unread (a record there fails the creation, and the next try reads
+        it); at or below it, the record decides, as in :meth:`_begin_once`."""
+        last, check = self._last_committed(epoch, first=True)
+        if last is not None and epoch <= last:
+            record = self._read(epoch, False)
+            if record is not None:
+                return self._begin_once(record, epoch, generation, holder, False)
+        return self._begin_missing(epoch, generation, holder, last, check)
+
+    def _last_committed(self, epoch: int, first: bool) -> tuple[int | None, int | None]:
+        """(``last_committed``, the version to check it at in the creating multi-op):
+        remembered below ``epoch`` on a first try (checked instead of read), else read
+        (nothing to check: a committed epoch cannot slip in after the xid's read)."""
         last_committed = LastCommitted(self.store)
-        remembered = last_committed.remembered_below(epoch)
+        remembered = last_committed.remembered_below(epoch) if first else None
         if remembered is not None:
-            return self._create(epoch, generation, holder, remembered[1])
-        last = last_committed.read()[0]
-        if last is None or epoch > last:
-            return self._create(epoch, generation, holder)
-        return self._begin_once(self._read(epoch, False), epoch, generation, holder, False)
+            return remembered
+        return last_committed.read()[0], None
+
+    def _begin_missing(self, epoch: int, generation: int, holder: tuple[str, bytes] | None,
+                       last: int | None, check: int | None) -> XidState:
+        """Begin an xid that has no record: every committed epoch lies at or below
+        ``last_committed``, so above it there is nothing to ask."""
+        if last is not None and epoch <= last:
+            if Retention(self.store).was_pruned_committed(epoch):
+                # committed long ago, record pruned: a replay must not write it again
+                return XidState.COMMITTED
+            if epoch == last:
+                raise self._lost(epoch, last)
+        return self._create(epoch, generation, holder, check)
 
     def _begin_once(self, record: XidRecord | None, epoch: int, generation: int,
                     holder: tuple[str, bytes] | None, first: bool) -> XidState:
         if record is None:
-            # every committed epoch lies at or below last_committed: above it, nothing to
-            # ask. Remembered below this epoch, it is checked in the creating multi-op
-            # instead of read (a committed epoch cannot slip in between either way).
-            last_committed = LastCommitted(self.store)
-            remembered = last_committed.remembered_below(epoch) if first else None
-            if remembered is not None:
-                return self._create(epoch, generation, holder, remembered[1])
-            last = last_committed.read()[0]
-            if last is not None and epoch <= last:
-                if Retention(self.store).was_pruned_committed(epoch):
-                    # committed long ago, record pruned: a replay must not write it again
-                    return XidState.COMMITTED
-                if epoch == last:
-                    raise self._lost(epoch, last)
-            return self._create(epoch, generation, holder)
+            return self._begin_missing(epoch, generation, holder,
+                                       *self._last_committed(epoch, first))
         if record.state is XidState.INITIALIZED:
             if record.generation > generation:
                 raise Fenced(f"xid {record.xid} belongs to generation {record.generation}; "

@@ -76,6 +76,8 @@ from txsink.core.write_plan import WritePlan, send_columns
 log = logging.getLogger(__name__)
 #: Spark's local property holding the running streaming query's id (kept in its checkpoint).
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
+#: the streaming run's id: Spark's job group of the query, on its driver thread and tasks
+RUN_ID_PROPERTY = "spark.jobGroup.id"
 
 
 class XidNotWritable(RuntimeError):
@@ -92,7 +94,7 @@ def _task_identity() -> tuple[int, int, dict[str, object]]:
         "host": socket.gethostname(), "pid": os.getpid(), "stage": ctx.stageId(),
         "partition": ctx.partitionId(), "attempt": ctx.attemptNumber(),
         "task_attempt_id": ctx.taskAttemptId(),
-        "run_id": ctx.getLocalProperty("spark.jobGroup.id"),
+        "run_id": ctx.getLocalProperty(RUN_ID_PROPERTY),
     }
     return ctx.partitionId(), ctx.attemptNumber(), owner
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 
 from txsink.core import driver
-from txsink.core.attempt import QUERY_ID_PROPERTY, write_branch
+from txsink.core.attempt import QUERY_ID_PROPERTY, RUN_ID_PROPERTY, write_branch
 from txsink.core.messages import from_text, to_text
 from txsink.core.plan import plan_write
 from txsink.core.write_plan import WritePlan
@@ -156,8 +156,8 @@ class ForeachBatch:
         raw.setdefault("sink_id", stream_sink_id_of_query(query_id))
         plan = replace(plan_write(raw, batch_df.schema, False, streaming=True),
                        stream_query=query_id)
-        run_id = batch_df.sparkSession.sparkContext.getLocalProperty("spark.jobGroup.id")
-        if run_id:  # the run's id, as its tasks read it (Spark's job group of the query)
+        run_id = batch_df.sparkSession.sparkContext.getLocalProperty(RUN_ID_PROPERTY)
+        if run_id:  # the run's id, as its tasks read it
             plan = driver.begin_micro_batch(plan, int(batch_id), run_id)
         run_epoch(batch_df, plan, int(batch_id))
 
