@@ -331,16 +331,14 @@ def _write_or_carry(plan: WritePlan, epoch: int, batches: Iterator[pa.RecordBatc
     coord = connections.coordinator(plan.options, plan.sink_id)
     generation, run, joined = plan.generation, None, None
     if generation is None:  # streaming: the first task of a run fences older runs
-        run = (plan.options.store.root_identity, plan.sink_id,
-               plan.stream_query or task_query_id(), run_of(owner))
-        joined = JOINED.generation(run)
-        generation = joined if joined is not None else JOINED.join(run, coord, epoch)
+        run = stream_run(plan, plan.stream_query or task_query_id(), run_of(owner))
+        generation, joined = JOINED.enter(run, coord, epoch)
     try:
         return _write_branch(plan, coord, epoch, generation, batches)
     except Exception as exc:
         if run is not None:
             JOINED.forget(run)
-            if joined is not None:  # the stream was checked by an earlier attempt
+            if joined:  # the stream was checked by an earlier attempt
                 coord.own_stream(run[2], epoch)  # its refusal, if that is why
         # A refused step, or staging dropped under us, after another writer took the
         # sink over or an operator rolled the xid back: say so instead of the low-level
@@ -349,6 +347,14 @@ def _write_or_carry(plan: WritePlan, epoch: int, batches: Iterator[pa.RecordBatc
         if taken is None:
             raise
         raise taken from exc
+
+
+Run = tuple[str, str, str, str]  # a streaming run: store root, sink, query, run id
+
+
+def stream_run(plan: WritePlan, query_id: str, run_id: str) -> Run:
+    """The streaming run of ``plan``'s sink that a query's run id names."""
+    return (plan.options.store.root_identity, plan.sink_id, query_id, run_id)
 
 
 class JoinedRuns:
@@ -366,14 +372,20 @@ class JoinedRuns:
     KEPT = 64
 
     def __init__(self) -> None:
-        self._runs: dict[tuple[str, str, str, str], int] = {}
+        self._runs: dict[Run, int] = {}
         self._lock = threading.Lock()
 
-    def generation(self, run: tuple[str, str, str, str]) -> int | None:
+    def generation(self, run: Run) -> int | None:
         with self._lock:
             return self._runs.get(run)
 
-    def join(self, run: tuple[str, str, str, str], coord: Coordinator, epoch: int) -> int:
+    def enter(self, run: Run, coord: Coordinator, epoch: int) -> tuple[int, bool]:
+        """The run's generation, joining it first where this process has not yet; and
+        whether it had."""
+        joined = self.generation(run)
+        return (joined, True) if joined is not None else (self.join(run, coord, epoch), False)
+
+    def join(self, run: Run, coord: Coordinator, epoch: int) -> int:
         coord.own_stream(run[2], epoch)
         generation = coord.claim(run[3])
         with self._lock:
@@ -382,7 +394,7 @@ class JoinedRuns:
             self._runs[run] = generation
         return generation
 
-    def forget(self, run: tuple[str, str, str, str]) -> None:
+    def forget(self, run: Run) -> None:
         with self._lock:
             self._runs.pop(run, None)
 

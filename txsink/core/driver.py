@@ -270,19 +270,16 @@ def generation_of(plan: WritePlan, coord: Coordinator, messages: Sequence[object
     return max(claimed) if claimed else coord.generation()
 
 
-Run = tuple[str, str, str, str]  # a streaming run: store root, sink, query, run id
-
-
-def carried_run(plan: WritePlan, carried: Sequence[CarriedMessage]) -> Run | None:
+def carried_run(plan: WritePlan, carried: Sequence[CarriedMessage]) -> attempt.Run | None:
     """The streaming run whose tasks carried their rows, or None (batch, or no carried
     message)."""
     if plan.generation is not None or not carried:
         return None
-    return (plan.options.store.root_identity, plan.sink_id,
-            plan.stream_query or carried[0].query_id, carried[0].run_id)
+    return attempt.stream_run(plan, plan.stream_query or carried[0].query_id,
+                              carried[0].run_id)
 
 
-def join_run(coord: Coordinator, epoch: int, run: Run | None) -> int | None:
+def join_run(coord: Coordinator, epoch: int, run: attempt.Run | None) -> int | None:
     """Streaming, on the driver: what a task does before it begins the xid (the tasks
     that carried their rows said nothing to the coordinator; a ``foreachBatch`` driver
     begins it for its tasks): the check that the sink's epochs are this query's, and the
@@ -290,12 +287,11 @@ def join_run(coord: Coordinator, epoch: int, run: Run | None) -> int | None:
     creating multi-op checks the generation). Its generation, or None (no run)."""
     if run is None:
         return None
-    joined = attempt.JOINED.generation(run)
-    return joined if joined is not None else attempt.JOINED.join(run, coord, epoch)
+    return attempt.JOINED.enter(run, coord, epoch)[0]
 
 
 @contextmanager
-def refused_in_run(plan: WritePlan, epoch: int, run: Run | None) -> Iterator[None]:
+def refused_in_run(plan: WritePlan, epoch: int, run: attempt.Run | None) -> Iterator[None]:
     """A step that failed after the run was joined earlier in this process: the run is
     forgotten (the next step checks and claims again), and the stream checked to say
     why, if that is why."""
@@ -314,7 +310,7 @@ def begin_micro_batch(plan: WritePlan, epoch: int, run_id: str) -> WritePlan:
     (``WritePlan.begun``), who then read neither it nor ``last_committed``: one creating
     multi-op instead of every task's reads and their race to create it. A replayed
     micro-batch finds its xid as the tasks would (``Committed``: they write nothing)."""
-    run = (plan.options.store.root_identity, plan.sink_id, plan.stream_query or "", run_id)
+    run = attempt.stream_run(plan, plan.stream_query or "", run_id)
     coord = connections.coordinator(plan.options, plan.sink_id)
     with counting() as meter, refused_in_run(plan, epoch, run):
         generation = join_run(coord, epoch, run)
@@ -429,7 +425,7 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object],
 
 
 def _commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object], publish: str | None,
-                  meter: Meter, run: Run | None) -> None:
+                  meter: Meter, run: attempt.Run | None) -> None:
     pipelined = ((publish or plan.options.publish.mode) == PIPELINED and plan.generation is None
                  and not plan.options.transaction.in_transaction())
     coord = connections.coordinator(plan.options, plan.sink_id,
