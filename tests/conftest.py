@@ -55,10 +55,43 @@ def pytest_configure(config: pytest.Config) -> None:
         "SECOND_SERVER)")
 
 
+#: ``./run test`` runs the suite in two processes (pytest-xdist, ``--dist loadgroup``): each
+#: module's tests go to one of them (its module fixtures are set up once), except
+#: - ``cluster``: every test of the 2x2 cluster, which fault tests kill servers of;
+#: - ``own-servers``: the modules that start servers or Spark clusters of their own on
+#:   fixed ports, one after another;
+#: - tests marked ``alone`` (they stop a shared server): run after the others, by
+#:   themselves (``-m alone``).
+OWN_SERVERS = frozenset({
+    "tests/reliability/test_chaos_schedule.py", "tests/reliability/test_server_kills.py",
+    "tests/reliability/test_bad_input.py", "tests/services/test_demo_modern.py",
+    "tests/services/test_demo_options.py", "tests/services/test_services_cluster.py",
+    "tests/spark/test_speculation.py"})
+#: The folders whose modules are the slowest, handed out first so that neither process is
+#: left with a long module at the end.
+SLOW_FIRST = ("tests/reliability/", "tests/spark/", "tests/ops/", "tests/core/")
+
+
+def xdist_group(item: pytest.Item) -> str:
+    module = item.nodeid.split("::", 1)[0]
+    if "cluster" in getattr(item, "fixturenames", ()):
+        return "cluster"
+    return "own-servers" if module in OWN_SERVERS else module
+
+
+def handed_out(group: str) -> int:
+    if group == "own-servers":
+        return -1
+    return next((i for i, folder in enumerate(SLOW_FIRST) if group.startswith(folder)),
+                len(SLOW_FIRST))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.servers)
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+    items.sort(key=lambda item: handed_out(xdist_group(item)))  # stable: order kept within
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -91,16 +124,37 @@ def elsewhere_certificate(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
-def services() -> Iterator[Services]:
+def services() -> Services:
     svc = Services.from_env()
     svc.up()
-    started = time.time()
-    owned = os.environ.get("TXSINK_TEST_SWEEP_AT_END") == "1"  # set by ./run test
-    if owned:
-        empty_test_records(svc.modern.url)
-    yield svc
-    if owned:
-        drop_leftover_staging([svc.clickhouse.url, svc.modern.url], since=started)
+    return svc
+
+
+RUN_STARTED = pytest.StashKey[float]()
+
+
+def owns_the_run(config: pytest.Config) -> bool:
+    """``./run test`` asks for the run's start and end below; with ``-n`` (pytest-xdist)
+    only the controlling process does them, once for all its workers."""
+    return (os.environ.get("TXSINK_TEST_SWEEP_AT_END") == "1"
+            and not hasattr(config, "workerinput"))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[RUN_STARTED] = time.time()
+    if owns_the_run(session.config):
+        empty_test_records(Services.from_env().modern.url)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if not owns_the_run(session.config):
+        return
+    svc = Services.from_env()
+    unaccounted = drop_leftover_staging([svc.clickhouse.url, svc.modern.url],
+                                        since=session.config.stash[RUN_STARTED])
+    if unaccounted:
+        print(f"\nstaging tables no txsink gc can account for: {unaccounted}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def empty_test_records(url: str) -> None:
@@ -116,7 +170,7 @@ def empty_test_records(url: str) -> None:
         pass
 
 
-def drop_leftover_staging(urls: list[str], since: float) -> None:
+def drop_leftover_staging(urls: list[str], since: float) -> list[str]:
     """The run's end: every staging table the run left is one ``txsink gc`` accounts for,
     and is dropped.
 
@@ -144,7 +198,7 @@ def drop_leftover_staging(urls: list[str], since: float) -> None:
                 unaccounted.append(f"{url}: {name}")
                 continue
             rollback(client, name)
-    assert not unaccounted, f"staging tables no txsink gc can account for: {unaccounted}"
+    return unaccounted
 
 
 @pytest.fixture(scope="session")

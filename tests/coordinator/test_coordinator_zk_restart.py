@@ -1,8 +1,8 @@
 """ZooKeeper restarted in the middle of a commit: the commit completes after reconnect.
 
-This test stops the shared ZooKeeper for about two seconds (other suites running at the
-same time see a short outage), so it lives alone in this module and restores the server
-even when it fails.
+This test stops the shared ZooKeeper for about two seconds, so it lives alone in this
+module, marked ``alone`` (``./run test`` runs it after the other tests, by itself), and
+restores the server even when it fails.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
@@ -17,6 +18,8 @@ from coordinator import BranchRecord, Coordinator, XidState
 from coordinator.sink_admin import SinkAdmin
 from tests.coordinator.test_coordinator_support import Target, prepared_branches
 from tests.harness.services import ServiceError, Services
+
+pytestmark = pytest.mark.alone
 
 OUTAGE_SECONDS = 2.0
 
