@@ -60,13 +60,13 @@ def pytest_configure(config: pytest.Config) -> None:
 #: - ``cluster``: every test of the 2x2 cluster, which fault tests kill servers of;
 #: - ``own-servers``: the modules that start servers or Spark clusters of their own on
 #:   fixed ports, one after another;
-#: - tests marked ``alone`` (they stop a shared server): run after the others, by
-#:   themselves (``-m alone``).
+#: - tests marked ``alone`` (they stop a shared server, or time Spark's scheduling, which a
+#:   second process on the cores would change): run after the others, by themselves
+#:   (``-m alone``).
 OWN_SERVERS = frozenset({
     "tests/reliability/test_chaos_schedule.py", "tests/reliability/test_server_kills.py",
     "tests/reliability/test_bad_input.py", "tests/services/test_demo_modern.py",
-    "tests/services/test_demo_options.py", "tests/services/test_services_cluster.py",
-    "tests/spark/test_speculation.py"})
+    "tests/services/test_demo_options.py", "tests/services/test_services_cluster.py"})
 #: The folders whose modules are the slowest, handed out first so that neither process is
 #: left with a long module at the end.
 SLOW_FIRST = ("tests/reliability/", "tests/spark/", "tests/ops/", "tests/core/")

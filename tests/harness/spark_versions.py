@@ -61,10 +61,7 @@ NEWCOMER_FILES = ("tests/spark/test_readme.py", "tests/spark/test_sql.py")
 #: and streaming paths work with pandas 3, NumPy 2 and pyarrow 26).
 EXTRA_PINS: dict[str, tuple[str, ...]] = {}
 #: The test runner's packages, as ``pyproject.toml``'s dev extra names them.
-TEST_PACKAGES = ("pytest", "pytest-timeout", "pytest-xdist", "hypothesis")
-#: How the virtualenvs run pytest: in two processes, as ``./run test`` runs the suite
-#: (``tests/conftest.py`` says which tests share one).
-PARALLEL = ("-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder")
+TEST_PACKAGES = ("pytest", "pytest-timeout", "hypothesis")
 #: What ``spark-venv --bench`` adds for ``benchmarks/bench_spark_versions.py``: the
 #: clients of its baselines, as ``pyproject.toml``'s dev extra names them.
 BENCH_PACKAGES = ("clickhouse-connect", "clickhouse-driver")
@@ -313,7 +310,7 @@ class SparkVenv:
         _say(f"PySpark {self.pin}: pytest {' '.join(args)}")
         # append: pytest's default (prepend) would put the checkout first for conftest.py
         return subprocess.run([str(self.python), "-m", "pytest", "-p", "no:cacheprovider",
-                               "--import-mode=append", *PARALLEL, *args], cwd=ROOT, env=env,
+                               "--import-mode=append", *args], cwd=ROOT, env=env,
                               check=False).returncode
 
 

@@ -30,6 +30,10 @@ from tests.conftest import free_port, run_sql
 from tests.harness.chaos import jvm
 from tests.sinkutil import assert_exactly_once, create_events, driver_env
 
+# Alone (``./run test`` runs it after the other tests): a second test process on the same
+# cores changes the task durations Spark's speculation decides on.
+pytestmark = pytest.mark.alone
+
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 ROOT = Path(__file__).resolve().parents[2]
 
