@@ -8,12 +8,14 @@ table with the strategy's ordinary ``publish``: one pass per xid and server.
 
 How the rows get there depends on their size (``docs/benchmarks.md`` has the figures):
 
-- if every source *contributed* its parts to the xid's **pre-combined** table while its
-  task ran (:func:`attach_to_precombined`), they are taken from there: one ``ATTACH PARTITION ...
-  FROM`` per partition, after an ``OPTIMIZE ... FINAL`` of each partition in which the
-  background merges left more than ``SizeLimits.merge_above_parts`` parts (26.x merges
-  attached parts as they come; 18.16 does not wake its merges for an ATTACH), so the
-  commit's cost no longer grows with the epoch's branches;
+- if sources *contributed* their parts to the xid's **pre-combined** table while their
+  tasks ran (:func:`attach_to_precombined`), those are taken from there: one ``ATTACH
+  PARTITION ... FROM`` per partition, after an ``OPTIMIZE ... FINAL`` of each partition in
+  which the background merges left more than ``SizeLimits.merge_above_parts`` parts (26.x
+  merges attached parts as they come; 18.16 does not wake its merges for an ATTACH), so
+  the commit's cost no longer grows with the epoch's branches; the few sources that did
+  not (``direct``: the tasks below ``SizeLimits.direct_max_winners``) are attached from
+  their own staging tables in the same ``ALTER``;
 - otherwise, up to ``SizeLimits.rewrite_max_bytes`` on disk and ``rewrite_max_sources``
   sources, one ``INSERT ... SELECT`` from all sources (``merge()`` over their names) rewrites them:
   one part per target partition, in one statement;
@@ -29,12 +31,13 @@ that may fail in any way without losing or doubling a row:
 - a task attaches (hard links) its sealed parts into it *before* it prepares its branch,
   and records the table's name in its payload only if the ATTACH succeeded; the sources
   are left intact;
-- the combine uses it only if every source with rows recorded it, copies only the
-  sources' partitions from it, and checks that each copied partition holds exactly the
-  rows the sources sealed there. Anything else in it (a failed attempt's or a
-  speculative copy's rows, a half-done ATTACH) makes a partition's rows differ, and the
-  combine falls back to reading the sources themselves. A winner cannot be missing from
-  it: its ATTACH finished before its branch was prepared.
+- the combine copies from it only the partitions of the sources that recorded it, the
+  other sources' (``direct``) from their own staging, and checks that each partition of
+  the combined table holds exactly the rows all sources sealed there. Anything else in
+  it (a failed attempt's or a speculative copy's rows, a half-done ATTACH) makes a
+  partition's rows differ, and the combine falls back to reading the sources
+  themselves. A winner cannot be missing from it: its ATTACH finished before its branch
+  was prepared.
 - its rows are never published from it directly: the copy is a sealed combined table
   like any other, so the contract below holds unchanged.
 
@@ -117,6 +120,12 @@ class SizeLimits:
     # cost more than rewriting the sources at the commit (4 tasks × 50 partitions on
     # 26.x: twice the server CPU and commit time; ``docs/benchmarks.md``).
     contribute_max_partitions: int = 4
+    # At most this many winners of one server and table are published directly, each from
+    # its own staging (a ledger, a watermark and a MOVE or ATTACH each), and the tasks of
+    # the partitions below it contribute nothing: building the combined table and the
+    # contributions cost an epoch of 2 tasks more statements (23 against 15 on 26.x) and
+    # time than a second publish, and buy no fewer parts (``docs/design.md``).
+    direct_max_winners: int = 2
 
     def merges(self, parts: int, size: int) -> bool:
         """Whether a partition of ``parts`` staged parts, ``size`` bytes on disk in all,
@@ -133,6 +142,10 @@ class SizeLimits:
         table: small parts in few partitions."""
         return (len(manifest.partitions) <= self.contribute_max_partitions
                 and self.small(manifest))
+
+    def publishes_directly(self, winners: int) -> bool:
+        """Whether ``winners`` winners of one server and table are published directly."""
+        return winners <= self.direct_max_winners
 
 
 DEFAULT_LIMITS = SizeLimits()
@@ -182,19 +195,21 @@ def publish_combined(
     ledger: PublishLedger,
     *,
     precombined: str = "",
+    direct: frozenset[str] = frozenset(),
     target: TargetTable | None = None,
     on_step: StepHook | None = None,
     limits: SizeLimits = DEFAULT_LIMITS,
 ) -> PublishReport:
     """Publish the sealed staging tables ``sources`` (one target, one server) in one pass
-    through ``combined_table`` (in the staging database). ``precombined``: the table every
-    source with rows contributed to ("" if not all did). ``target``: the description the
-    sources' staging tables were created from, if the caller has it (else the target is
-    described). Re-runnable; the caller drops the combined table afterwards, as it drops a
-    branch's staging after ``publish``."""
+    through ``combined_table`` (in the staging database). ``precombined``: the table the
+    sources contributed to ("": read the sources), but for those named (staging table) in
+    ``direct``, which did not. ``target``: the description the sources' staging tables
+    were created from, if the caller has it (else the target is described). Re-runnable;
+    the caller drops the combined table afterwards, as it drops a branch's staging after
+    ``publish``."""
     step = on_step or no_step
     manifest = combine(client, sources, combined_table, ledger, precombined=precombined,
-                       target=target, on_step=step, limits=limits)
+                       direct=direct, target=target, on_step=step, limits=limits)
     return publish(client, manifest, strategy, ledger, on_step=step)
 
 
@@ -205,6 +220,7 @@ def combine(
     ledger: PublishLedger,
     *,
     precombined: str = "",
+    direct: frozenset[str] = frozenset(),
     target: TargetTable | None = None,
     on_step: StepHook = no_step,
     limits: SizeLimits = DEFAULT_LIMITS,
@@ -215,7 +231,8 @@ def combine(
     if record is not None and record.state == COMBINED and record.manifest is not None:
         manifest = record.manifest
     else:
-        manifest = _build(client, sources, combined_table, precombined, target, limits)
+        manifest = _build(client, sources, combined_table, precombined, direct, target,
+                          limits)
         on_step(STEP_AFTER_COMBINE)
         PublishRecord(COMBINED, manifest=manifest).store(ledger, key)
         on_step(STEP_AFTER_RECORD)
@@ -223,7 +240,8 @@ def combine(
 
 
 def _build(client: SqlClient, sources: list[Manifest], combined_table: str,
-           precombined: str, target: TargetTable | None, limits: SizeLimits) -> Manifest:
+           precombined: str, direct: frozenset[str], target: TargetTable | None,
+           limits: SizeLimits) -> Manifest:
     targets = {(m.target_database, m.target_table) for m in sources}
     if len(targets) != 1:
         raise ValueError(f"sources of one combined table must share a target, got {targets}")
@@ -235,7 +253,7 @@ def _build(client: SqlClient, sources: list[Manifest], combined_table: str,
     adopted = None
     if sources and precombined:
         _recreate(client, target, combined_table)
-        adopted = _adopt(client, sources, precombined, staging, limits)
+        adopted = _adopt(client, sources, precombined, direct, staging, limits)
     if adopted is None:
         require_sealed(client, sources, purpose="read winners' staged parts before combining")
         _recreate(client, target, combined_table)
@@ -258,27 +276,34 @@ def _recreate(client: SqlClient, target: TargetTable, combined_table: str) -> No
     create_staging_table(client, target, combined_table)
 
 
-def _adopt(client: SqlClient, sources: list[Manifest], precombined: str, staging: str,
-           limits: SizeLimits) -> dict[str, PartitionManifest] | None:
-    """Merge the sources' partitions in the pre-combined table and copy them from there;
-    the combined table's partitions as read last if each copied partition holds exactly
-    the rows the sources sealed there (see the module's contract), else None. Where the
-    background merges left more than ``merge_above_parts`` parts, the partition is merged
-    before the copy, so the copy takes one part of it."""
+def _adopt(client: SqlClient, sources: list[Manifest], precombined: str,
+           direct: frozenset[str], staging: str, limits: SizeLimits
+           ) -> dict[str, PartitionManifest] | None:
+    """Merge the contributed sources' partitions in the pre-combined table and copy them
+    from there, the ``direct`` sources' from their own staging tables; the combined table's
+    partitions as read last if each partition holds exactly the rows the sources sealed
+    there (see the module's contract), else None. Where the background merges left more
+    than ``merge_above_parts`` parts, the partition is merged before the copy, so the copy
+    takes one part of it."""
     expected: dict[str, int] = {}
     contributed: dict[str, int] = {}  # parts per partition; background merges only lessen
+    own: list[str] = []  # the direct sources' ATTACH commands
     for source in sources:
+        table = qualified_name(source.staging_database, source.staging_table)
         for partition in source.partitions:
             pid = partition.partition_id
             expected[pid] = expected.get(pid, 0) + partition.rows
-            contributed[pid] = contributed.get(pid, 0) + len(partition.parts)
+            if source.staging_table in direct:
+                own.append(f"ATTACH PARTITION ID {sql_string(pid)} FROM {table}")
+            else:
+                contributed[pid] = contributed.get(pid, 0) + len(partition.parts)
     pool = staging_qualified(precombined)
     try:  # the pool's merges are on (create_precombined)
         if any(limits.merges(n, 0) for n in contributed.values()):  # else nothing to read
-            merge_partitions(client, pool, _to_merge(client, pool, set(expected), limits),
+            merge_partitions(client, pool, _to_merge(client, pool, set(contributed), limits),
                              merges_on=True)
         commands = [f"ATTACH PARTITION ID {sql_string(pid)} FROM {pool}"
-                    for pid in sorted(expected)]
+                    for pid in sorted(contributed)] + own
         for start in range(0, len(commands), MAX_COMMANDS_PER_ALTER):
             chunk = commands[start:start + MAX_COMMANDS_PER_ALTER]
             client.execute(f"ALTER TABLE {staging} {', '.join(chunk)}",

@@ -284,6 +284,31 @@ def test_combine_takes_the_rows_from_the_precombined_table_when_every_source_con
     assert all(n <= BRANCHES for n in active_parts(clickhouse_url, ch_db).values())
 
 
+def test_sources_that_did_not_contribute_are_copied_from_their_own_staging(
+        client, clickhouse_url, ch_db, staging_names, combined, precombined):
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    sources = staged_branches(client, clickhouse_url, target, staging_names)
+    own, pooled = sources[:2], sources[2:]
+    contributed(client, target, pooled, precombined)
+    for source in pooled:  # taken from the pre-combined table: take them away
+        run_sql(clickhouse_url, f"DROP TABLE `{STAGING_DATABASE}`.`{source.staging_table}`")
+    publish_combined(client, sources, combined, "attach_marked", MemoryLedger(),
+                     precombined=precombined,
+                     direct=frozenset(m.staging_table for m in own))
+    assert keys_in(clickhouse_url, ch_db) == expect(range(BRANCHES * ROWS))
+
+
+def test_a_direct_source_found_in_the_precombined_table_too_makes_the_combine_read_the_sources(
+        client, clickhouse_url, ch_db, staging_names, combined, precombined):
+    """A contribution that failed half-way leaves rows in the pre-combined table."""
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    sources = staged_branches(client, clickhouse_url, target, staging_names)
+    contributed(client, target, sources, precombined)
+    publish_combined(client, sources, combined, "attach_marked", MemoryLedger(),
+                     precombined=precombined, direct=frozenset({sources[0].staging_table}))
+    assert keys_in(clickhouse_url, ch_db) == expect(range(BRANCHES * ROWS))
+
+
 def test_a_precombined_partition_of_more_parts_than_merge_above_parts_is_copied_as_one(
         client, clickhouse_url, ch_db, staging_names, combined, precombined):
     target = make_target(clickhouse_url, client, ch_db, "plain")

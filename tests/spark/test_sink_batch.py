@@ -20,7 +20,7 @@ from tests.sinkutil import (
     staging_tables,
     write_in_threads,
 )
-from txsink.core.payload import CombinedBranch, from_record
+from txsink.core.payload import CombinedBranch, StagedBranch, from_record
 
 
 @pytest.fixture
@@ -76,19 +76,38 @@ def test_append_leaves_no_staging_behind(spark, server_url, server_db, server_si
     assert staging_tables(server_url, server_sink_options) == before
 
 
-def combined_winner(zk_hosts: str, zk_chroot: str, sink_id: str) -> CombinedBranch:
-    """The combined branch that won the sink's first xid."""
+def first_xid(zk_hosts: str, zk_chroot: str, sink_id: str) -> tuple[list, list[str]]:
+    """The winners' records of the sink's first xid, and every branch id it registered."""
     client = KazooClient(hosts=zk_hosts + zk_chroot)
     client.start(timeout=15)
     try:
         coord = Coordinator(client, sink_id)
-        (winner,) = coord.branches(0, coord.xid(0).winners)
+        return (coord.branches(0, coord.xid(0).winners),
+                [b.branch_id for b in coord.branches(0)])
     finally:
         client.stop()
         client.close()
+
+
+def combined_winner(zk_hosts: str, zk_chroot: str, sink_id: str) -> CombinedBranch:
+    """The combined branch that won the sink's first xid."""
+    (winner,), _ = first_xid(zk_hosts, zk_chroot, sink_id)
     combined = from_record(winner.manifest)
     assert isinstance(combined, CombinedBranch)
     return combined
+
+
+def test_a_job_of_two_tasks_publishes_each_task_branch_directly(
+    spark, server_url, server_db, server_sink_options, zk_hosts, zk_chroot
+):
+    table = create_events(server_url, server_db)
+    save(events_df(spark, 0, 2000, partitions=2), server_sink_options, table,
+         sink_id="direct")
+    assert_exactly_once(server_url, table, range(2000))
+    winners, registered = first_xid(zk_hosts, zk_chroot, "direct")
+    payloads = [from_record(w.manifest) for w in winners]
+    assert len(payloads) == 2 and all(isinstance(p, StagedBranch) for p in payloads)
+    assert not any(b.startswith(("combined-", "precombined-")) for b in registered)
 
 
 def test_small_branches_reach_the_target_through_the_precombined_table(

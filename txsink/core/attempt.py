@@ -301,7 +301,8 @@ class _Attempt:
         if branch.writer is None or not self.contributes:
             return ""
         return combine.contribute(self.plan, self.coord, self.epoch, self.generation,
-                                  branch.server, branch.client, manifest, table)
+                                  branch.server, branch.client, manifest, table,
+                                  self.partition)
 
 
 def write_branch(

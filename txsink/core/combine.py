@@ -6,12 +6,15 @@ the sink combines them, in two places, under one policy:
 - **in the tasks** (:func:`contribute`): a sealed staging table of small parts in few
   partitions attaches its parts into the xid's *pre-combined* table of its target on its
   server, one per (generation, server, table), registered as a branch so a rollback
-  drops it. A share that is not small, spans many partitions, belongs to an overwrite or
-  fails to contribute is read by the commit from its own staging table;
+  drops it. A share that is not small, spans many partitions, belongs to an overwrite,
+  comes from a task of a partition below ``direct_max_winners`` or fails to contribute
+  is read by the commit from its own staging table;
 - **at the commit** (:func:`combined_branches`): the winners of each server and table
   become one *combined* branch, registered and prepared before the decision like any
   branch, published in one pass from one combined table (``server_ext.publish.combined``,
-  which builds it from the pre-combined table where every source contributed).
+  which builds it from the pre-combined table and the sources that did not contribute),
+  unless they are at most ``direct_max_winners``: those are published directly, each
+  from its own staging table. So a job of that many tasks contributes nothing.
 
 What is small and few is the plan's ``tuning.limits`` (``txsink.core.tuning``: the
 ``SizeLimits`` the commit's publisher reads too); how a combined table is built and
@@ -31,7 +34,7 @@ from server_ext.client import ClickHouseClient
 from server_ext.errors import ClickHouseError
 from server_ext.publish import attach_to_precombined, create_precombined
 from txsink.core import payload
-from txsink.core.payload import BranchOwner, CombinedBranch, staged_manifest
+from txsink.core.payload import BranchOwner, CombinedBranch, precombined_of, staged_manifest
 from txsink.core.publisher import BranchPublisher, recorded_strategy, server_of
 from txsink.core.write_plan import WritePlan
 
@@ -54,13 +57,15 @@ _PRECOMBINED: set[tuple[str, str, int, str]] = set()
 
 def contribute(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
                server: str, client: ClickHouseClient, manifest: server_ext.Manifest,
-               table: server_ext.TargetTable) -> str:
+               table: server_ext.TargetTable, partition: int) -> str:
     """Attach a task's sealed staging table of small parts in few partitions (a branch's
     own, or a view's share, for ``table``) into the pre-combined table of ``table`` on
     ``server``; its name if that worked, "" if it is not contributed (``SizeLimits.
-    contributes`` says no, an overwrite, or any failure: the commit reads the staging
-    table itself then)."""
-    if plan.overwrite or not plan.tuning.limits.contributes(manifest):
+    contributes`` says no, the task's Spark ``partition`` is below ``direct_max_winners``,
+    an overwrite, or any failure: the commit reads the staging table itself then)."""
+    limits = plan.tuning.limits
+    if (plan.overwrite or partition < limits.direct_max_winners
+            or not limits.contributes(manifest)):
         return ""
     options = plan.options
     branch_id = precombined_branch_id(generation, server, f"{table.database}.{table.name}",
@@ -84,9 +89,10 @@ def contribute(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
 def combined_branches(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
                       records: Sequence[BranchRecord], publisher: BranchPublisher
                       ) -> list[str]:
-    """The decision's winners: one combined branch per server and table that got several
-    winners (every server, for an overwrite), the task branches elsewhere. The tables are
-    the target and those of the materialized views it feeds (``server_ext.ddl.views``).
+    """The decision's winners: one combined branch per server and table that got more
+    than ``direct_max_winners`` winners (every server, for an overwrite), the task
+    branches elsewhere. The tables are the target and those of the materialized views it
+    feeds (``server_ext.ddl.views``).
 
     A combined branch publishes its sources in one pass (``server_ext.publish.combined``; an
     overwrite: one ``REPLACE PARTITION`` per partition of all of them). It is registered
@@ -103,8 +109,8 @@ def combined_branches(plan: WritePlan, coord: Coordinator, epoch: int, generatio
         by_table.setdefault(key, []).append(record)
     chosen = []
     for (server, _, _), group in sorted(by_table.items(), key=lambda item: str(item[0])):
-        if len(group) == 1 and not plan.overwrite:
-            chosen.append(group[0].branch_id)
+        if plan.tuning.limits.publishes_directly(len(group)) and not plan.overwrite:
+            chosen.extend(r.branch_id for r in group)
             continue
         sources = ",".join(sorted(r.branch_id for r in group))
         branch_id = f"combined-{hashlib.sha1(sources.encode()).hexdigest()[:8]}"
@@ -119,12 +125,3 @@ def combined_branches(plan: WritePlan, coord: Coordinator, epoch: int, generatio
         coord.prepare_branch(epoch, branch_id, payload.to_record(combined))
         chosen.append(branch_id)
     return chosen
-
-
-def precombined_of(sources: Sequence[BranchRecord]) -> str:
-    """The pre-combined table every source with rows contributed to; "" if some did
-    not, or not to the same table (``server_ext.publish.combined`` then reads the sources)."""
-    staged = [p for p in (payload.from_record(r.manifest) for r in sources)
-              if isinstance(p, payload.StagedBranch) and p.manifest.partitions]
-    tables = {p.contributed for p in staged}
-    return tables.pop() if len(tables) == 1 else ""

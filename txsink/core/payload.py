@@ -28,6 +28,7 @@ is judged by ``verify`` by its row counts alone.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -255,3 +256,23 @@ def staged_manifest(record: BranchRecord) -> Manifest:
         raise UnknownPayload(f"branch {record.branch_id} of xid {record.xid} has no sealed "
                              "staging table of its own")
     return payload.manifest
+
+
+def precombined_of(sources: Sequence[BranchRecord]) -> str:
+    """The pre-combined table that the sources (task branches) which contributed share;
+    "" if none did, or not all to the same table (the combine then reads the sources).
+    The others are attached from their own staging (:func:`direct_sources`)."""
+    tables = {p.contributed for p in _with_rows(sources) if p.contributed}
+    return tables.pop() if len(tables) == 1 else ""
+
+
+def direct_sources(sources: Sequence[BranchRecord], precombined: str) -> frozenset[str]:
+    """The staging tables of the sources with rows that did not contribute to
+    ``precombined``: the combine copies their partitions from there."""
+    return frozenset(p.manifest.staging_table for p in _with_rows(sources)
+                     if p.contributed != precombined)
+
+
+def _with_rows(sources: Sequence[BranchRecord]) -> list[StagedBranch]:
+    return [p for p in (from_record(r.manifest) for r in sources)
+            if isinstance(p, StagedBranch) and p.manifest.partitions]

@@ -46,6 +46,7 @@ from txsink.core.operator_records import StrategySwitch
 from txsink.core.payload import (
     CombinedBranch,
     StagedBranch,
+    direct_sources,
     from_record,
     staged_manifest,
     staging_place,
@@ -116,12 +117,14 @@ class BranchPublisher:
         ledger = self.coord.ledger(record.epoch, record.branch_id)
         strategy = switched_strategy(self.coord, record, ledger) or payload.strategy
         if isinstance(payload, CombinedBranch):
-            sources = list(payload.embedded) or self.source_manifests(record, payload)
+            records = [] if payload.embedded else self.source_records(record, payload)
+            sources = list(payload.embedded) or [staged_manifest(r) for r in records]
             if payload.overwrite:
                 return publish_overwrite(client, sources, payload.staging, ledger,
                                          on_step=crashpoints.hit)
             return publish_combined(client, sources, payload.staging, strategy, ledger,
                                     precombined=payload.precombined,
+                                    direct=direct_sources(records, payload.precombined),
                                     target=self.tables.get(payload.target),
                                     on_step=crashpoints.hit, limits=self.limits)
         if payload.manifest.partitions:
@@ -170,9 +173,9 @@ class BranchPublisher:
                 log.warning("xid %s: staging of winner %s left for txsink gc: %s",
                             record.xid, record.branch_id, exc)
 
-    def source_manifests(self, record: BranchRecord, combined: CombinedBranch
-                         ) -> list[server_ext.Manifest]:
-        """The sealed manifests of a combined branch's sources, in source order."""
+    def source_records(self, record: BranchRecord, combined: CombinedBranch
+                       ) -> list[BranchRecord]:
+        """The records of a combined branch's sources, in source order."""
         missing = [b for b in combined.sources if (record.epoch, b) not in self._known]
         if missing:
             self.remember(self.coord.branches(record.epoch, missing))
@@ -181,7 +184,7 @@ class BranchPublisher:
         if lost:
             raise CoordinatorError(f"xid {record.xid}: sources {lost} of {record.branch_id} "
                                    "have no record; the record was altered")
-        return [staged_manifest(source) for source in found if source is not None]
+        return [source for source in found if source is not None]
 
     def rollback(self, record: BranchRecord) -> Outcome:
         """The rollback callback: :meth:`drop_staging`, its errors judged."""
