@@ -246,14 +246,18 @@ class Coordinator:
         """
         self._steps.register(epoch, branch_id, generation, owner)
 
-    def prepare_branch(self, epoch: int, branch_id: str, manifest: dict[str, Any]) -> None:
-        """Seal a branch: ``Initialized → Prepared`` with its manifest.
+    def prepare_branch(self, epoch: int, branch_id: str, manifest: dict[str, Any]
+                       ) -> BranchRecord | None:
+        """Seal a branch: ``Initialized → Prepared`` with its manifest; returns the record
+        as written (None where a repeat found it prepared already), which the process
+        that decides may take instead of reading it (:meth:`winner_records`).
 
         Idempotent for the same manifest; a different manifest for a prepared branch is
         :class:`InvalidTransition`; after the decision :class:`XidDecided`. A manifest
         over ~900 kB is :class:`RecordTooLarge`.
         """
         self._steps.prepare(epoch, branch_id, manifest)
+        return self._steps.prepared_record(epoch, branch_id)
 
     def select(self, epoch: int, generation: int, branch_ids: Iterable[str]) -> None:
         """Add prepared branches to the winners a later ``commit(winners=None)`` uses,
@@ -436,12 +440,15 @@ class Coordinator:
         found = self.store.run(self.store.read_branches, epoch, branch_ids)
         return [found[b] for b in sorted(found)]
 
-    def winner_records(self, epoch: int, branch_ids: Iterable[str]) -> list[BranchRecord]:
-        """:meth:`branches` of ``branch_ids``, those this coordinator prepared taken as it
-        wrote them (not read again): what a driver checks and decides with, in the
-        attempt it prepared them in (the decision's compare-and-set covers them)."""
+    def winner_records(self, epoch: int, branch_ids: Iterable[str],
+                       handed: Iterable[BranchRecord] = ()) -> list[BranchRecord]:
+        """:meth:`branches` of ``branch_ids``, those this coordinator prepared, and those
+        ``handed`` over as the task that prepared them wrote them (:meth:`prepare_branch`),
+        taken without a read: what a driver checks and decides with, in the xid's attempt
+        it began or read (the decision's compare-and-set covers them)."""
         wanted = list(branch_ids)
-        own = self._steps.prepared_here(epoch, wanted)
+        own = {**self._steps.handed_over(epoch, (r for r in handed if r.branch_id in wanted)),
+               **self._steps.prepared_here(epoch, wanted)}
         rest = [b for b in wanted if b not in own]
         found = {**own, **(self.store.run(self.store.read_branches, epoch, rest) if rest else {})}
         return [found[b] for b in sorted(found)]

@@ -149,6 +149,21 @@ class Transitions:
         xid = self._xids.get(epoch)
         return self._prepared_in(xid, branch_ids) if xid is not None else {}
 
+    def handed_over(self, epoch: int, records: Iterable[BranchRecord]
+                    ) -> dict[str, BranchRecord]:
+        """Of ``records`` (branches as the process that prepared them wrote them), those
+        prepared in the xid's attempt this object last saw."""
+        xid = self._xids.get(epoch)
+        if xid is None:
+            return {}
+        return {r.branch_id: r for r in records if r.epoch == epoch
+                and r.attempt == xid.attempt and r.state is BranchState.PREPARED}
+
+    def prepared_record(self, epoch: int, branch_id: str) -> BranchRecord | None:
+        """The branch as this object's prepare wrote it (None if it did not)."""
+        found = self._branches.get((epoch, branch_id))
+        return found if found is not None and found.state is BranchState.PREPARED else None
+
     def _prepared_in(self, record: XidRecord, branch_ids: Iterable[str]
                      ) -> dict[str, BranchRecord]:
         found = {b: self._branches.get((record.epoch, b)) for b in branch_ids}

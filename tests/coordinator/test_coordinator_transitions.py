@@ -8,10 +8,12 @@ that registered but never prepared (a failed task attempt).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
 from coordinator import (
+    BranchRecord,
     BranchState,
     Coordinator,
     InvalidTransition,
@@ -27,6 +29,7 @@ from coordinator import (
 from coordinator.plumbing.nodes import NodeStore
 from coordinator.sink_admin import SinkAdmin
 from tests.coordinator.test_coordinator_support import (
+    SINK,
     Crash,
     Target,
     crash_at,
@@ -502,3 +505,34 @@ def test_reset_marks_an_epoch_committed_with_the_reset_move(zk: NodeStore) -> No
     assert [(h["state"], h.get("event")) for h in marker.history] == [("Committed", "reset")]
     assert coord.branches(EPOCH) == [] and coord.is_committed(EPOCH)
     assert SinkAdmin(coord).last_committed() == EPOCH
+
+
+def task_prepared(zk: NodeStore, generation: int, branch_id: str) -> BranchRecord:
+    """A branch registered and prepared by a task's own coordinator: its record as
+    written, what the task's commit message hands over."""
+    task = Coordinator(zk, SINK)
+    task.begin(EPOCH, generation)
+    task.register_branch(EPOCH, branch_id, generation, owner={"staging": branch_id})
+    written = task.prepare_branch(EPOCH, branch_id, {"rows": 3, "staging": branch_id})
+    assert written is not None and written.state is BranchState.PREPARED
+    return written
+
+
+def test_a_winner_record_handed_over_by_its_task_is_taken_without_a_read(
+        driver: tuple[Coordinator, int], zk: NodeStore) -> None:
+    coord, generation = driver
+    coord.begin(EPOCH, generation)
+    written = task_prepared(zk, generation, "p0-a0-00010000")
+    marked = replace(written, manifest={"rows": 99, "staging": written.branch_id})
+    (taken,) = coord.winner_records(EPOCH, [written.branch_id], handed=[marked])
+    assert taken.manifest == marked.manifest  # not what the store holds: not read
+
+
+def test_a_record_handed_over_from_another_attempt_of_the_xid_is_read_instead(
+        driver: tuple[Coordinator, int], zk: NodeStore) -> None:
+    coord, generation = driver
+    coord.begin(EPOCH, generation)
+    written = task_prepared(zk, generation, "p0-a0-00010000")
+    stale = replace(written, attempt=written.attempt + 1, manifest={"rows": 99})
+    (taken,) = coord.winner_records(EPOCH, [written.branch_id], handed=[stale])
+    assert taken.manifest == written.manifest

@@ -58,7 +58,7 @@ import numpy as np
 import pyarrow as pa
 
 import server_ext
-from coordinator import Coordinator, Fenced, XidAborted, XidDecided, XidState
+from coordinator import BranchRecord, Coordinator, Fenced, XidAborted, XidDecided, XidState
 from server_ext.errors import ClickHouseError, PartitionLimitExceeded
 from server_ext.sharding import ShardRouter
 from server_ext.staging import (
@@ -67,7 +67,7 @@ from server_ext.staging import (
 from server_ext.types import ContentDigest
 from txsink.core import carried_rows, combine, connections, crashpoints, payload
 from txsink.core.message_count import counting
-from txsink.core.messages import BranchMessage, CarriedMessage, SkippedMessage
+from txsink.core.messages import BranchMessage, CarriedMessage, SkippedMessage, handed_over
 from txsink.core.payload import BranchOwner
 from txsink.core.shard_branch import ShardBranch, new_branch_id, pick_replica
 from txsink.core.staged_table import StagedTable
@@ -143,6 +143,7 @@ class _Attempt:
         self.router: ShardRouter | None = None
         self.counter: PartitionCounter | None = None
         self.rows_in = 0  # rows handed to write: the next batch's first row in the task
+        self.prepared: list[BranchRecord] = []  # as prepare wrote them, for the message
 
     def write(self, batch: pa.RecordBatch) -> None:
         if self.router is None:
@@ -250,11 +251,12 @@ class _Attempt:
         crashpoints.hit(crashpoints.BRANCH_AFTER_CONTRIBUTE)
         for (branch, part, _, rows), manifest, precombined in zip(staged, digested, contributed,
                                                                   strict=True):
-            self.coord.prepare_branch(self.epoch, part.branch_id, payload.to_record(
+            written = self.coord.prepare_branch(self.epoch, part.branch_id, payload.to_record(
                 payload.StagedBranch(manifest=manifest, strategy=part.strategy,
                                      staging=part.staging, server=branch.server, rows=rows,
                                      overwrite=self.plan.overwrite, contributed=precombined,
                                      view=part.view)))
+            self.prepared += [written] if written is not None else []
         crashpoints.hit(crashpoints.BRANCH_AFTER_PREPARE)
         return (sum(s[2] for s in sealed), sum(s[3] for s in sealed),
                 sum(len(s[1].partitions) for s in sealed))
@@ -470,5 +472,5 @@ def stage_attempt(plan: WritePlan, coord: Coordinator, epoch: int, generation: i
         branch_ids=tuple(i for b in attempt.branches.values() for i in (b.branch_id, *b.shares)),
         rows=rows, bad_rows=sum(b.bad_rows for b in attempt.branches.values()),
         bytes=bytes_sent, partitions=partitions, started_at=started, stage_ms=stage_ms,
-        seal_ms=(time.time() - sealed) * 1000,
+        seal_ms=(time.time() - sealed) * 1000, prepared=handed_over(attempt.prepared),
     )

@@ -457,7 +457,9 @@ def _commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object], publi
             winners = [b for m in branch_messages for b in m.branch_ids]
             if winners:
                 quarantine_share.check_bound(plan.options, branch_messages)  # nothing visible yet
-                records = coord.winner_records(epoch, winners)
+                records = coord.winner_records(
+                    epoch, winners, [r for m in branch_messages
+                                     for r in m.handed_records(plan.sink_id)])
                 check_partitions(plan, records)  # before the decision: nothing is visible
                 check_sharded_overwrite(plan, records)
                 winners = combine.combined_branches(plan, coord, epoch, generation, records,

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
+
+from coordinator import BranchRecord
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,19 @@ class BranchMessage:
     bad_rows: int = 0  # rows quarantined by its quarantine shares (bad_rows=quarantine)
     store_requests: int = 0  # the messages the attempt sent (txsink.core.message_count)
     statements: int = 0
+    # the branches' records as its prepare wrote them, (branch id, version, stored text):
+    # the commit decides with them instead of reading them (Coordinator.winner_records)
+    prepared: tuple[tuple[str, int, str], ...] = ()
+
+    def handed_records(self, sink_id: str) -> list[BranchRecord]:
+        """The prepared branches' records this message carries."""
+        return [BranchRecord.from_bytes(sink_id, self.epoch, branch_id, text.encode(), version)
+                for branch_id, version, text in self.prepared]
+
+
+def handed_over(records: Iterable[BranchRecord]) -> tuple[tuple[str, int, str], ...]:
+    """``BranchMessage.prepared`` of ``records``, each in its stored form."""
+    return tuple((r.branch_id, r.version, r.to_bytes().decode()) for r in records)
 
 
 @dataclass(frozen=True)
@@ -96,6 +112,8 @@ def from_text(text: str) -> TaskMessage:
     values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
     if "branch_ids" in values:
         values["branch_ids"] = tuple(values["branch_ids"])
+    if "prepared" in values:
+        values["prepared"] = tuple((str(b), int(v), str(t)) for b, v, t in values["prepared"])
     if cls is CarriedMessage:
         values["arrow"] = base64.b64decode(values["arrow"])
     return cls(**values)
