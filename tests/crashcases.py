@@ -13,6 +13,13 @@ every mode on every server and store. So:
   point per state of ``STREAM_POINTS``, among them the two points of ``move``'s publish
   path (``MODERN_POINTS``).
 
+A batch job writes 3 tasks per epoch, published through the combined table (two
+sources attached from their own staging, one from the pre-combined table: ``combine.*``
+is passed); a micro-batch writes 2, published directly one after the other (``publish.*``
+twice, ``commit.after_branch_published`` between them). The publish points are the same
+code either way (a combined table is published as a task branch is), so each suite
+tries them on the path its mode takes.
+
 Why the streaming subset is sound: what a mode adds is how the repeat starts (batch:
 ``txsink recover`` at the next job's start, then a rerun if nothing is visible;
 streaming: the restarted query replays its micro-batch under the same epoch), and that
