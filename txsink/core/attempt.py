@@ -34,12 +34,15 @@ Contract (what Spark's ``DataWriter`` asks, made exactly-once):
   ``StreamStateMismatch`` before anything is claimed or staged.
 - On a sharded target each branch stages on one replica of its shard (``pick_replica``)
   and records that server; its publish and rollback go to the same server.
-- A sealed branch of small parts in few partitions is also *contributed* to its xid's
+- A sealed branch of small parts in few partitions, of a task beyond the first
+  ``direct_max_winners`` Spark partitions, is also *contributed* to its xid's
   pre-combined table on its server (``server_ext.publish.combined``) before it is
   prepared, so that the commit need not combine the winners' rows itself. That table is
   registered as a branch of its own (never prepared, so rolled back with the
   non-winners) before it exists. A contribution that fails in any way is only logged:
   the commit then reads the sources.
+- The message carries the branches' records as prepare wrote them, for the commit to
+  decide with instead of reading them.
 """
 
 from __future__ import annotations
