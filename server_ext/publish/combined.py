@@ -122,9 +122,9 @@ class SizeLimits:
     contribute_max_partitions: int = 4
     # At most this many winners of one server and table are published directly, each from
     # its own staging (a ledger, a watermark and a MOVE or ATTACH each), and the tasks of
-    # the partitions below it contribute nothing: building the combined table and the
-    # contributions cost an epoch of 2 tasks more statements (23 against 15 on 26.x) and
-    # time than a second publish, and buy no fewer parts (``docs/design.md``).
+    # the partitions below it contribute nothing: for 2 winners the contributions and the
+    # combined table cost more statements and requests than a second publish, and buy no
+    # fewer parts (``docs/design.md``, "One pass per xid and server").
     direct_max_winners: int = 2
 
     def merges(self, parts: int, size: int) -> bool:
