@@ -60,13 +60,14 @@ class StagedBranch:
 
 @dataclass(frozen=True)
 class CombinedBranch:
-    """The winners of one server, published in one pass from one combined table.
+    """The winners of one server and table, published in one pass from one combined table.
 
     ``sources`` name the task branches (format 2); ``target`` and ``partitions`` (id,
     value, rows) summarize what they staged, so that ``verify`` and ``status`` need not
     read every source. A format-1 overwrite payload carries the sources' manifests
-    instead (``embedded``). ``precombined`` names the table every source with rows
-    contributed to ("": read the sources).
+    instead (``embedded``). ``precombined`` names the table the sources that contributed
+    share ("": read the sources); the others are copied from their own staging
+    (:func:`direct_sources`).
     """
 
     sources: tuple[str, ...]
