@@ -50,6 +50,7 @@ from coordinator.protocol.callbacks import (
     Outcome,
     RetryLater,
 )
+from coordinator.protocol.completion import PublishGroups, grouped_by
 from coordinator.protocol.recovery import RecoveryAction, RecoveryReport
 from coordinator.protocol.stream import ResetOutcome
 from coordinator.sink_admin import SinkAdmin
@@ -75,6 +76,8 @@ __all__ = [
     "GaveUp",
     "InvalidTransition",
     "Ledger",
+    "PublishGroups",
+    "grouped_by",
     "MalformedRecord",
     "Outcome",
     "PublishFailed",

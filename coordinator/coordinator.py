@@ -65,7 +65,7 @@ from coordinator.plumbing.paths import DEFAULT_ROOT, SinkLayout
 from coordinator.plumbing.store import SinkStore, default_retry
 from coordinator.protocol.branch_ledger import Ledger
 from coordinator.protocol.callbacks import BranchCallback, CallbackPolicy
-from coordinator.protocol.completion import Completion, PublishGroup
+from coordinator.protocol.completion import Completion, PublishGroups
 from coordinator.protocol.epochs import EpochCounter, LastCommitted, TxnVersion
 from coordinator.protocol.fencing import Generation
 from coordinator.protocol.liveness import Liveness, Verdict, holder_identity, judge
@@ -268,14 +268,15 @@ class Coordinator:
                publish: BranchCallback, rollback: BranchCallback,
                metrics_of: Callable[[XidRecord], dict[str, Any]] | None = None,
                txn_version: int | None = None,
-               publish_group: PublishGroup | None = None,
+               publish_groups: PublishGroups | None = None,
                prepared: Iterable[BranchRecord] = ()) -> XidRecord:
         """Decide ``Committing`` with ``winners`` (None: the selected branches), publish
         them, roll back every other branch, mark ``Committed``; returns the record.
 
-        ``publish_group`` names, per winner, what its publish touches (for txsink: its
-        server and target table): winners of different groups are published at once,
-        those of one group one after another. Without it, one after another.
+        ``publish_groups`` splits the winners into groups (for txsink: by server and
+        target table, see ``BranchPublisher.groups``; ``grouped_by`` makes one from a key):
+        the groups are published at once, the winners of one group one after another.
+        Without it, one after another.
 
         On an xid already ``Committing`` the recorded decision is finished (``winners``
         is ignored); on a ``Committed`` one nothing happens. ``Aborted`` raises
@@ -300,7 +301,7 @@ class Coordinator:
         return self._finish(record, generation, fresh=decided_now, finish=lambda r, lease:
                             self._completion.finish_commit(r, lease, generation, publish,
                                                            rollback, metrics_of, known,
-                                                           publish_group))
+                                                           publish_groups))
 
     def decide(self, epoch: int, generation: int, winners: list[str] | None,
                txn_version: int | None = None,
@@ -461,7 +462,9 @@ class Coordinator:
         (inside ``commit``, ``abort``, ``recover`` or ``publish_lease``); outside a lease
         they are refused.
         """
-        return Ledger(self.store, epoch, branch_id, self._leases.get(epoch))
+        lease = self._leases.get(epoch)
+        return Ledger(self.store, epoch, branch_id, lease,
+                      empty=lease is not None and lease.fresh_ledger(branch_id))
 
     @contextmanager
     def publish_lease(self, epoch: int, generation: int | None = None,

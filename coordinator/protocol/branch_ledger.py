@@ -55,13 +55,15 @@ class Ledger:
     """
 
     def __init__(self, store: SinkStore, epoch: int, branch_id: str,
-                 lease: PublishLease | None = None) -> None:
+                 lease: PublishLease | None = None, empty: bool = False) -> None:
+        """``empty``: known to hold no entries (``PublishLease.fresh_ledger``), not read."""
         self.store = store
         self.epoch = epoch
         self.branch_id = branch_id
         self.lease = lease
         self.path = store.layout.ledger(epoch, branch_id)
-        self._entries: dict[str, tuple[dict[str, Any], int]] | None = None  # all, read once
+        # every entry, read once (none to read in a ledger known empty)
+        self._entries: dict[str, tuple[dict[str, Any], int]] | None = {} if empty else None
         self._node_exists = False
 
     def get(self, key: str) -> dict[str, Any] | None:

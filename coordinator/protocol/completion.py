@@ -3,8 +3,8 @@
 This is everything that happens *after* the decision, so it runs identically in the
 ``commit``/``abort`` that made the decision and in a later ``recover`` by another process:
 
-- commit: publish each winner (those the caller's ``publish_group`` says touch different
-  tables at once), then one multi-op marks the branches
+- commit: publish each winner (the caller's ``publish_groups`` at once, the winners of
+  one group one after another), then one multi-op marks the branches
   ``Committed``/``Aborted``, sets the xid ``Committed``, advances ``last_committed`` (and
   ``txn_version`` for a versioned xid) and drops the xid from the open index; then
   every other branch is rolled back (its staging dropped; what a crash or a failure
@@ -26,7 +26,7 @@ finishes what it decided, and nobody else touches it meanwhile.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import copy_context
 from dataclasses import replace
@@ -48,11 +48,22 @@ log = logging.getLogger(__name__)
 
 _PUBLISHABLE = (BranchState.PREPARED, BranchState.COMMITTED)
 CLEANUP_WORKERS = 4  # rollbacks of a committed xid's non-winners in flight at once
-PUBLISH_WORKERS = 4  # publishes of winners of different groups in flight at once
+PUBLISH_WORKERS = 4  # groups of winners published at once
 
-#: What a winner's publish touches (the caller's key): winners of different groups are
-#: published at once, those of one group one after another.
-PublishGroup = Callable[[BranchRecord], Hashable]
+#: The caller's split of the winners to publish into groups (each winner in exactly one):
+#: the groups are published at once, the winners of one group one after another.
+PublishGroups = Callable[[Sequence[BranchRecord]], list[list[BranchRecord]]]
+
+
+def grouped_by(key: Callable[[BranchRecord], Hashable]) -> PublishGroups:
+    """``PublishGroups`` putting the winners of one ``key`` (say, what their publish
+    touches) into one group."""
+    def groups(winners: Sequence[BranchRecord]) -> list[list[BranchRecord]]:
+        found: dict[Hashable, list[BranchRecord]] = {}
+        for branch in winners:
+            found.setdefault(key(branch), []).append(branch)
+        return list(found.values())
+    return groups
 
 Step = Callable[[str], None]
 
@@ -83,7 +94,7 @@ class Completion:
                       rollback: BranchCallback,
                       metrics_of: Callable[[XidRecord], dict[str, Any]] | None = None,
                       known: dict[str, BranchRecord] | None = None,
-                      publish_group: PublishGroup | None = None) -> XidRecord:
+                      publish_groups: PublishGroups | None = None) -> XidRecord:
         """Publish the winners of a ``Committing`` xid and mark it ``Committed``.
         ``known``: branch records the caller read in this attempt, not read again (the
         final write is a compare-and-set of each: a record changed since fails it, and
@@ -102,7 +113,7 @@ class Completion:
                     f"{branch.state.value if branch else 'missing'}; the record was altered")
             if branch.state is not BranchState.COMMITTED:  # else marked by an earlier,
                 pending.append(branch)                      # partly applied final write
-        self._publish(pending, publish, publish_group)
+        self._publish(pending, publish, publish_groups)
         self.step(steps.COMMIT_AFTER_PUBLISH)
         # Every non-winner, read *after* the decision: no branch can register any more.
         names = [b for b in self.store.run(self.store.branch_ids, record.epoch)
@@ -121,32 +132,36 @@ class Completion:
         return final
 
     def _publish(self, winners: list[BranchRecord], publish: BranchCallback,
-                 publish_group: PublishGroup | None) -> None:
-        """Publish ``winners``: one group after another within a group, the groups at
-        once (``publish_group``; without it, all one after another).
+                 publish_groups: PublishGroups | None) -> None:
+        """Publish ``winners``: one after another within a group, the groups at once
+        (``publish_groups``; without it, all one after another).
 
-        Publishes of different groups touch different tables, so running them at once
-        changes nothing a publish relies on, and a crash or a failure amid them leaves
-        the xid ``Committing`` as a crash amid sequential publishes does: the final write
-        comes only after every publish returned, and each publish is idempotent. The
-        first failure (in winner order) is raised once every group has stopped.
+        The caller's groups are what may run at once (for txsink, publishes into
+        different tables, or ones the publish strategy proves independent), and a crash or
+        a failure amid them leaves the xid ``Committing`` as a crash amid sequential
+        publishes does: the final write comes only after every publish returned, and each
+        publish is idempotent. The first failure (in group order) is raised once every
+        group has stopped.
         """
         def publish_all(group: list[BranchRecord]) -> None:
             for branch in group:
                 self.policy.call(publish, branch, "publish", XidState.COMMITTING)
                 self.step(steps.COMMIT_AFTER_BRANCH_PUBLISHED)
 
-        groups: dict[Hashable, list[BranchRecord]] = {}
-        for branch in winners:
-            key = publish_group(branch) if publish_group is not None else None
-            groups.setdefault(key, []).append(branch)
+        groups = [list(winners)] if publish_groups is None else publish_groups(winners)
+        grouped = sorted(b.branch_id for group in groups for b in group)
+        if grouped != sorted(b.branch_id for b in winners):
+            raise CoordinatorError(f"publish groups {[[b.branch_id for b in g] for g in groups]}"
+                                   f" are not a split of the winners "
+                                   f"{[b.branch_id for b in winners]}")
+        groups = [group for group in groups if group]
         if len(groups) <= 1:
-            publish_all(winners)
+            for group in groups:
+                publish_all(group)
             return
         with ThreadPoolExecutor(min(PUBLISH_WORKERS, len(groups))) as pool:
             # each in the caller's context (a caller may count the messages its work sends)
-            futures = [pool.submit(copy_context().run, publish_all, group)
-                       for group in groups.values()]
+            futures = [pool.submit(copy_context().run, publish_all, group) for group in groups]
         for future in futures:
             future.result()
 

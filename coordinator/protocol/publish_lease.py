@@ -11,8 +11,11 @@ blocks anyone for longer than the session timeout, and a holder whose session ex
 pass no check of its own node, nor delete a successor's ``holder`` (the delete of its own
 node, gone, fails the multi).
 
-Taking it is one multi-op (its folder is made with the xid); the xid's final write
-releases it (``release_in``), so finishing an xid costs one request for its lease.
+Taking it is one multi-op (its folder is made with the xid), which also raises the
+folder's data version: version 1 after it says this is the xid's first lease ever, so no
+holder before this one can have written a branch's publish ledger (``first``). The xid's
+final write releases it (``release_in``), so finishing an xid costs one request for its
+lease.
 
 Contract:
 
@@ -24,6 +27,10 @@ Contract:
   A holder whose session expired has lost its node (its ephemeral node is deleted by the
   server), so it cannot pass any of them even if it has not noticed yet; a newer holder
   has a different node. The multi fails with label ``lease``.
+- ``first`` is True only for the xid's first lease; ``fresh_ledger(branch)`` is True once
+  per branch while it is (the ledger may start from "no entries" without reading them).
+  Holders of releases that did not raise the version are not counted, which costs no
+  safety: every ledger write is a compare-and-set that fails on an entry it did not read.
 - ``release()`` is idempotent. Leases are per process and per xid: callers hold one while
   they finish the xid and release it in a ``finally``.
 
@@ -84,6 +91,8 @@ class PublishLease:
         self._tried: str | None = None  # the own node's name of the last take sent (a
         # take whose reply was lost is found by it)
         self.waited = False  # another holder was seen: the caller re-reads the xid
+        self.first = False  # the xid's first lease ever (see the module contract)
+        self._ledgers_handed: set[str] = set()
 
     @property
     def held(self) -> bool:
@@ -107,6 +116,14 @@ class PublishLease:
             return self.store.run(self.store.client.get, f"{self.path}/{HOLDER}")[0].decode()
         except NoNodeError:
             return None
+
+    def fresh_ledger(self, branch_id: str) -> bool:
+        """True the first time it is asked for ``branch_id`` under the xid's first lease:
+        that branch's ledger holds no entries yet."""
+        if not self.first or branch_id in self._ledgers_handed:
+            return False
+        self._ledgers_handed.add(branch_id)
+        return True
 
     def guard(self, multi: Multi) -> Multi:
         """Add the lease check: the multi applies only while this holder's node lives."""
@@ -149,8 +166,9 @@ class PublishLease:
             multi.create(f"{self.path}/{HOLDER}", self.identity.encode(), label=LEASE,
                          ephemeral=True)
             multi.create(f"{self.path}/{self._tried}", label=LEASE, ephemeral=True)
+            multi.set_data(self.path, b"", -1, label=LEASE)  # counts the takes
             try:
-                multi.commit()
+                results = multi.commit()
             except MultiFailed as failed:
                 if isinstance(failed.error, NoNodeError):
                     self._ensure_dir()  # an xid made before its folder was
@@ -167,6 +185,7 @@ class PublishLease:
                     return False
                 continue
             self._own = self._tried
+            self.first = getattr(results[-1], "version", 0) == 1
             return True
         return False
 

@@ -11,6 +11,7 @@ from server_ext.publish.combined import (
     create_precombined,
     publish_combined,
 )
+from server_ext.publish.move import move_apart
 from server_ext.publish.overwrite import publish_overwrite
 from server_ext.publish.publish_branch import publish
 from server_ext.publish.publish_ledger import (
@@ -35,6 +36,7 @@ from server_ext.publish.strategy_choice import (
 __all__ = [
     "publish",
     "publish_overwrite",
+    "move_apart",
     "PUBLISH_STEPS",
     "PublishReport",
     "STRATEGIES",

@@ -3,12 +3,14 @@
 The intent carries the target's block-number watermark; a repeat that finds an intended
 partition still staged decides it from the target's parts above the watermark (a MOVE is
 not atomic across a server crash), never re-sending the MOVE blindly. An empty staging
-partition the intent names was moved; one it does not name is lost data.
+partition the intent names was moved; one it does not name is lost data. Runs into one
+target are independent where ``move_apart`` says so.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from server_ext.errors import ClickHouseError
 from server_ext.publish.publish_ledger import PublishRecord
@@ -16,10 +18,31 @@ from server_ext.publish.publish_steps import STEP_AFTER_ATTACH, alter_in_chunks
 from server_ext.publish.strategy_choice import Strategy
 from server_ext.publish.strategy_run import StrategyRun
 from server_ext.sql import sql_string
-from server_ext.staging.manifest import PartitionManifest
+from server_ext.staging.manifest import Manifest, PartitionManifest
 from server_ext.staging.seal import read_staged_with_watermark
 
 log = logging.getLogger(__name__)
+
+
+def move_apart(manifests: Sequence[Manifest]) -> bool:
+    """Whether ``move`` runs of these staging tables into one target may run at once:
+    every staged part is as an INSERT made it (level 0), and no two of them hold a part
+    of the same partition, rows and bytes.
+
+    Why that suffices: a repeat decides an interrupted MOVE from the target's parts above
+    its own watermark (``AttachDecider.attached``). Parts another run moved meanwhile lie
+    above it too; they have one block number and level 0 like any fresh insert, and no
+    rows and bytes of this run's parts, so they are never taken for this run's parts and
+    never make its decision doubtful: it is the one a run after the other would make.
+    """
+    seen: set[tuple[str, int, int]] = set()
+    for manifest in manifests:
+        parts = [(p.partition_id, part) for p in manifest.partitions for part in p.parts]
+        own = {(pid, part.rows, part.bytes) for pid, part in parts}
+        if any(part.level for _, part in parts) or own & seen:
+            return False
+        seen |= own
+    return True
 
 
 class MoveRun(StrategyRun):

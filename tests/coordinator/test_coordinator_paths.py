@@ -86,6 +86,36 @@ def test_ledger_put_overwrites_the_previous_value(zk: KazooClient) -> None:
                                                       "manifest": {"rows": 1}}}
 
 
+def test_only_the_xid_first_lease_is_first(zk: KazooClient) -> None:
+    coord, generation = new_coordinator(zk)
+    coord.begin(0, generation)
+    with coord.publish_lease(0) as lease:
+        assert lease.first
+    with coord.publish_lease(0) as lease:
+        assert not lease.first
+
+
+def test_a_ledger_written_under_an_earlier_lease_is_read_under_the_next(
+        zk: KazooClient) -> None:
+    coord, generation = new_coordinator(zk)
+    coord.begin(0, generation)
+    coord.register_branch(0, "p0-a0-aaaa0000", generation, owner={})
+    with coord.publish_lease(0):
+        coord.ledger(0, "p0-a0-aaaa0000").put(STAGING, INTENT)
+    with coord.publish_lease(0):
+        assert coord.ledger(0, "p0-a0-aaaa0000").get(STAGING) == INTENT
+
+
+def test_a_second_ledger_of_a_branch_under_the_first_lease_reads_what_the_first_wrote(
+        zk: KazooClient) -> None:
+    coord, generation = new_coordinator(zk)
+    coord.begin(0, generation)
+    coord.register_branch(0, "p0-a0-aaaa0000", generation, owner={})
+    with coord.publish_lease(0):
+        coord.ledger(0, "p0-a0-aaaa0000").put(STAGING, INTENT)
+        assert coord.ledger(0, "p0-a0-aaaa0000").get(STAGING) == INTENT
+
+
 def test_the_coordinator_ledger_implements_the_server_ext_protocol() -> None:
     """``coordinator.Ledger`` is the ZooKeeper ``server_ext.publish.PublishLedger`` (the two
     packages never import each other, so the match is structural: checked here)."""

@@ -1,5 +1,5 @@
-"""``Coordinator.commit``'s ``publish_group``: winners of different groups (tables) are
-published at once, winners of one group one after another, and a failure in one group
+"""``Coordinator.commit``'s ``publish_groups``: different groups (say, tables) are
+published at once, the winners of one group one after another, and a failure in one group
 leaves the xid ``Committing`` for a repeat that publishes each winner once more at most."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 import pytest
 from kazoo.client import KazooClient
 
-from coordinator import BranchRecord, PublishFailed, XidState
+from coordinator import BranchRecord, CoordinatorError, PublishFailed, XidState, grouped_by
 from tests.coordinator.test_coordinator_support import Target, new_coordinator, prepared_branches
 
 EPOCH = 1
@@ -51,7 +51,7 @@ def test_winners_of_different_groups_are_published_at_once(zk: KazooClient) -> N
     second = prepared_branches(coord, EPOCH, generation, 1, prefix="b")
     target = OverlapTarget({first[0]: "events", second[0]: "rollup"})
     coord.commit(EPOCH, generation, first + second, target.publish, target.rollback,
-                 publish_group=target.group)
+                 publish_groups=grouped_by(target.group))
     assert target.visible_in(EPOCH) == {*first, *second}
 
 
@@ -61,7 +61,7 @@ def test_winners_of_one_group_are_published_one_after_another(zk: KazooClient) -
     winners = prepared_branches(coord, EPOCH, generation, 3)
     target = OverlapTarget(dict.fromkeys(winners, "events"))
     coord.commit(EPOCH, generation, winners, target.publish, target.rollback,
-                 publish_group=target.group)
+                 publish_groups=grouped_by(target.group))
     assert target.most_at_once == {"events": 1}
     assert target.visible_in(EPOCH) == set(winners)
 
@@ -82,9 +82,21 @@ def test_a_failed_group_leaves_the_xid_committing_and_a_repeat_finishes_it(
     groups = {good[0]: "events", bad[0]: "rollup"}
     with pytest.raises(PublishFailed, match="the rollup's server refuses"):
         coord.commit(EPOCH, generation, good + bad, failing, target.rollback,
-                     publish_group=lambda b: groups[b.branch_id])
+                     publish_groups=grouped_by(lambda b: groups[b.branch_id]))
     assert coord.xid(EPOCH).state is XidState.COMMITTING
     coord.commit(EPOCH, generation, None, target.publish, target.rollback,
-                 publish_group=lambda b: groups[b.branch_id])
+                 publish_groups=grouped_by(lambda b: groups[b.branch_id]))
     assert coord.xid(EPOCH).state is XidState.COMMITTED
     assert target.visible_in(EPOCH) == {*good, *bad}
+
+
+def test_groups_that_are_not_a_split_of_the_winners_are_refused_before_any_publish(
+        zk: KazooClient) -> None:
+    coord, generation = new_coordinator(zk)
+    coord.begin(EPOCH, generation)
+    winners = prepared_branches(coord, EPOCH, generation, 2)
+    target = Target()
+    with pytest.raises(CoordinatorError, match="not a split of the winners"):
+        coord.commit(EPOCH, generation, winners, target.publish, target.rollback,
+                     publish_groups=lambda found: [list(found)[:1]])
+    assert target.visible_in(EPOCH) == set()

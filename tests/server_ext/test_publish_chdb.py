@@ -14,6 +14,7 @@ import pytest
 from server_ext.capabilities import detect_capabilities
 from server_ext.client.chdb_client import ChdbClient
 from server_ext.errors import InDoubtPublish, StagingChanged
+from server_ext.publish.move import move_apart
 from server_ext.publish.publish_branch import publish
 from server_ext.publish.publish_ledger import MemoryLedger
 from server_ext.publish.publish_steps import PUBLISH_STEPS
@@ -64,6 +65,14 @@ def staging_name(chdb: ChdbClient) -> Iterator[str]:
     chdb.execute(f"DROP TABLE IF EXISTS `{STAGING_DATABASE}`.`{name}`", purpose="test cleanup")
 
 
+@pytest.fixture
+def other_staging(chdb: ChdbClient) -> Iterator[str]:
+    """A second task's staging table of the same xid."""
+    name = staging_table_name(f"test-{uuid.uuid4().hex}", 1, "p1-a0-00000000")
+    yield name
+    chdb.execute(f"DROP TABLE IF EXISTS `{STAGING_DATABASE}`.`{name}`", purpose="test cleanup")
+
+
 def make_target(chdb: ChdbClient, database: str) -> TargetTable:
     chdb.execute(f"CREATE TABLE `{database}`.t (d Date, k UInt64, s String DEFAULT 'x') "
                  "ENGINE = MergeTree PARTITION BY toYYYYMM(d) ORDER BY k "
@@ -71,10 +80,13 @@ def make_target(chdb: ChdbClient, database: str) -> TargetTable:
     return describe_table(chdb, f"{database}.t")
 
 
-def stage(chdb: ChdbClient, target: TargetTable, name: str, rows: int = 90) -> Manifest:
+def stage(chdb: ChdbClient, target: TargetTable, name: str, rows: int = 90,
+          first_day: int = 0, first_key: int = 0) -> Manifest:
+    """``rows`` rows, one a day from 2024-01-01 + ``first_day``, keys from ``first_key``."""
     staging = create_staging_table(chdb, target, name)
-    chdb.execute(f"INSERT INTO {staging} (d, k) SELECT toDate('2024-01-01') + number % 90, "
-                 f"number FROM system.numbers LIMIT {rows}", purpose="test setup")
+    chdb.execute(f"INSERT INTO {staging} (d, k) SELECT toDate('2024-01-01') + {first_day} + "
+                 f"number % 90, {first_key} + number FROM system.numbers LIMIT {rows}",
+                 purpose="test setup")
     return seal(chdb, target, staging, expected_rows=rows)
 
 
@@ -196,6 +208,43 @@ def test_move_rerun_is_in_doubt_when_a_merge_mixed_the_moved_part(
     assert err.value.partition_ids == ["202402"] and "merged" in err.value.found
     moved = next(p.rows for p in manifest.partitions if p.partition_id == "202402")
     assert keys_in(chdb, database)[0] == 1 + moved  # the earlier row, the partition once
+
+
+OTHER_ROWS = {"first_day": 10, "first_key": 1000, "rows": 40}  # 21 and 19 rows a month
+
+
+def test_move_apart_allows_staging_tables_without_look_alike_parts(
+        chdb, database, staging_name, other_staging) -> None:
+    target = make_target(chdb, database)
+    assert move_apart([stage(chdb, target, staging_name),
+                       stage(chdb, target, other_staging, **OTHER_ROWS)])
+
+
+def test_move_apart_refuses_staging_tables_holding_parts_of_equal_rows_and_bytes(
+        chdb, database, staging_name, other_staging) -> None:
+    target = make_target(chdb, database)
+    assert not move_apart([stage(chdb, target, staging_name),
+                           stage(chdb, target, other_staging, rows=60)])
+
+
+@pytest.mark.parametrize("restart_brought_back", [False, True])
+def test_move_rerun_decides_its_own_parts_while_another_run_moved_above_its_watermark(
+        chdb, database, staging_name, other_staging, restart_brought_back) -> None:
+    """The case ``move_apart`` lets happen: the other staging table's parts are moved
+    after this run's intent, so they lie above its watermark when the run is repeated."""
+    target = make_target(chdb, database)
+    manifest = stage(chdb, target, staging_name)
+    other = stage(chdb, target, other_staging, **OTHER_ROWS)
+    ledger = MemoryLedger()
+    with pytest.raises(Crash):
+        publish(chdb, manifest, "move", ledger, on_step=crash_at("publish.after_intent"))
+    publish(chdb, other, "move", MemoryLedger())
+    if restart_brought_back:
+        back_in_staging_after_a_restart(chdb, database, staging_name, "202402")
+    publish(chdb, manifest, "move", ledger)
+    count, unique, total = keys_in(chdb, database)
+    assert (count, unique) == (130, 130)
+    assert total == sum(range(90)) + sum(range(1000, 1040))
 
 
 def test_move_refuses_a_partition_gone_from_staging_without_an_intent(

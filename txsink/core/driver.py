@@ -234,7 +234,7 @@ def decide(coord: Coordinator, epoch: int, generation: int, winners: list[str] |
     with taken_over_said(coord, generation):
         return coord.commit(epoch, generation, winners, publish=publisher.publish,
                             rollback=publisher.rollback, txn_version=txn_version,
-                            publish_group=publisher.group, prepared=prepared,
+                            publish_groups=publisher.groups, prepared=prepared,
                             metrics_of=metrics)
 
 
@@ -503,7 +503,7 @@ def _finish_decided(plan: WritePlan, coord: Coordinator, epoch: int, generation:
     ``Committed`` one is returned as it is)."""
     with publisher_for(plan.options, coord, plan.tables, plan.tuning) as publisher:
         return coord.commit(epoch, generation, None, publish=publisher.publish,
-                            rollback=publisher.rollback, publish_group=publisher.group,
+                            rollback=publisher.rollback, publish_groups=publisher.groups,
                             metrics_of=metrics)
 
 

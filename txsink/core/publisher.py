@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import replace
 
 import server_ext
@@ -36,7 +37,9 @@ from server_ext.publish import (
     PublishRecord,
     PublishReport,
     SizeLimits,
+    Strategy,
     combine_key,
+    move_apart,
     publish,
     publish_combined,
     publish_overwrite,
@@ -87,6 +90,7 @@ class BranchPublisher:
         self._pool: ThreadPoolExecutor | None = None
         self._pending: list[tuple[BranchRecord, Future[None]]] = []
         self._lock = threading.Lock()
+        self._target_locks: dict[tuple[str | None, str, str], threading.Lock] = {}
 
     def __enter__(self) -> BranchPublisher:
         return self
@@ -127,25 +131,37 @@ class BranchPublisher:
                                     direct=direct_sources(records, payload.precombined),
                                     target=self.tables.get(payload.target),
                                     on_step=crashpoints.hit, limits=self.limits)
-        if payload.manifest.partitions:
+        if not payload.manifest.partitions:
+            return None
+        # an operator's switch: ``groups`` judged the recorded strategy, so one at a time
+        switched = self._target_lock(record) if strategy != payload.strategy else nullcontext()
+        with switched:
             return publish(client, payload.manifest, strategy, ledger, on_step=crashpoints.hit)
-        return None
 
     @staticmethod
-    def group(record: BranchRecord) -> tuple[str | None, str, str]:
-        """What a winner's publish touches: its server and target table. Winners of
-        different groups are published at once (``Coordinator.commit``'s
-        ``publish_group``); one combined branch per server and table (``txsink.core.combine``)
-        makes them one winner per group, except in a transaction that wrote a table
-        twice."""
-        payload = from_record(record.manifest)
-        if isinstance(payload, CombinedBranch):
-            database, table = payload.target
-        elif isinstance(payload, StagedBranch):
-            database, table = payload.manifest.target_database, payload.manifest.target_table
-        else:
-            database = table = ""
-        return server_of(record), database, table
+    def groups(winners: Sequence[BranchRecord]) -> list[list[BranchRecord]]:
+        """``Coordinator.commit``'s ``publish_groups``: the winners of one server and
+        target table form one group (published one after another), except ``move``
+        winners of their own staging that ``move_apart`` lets run at once (each its own
+        group); different groups are published at once. One combined branch per server
+        and table (``txsink.core.combine``) makes most groups one winner."""
+        by_target: dict[tuple[str | None, str, str], list[BranchRecord]] = {}
+        for record in winners:
+            by_target.setdefault(target_of(record), []).append(record)
+        groups: list[list[BranchRecord]] = []
+        for records in by_target.values():
+            payloads = [from_record(r.manifest) for r in records]
+            moved = [p.manifest for p in payloads if isinstance(p, StagedBranch)
+                     and p.strategy == Strategy.MOVE and not p.overwrite]
+            if 1 < len(records) == len(moved) and move_apart(moved):
+                groups += [[record] for record in records]
+            else:
+                groups.append(records)
+        return groups
+
+    def _target_lock(self, record: BranchRecord) -> threading.Lock:
+        with self._lock:
+            return self._target_locks.setdefault(target_of(record), threading.Lock())
 
     def _release(self, record: BranchRecord) -> None:
         """Drop a published winner's staging in the background.
@@ -229,6 +245,18 @@ def switched_strategy(coord: Coordinator, record: BranchRecord,
     branch's, if the caller has it (its entries are read once)."""
     switch = StrategySwitch.load(ledger or coord.ledger(record.epoch, record.branch_id))
     return switch.to if switch else None
+
+
+def target_of(record: BranchRecord) -> tuple[str | None, str, str]:
+    """What a winner's publish touches: its server and target table."""
+    payload = from_record(record.manifest)
+    if isinstance(payload, CombinedBranch):
+        database, table = payload.target
+    elif isinstance(payload, StagedBranch):
+        database, table = payload.manifest.target_database, payload.manifest.target_table
+    else:
+        database = table = ""
+    return server_of(record), database, table
 
 
 def server_of(record: BranchRecord) -> str | None:
