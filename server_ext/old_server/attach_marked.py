@@ -2,10 +2,11 @@
 without MOVE (18.16).
 
 The ATTACH is not idempotent, so the intent carries a watermark W (the target's highest
-block number) and the target's merges are stopped from before the intent until after the
-mark; a repeat decides each intended partition from the parts above W
-(``attach_decision``): attached, not attached (attach now), or ``InDoubtPublish``. Repeats
-past the clones an interrupted ATTACH left (``leftover_clones``). Reasons:
+block number, read with the staged parts once merges are stopped) and the target's merges
+are stopped from before that read until after the mark; a repeat decides each intended
+partition from the parts above W (``attach_decision``): attached, not attached (attach
+now), or ``InDoubtPublish``. Repeats past the clones an interrupted ATTACH left
+(``leftover_clones``). Reasons:
 ``docs/design.md``, "The ``attach_marked`` window and what closes it".
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from server_ext.errors import InDoubtPublish
+from server_ext.errors import InDoubtPublish, StagingChanged
 from server_ext.old_server.leftover_clones import repeat_past_leftover_clones
 from server_ext.publish.attach_decision import max_block_number
 from server_ext.publish.publish_ledger import PublishRecord
@@ -21,32 +22,53 @@ from server_ext.publish.publish_steps import STEP_AFTER_ATTACH, alter_in_chunks
 from server_ext.publish.strategy_choice import Strategy
 from server_ext.publish.strategy_run import StrategyRun
 from server_ext.staging.manifest import PartitionManifest
+from server_ext.staging.seal import read_staged_with_watermark
 
 log = logging.getLogger(__name__)
 
 
 class AttachMarkedRun(StrategyRun):
     strategy = Strategy.ATTACH_MARKED
+    watermark: int | None = None  # the target's, read with the staged parts
+
+    def sealed(self, pending: list[PartitionManifest]) -> dict[str, bool]:
+        """Stop the target's merges, then read the staged parts and the watermark in one
+        query (merges restarted if staging changed: nothing was intended)."""
+        self.set_target_merges("STOP")
+        try:
+            return super().sealed(pending)
+        except StagingChanged:
+            self.set_target_merges("START")
+            raise
+
+    def read_staged(self) -> dict[str, PartitionManifest]:
+        staged, self.watermark = read_staged_with_watermark(
+            self.client, self.manifest.staging_database, self.manifest.staging_table,
+            (self.manifest.target_database, self.manifest.target_table),
+            purpose="read staged parts and the target's block number before publish",
+        )
+        return staged
 
     def publish_pending(self, pending: list[PartitionManifest], record: PublishRecord,
                         sealed: dict[str, bool]) -> None:
         intended = record.intended
-        self.require_staged(pending, sealed, intended)
-        if intended:
-            self.wait_for_interrupted_statement()
-        self.set_target_merges("STOP")
         try:
+            self.require_staged(pending, sealed, intended)
+            if intended:
+                self.wait_for_interrupted_statement()
             attached = self.decide([p for p in pending if p.partition_id in intended],
                                    record.watermark or 0, sealed)
             to_attach = [p for p in pending if p.partition_id not in attached]
             if to_attach:
-                watermark = max_block_number(self.client, self.manifest.target_database,
-                                             self.manifest.target_table)
+                watermark = self.watermark
+                if watermark is None or intended:  # a repeat reads it after its decisions
+                    watermark = max_block_number(self.client, self.manifest.target_database,
+                                                 self.manifest.target_table)
                 self.put_intent(to_attach, {*record.published, *attached},
                                 watermark=watermark)
                 self.attach(to_attach, watermark, sealed)
                 self.on_step(STEP_AFTER_ATTACH)
-        except InDoubtPublish:
+        except (InDoubtPublish, StagingChanged):
             self.set_target_merges("START")  # the evidence is in the error
             raise
         self.mark_published()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from server_ext.client.http_client import ClickHouseClient
-from server_ext.errors import ClickHouseError, InDoubtPublish
+from server_ext.errors import ClickHouseError, InDoubtPublish, StagingChanged
 from server_ext.publish.attach_decision import max_block_number
 from server_ext.publish.publish_branch import publish
 from server_ext.publish.publish_ledger import MemoryLedger, resolve_partition
@@ -166,6 +166,19 @@ def test_attach_marked_keeps_target_merges_stopped_while_a_publish_is_interrupte
     with pytest.raises(ClickHouseError, match="Cancelled merging parts"):
         client.execute(f"OPTIMIZE TABLE `{ch_db}`.t FINAL", purpose="test", retry=False)
     publish(client, manifest, "attach_marked", ledger)
+    client.execute(f"OPTIMIZE TABLE `{ch_db}`.t FINAL", purpose="test", retry=False)
+
+
+def test_attach_marked_refusing_a_changed_staging_leaves_the_target_merging(
+        client, clickhouse_url, ch_db, staging_names) -> None:
+    target = make_target(clickhouse_url, client, ch_db, "plain")
+    manifest = stage(client, clickhouse_url, target, staging_names(), 0)
+    lost = manifest.partitions[0].partition_id
+    client.execute(f"ALTER TABLE `{STAGING_DATABASE}`.`{manifest.staging_table}` DROP "
+                   f"PARTITION ID '{lost}'", purpose="lose staged rows")
+    preexisting(clickhouse_url, ch_db)
+    with pytest.raises(StagingChanged, match=lost):
+        publish(client, manifest, "attach_marked", MemoryLedger())
     client.execute(f"OPTIMIZE TABLE `{ch_db}`.t FINAL", purpose="test", retry=False)
 
 
