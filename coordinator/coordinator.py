@@ -290,8 +290,8 @@ class Coordinator:
         another actor finishes).
         """
         prepared = list(prepared)
-        record, decided_now, known = self._steps.decide_commit(epoch, generation, winners,
-                                                               txn_version, prepared)
+        record, decided_now, known, every = self._steps.decide_commit(
+            epoch, generation, winners, txn_version, prepared)
         if decided_now:  # the caller's records of this attempt: the losers' among them
             known = {**{b.branch_id: b for b in prepared}, **known}
         if record.state is XidState.COMMITTED:
@@ -301,7 +301,7 @@ class Coordinator:
         return self._finish(record, generation, fresh=decided_now, finish=lambda r, lease:
                             self._completion.finish_commit(r, lease, generation, publish,
                                                            rollback, metrics_of, known,
-                                                           publish_groups))
+                                                           publish_groups, every))
 
     def decide(self, epoch: int, generation: int, winners: list[str] | None,
                txn_version: int | None = None,
@@ -311,8 +311,8 @@ class Coordinator:
         to recovery. A pipelined writer holds the xid's :meth:`publish_lease` across both,
         so that nobody else starts its publish meanwhile. On a decided xid nothing is
         written; ``Aborted`` raises :class:`XidAborted`."""
-        record, decided_now, _ = self._steps.decide_commit(epoch, generation, winners,
-                                                           txn_version, prepared)
+        record, decided_now, _, _ = self._steps.decide_commit(epoch, generation, winners,
+                                                              txn_version, prepared)
         if decided_now:
             self._step(steps.COMMIT_AFTER_DECISION)
         return record

@@ -94,11 +94,13 @@ class Completion:
                       rollback: BranchCallback,
                       metrics_of: Callable[[XidRecord], dict[str, Any]] | None = None,
                       known: dict[str, BranchRecord] | None = None,
-                      publish_groups: PublishGroups | None = None) -> XidRecord:
+                      publish_groups: PublishGroups | None = None,
+                      every: frozenset[str] | None = None) -> XidRecord:
         """Publish the winners of a ``Committing`` xid and mark it ``Committed``.
         ``known``: branch records the caller read in this attempt, not read again (the
         final write is a compare-and-set of each: a record changed since fails it, and
-        the retry reads every branch afresh)."""
+        the retry reads every branch afresh). ``every``: each branch id the xid has, as
+        its decision proved (``Transitions.decide_commit``); else they are listed."""
         known = dict(known or {})
         branches = {b: known[b] for b in record.winners if b in known}
         missing = [b for b in record.winners if b not in branches]
@@ -116,7 +118,8 @@ class Completion:
         self._publish(pending, publish, publish_groups)
         self.step(steps.COMMIT_AFTER_PUBLISH)
         # Every non-winner, read *after* the decision: no branch can register any more.
-        names = [b for b in self.store.run(self.store.branch_ids, record.epoch)
+        names = [b for b in (every if every is not None else
+                             self.store.run(self.store.branch_ids, record.epoch))
                  if b not in record.winners]
         losers = {b: known[b] for b in names if b in known}
         unread = [b for b in names if b not in known]

@@ -48,6 +48,7 @@ from coordinator.upkeep.retention import Retention
 
 T = TypeVar("T")
 NO_FENCE = -1  # the generation of steps that are not fenced (prepare, metrics)
+REGISTERED = "registered"  # label of the decision's check of the registrations' count
 
 
 class Transitions:
@@ -59,7 +60,8 @@ class Transitions:
         steps.begin(41, generation)                         # -> XidState
         steps.register(41, "p0-a0-1f2e3d4c", generation, owner={"staging": "s"})
         steps.prepare(41, "p0-a0-1f2e3d4c", manifest)
-        record, decided_now, winners = steps.decide_commit(41, generation, ["p0-a0-1f2e3d4c"])
+        record, decided_now, winners, every = steps.decide_commit(41, generation,
+                                                                  ["p0-a0-1f2e3d4c"])
     """
 
     def __init__(self, store: SinkStore, sink_generation: Generation) -> None:
@@ -68,6 +70,7 @@ class Transitions:
         self.layout = store.layout
         self._xids: dict[int, XidRecord] = {}
         self._branches: dict[tuple[int, str], BranchRecord] = {}
+        self._every: tuple[int, frozenset[str]] | None = None  # the last proof: every branch
 
     # -- public steps ------------------------------------------------------------------
 
@@ -111,12 +114,20 @@ class Transitions:
     def decide_commit(self, epoch: int, generation: int, winners: list[str] | None,
                       txn_version: int | None = None,
                       prepared: Iterable[BranchRecord] = ()
-                      ) -> tuple[XidRecord, bool, dict[str, BranchRecord]]:
+                      ) -> tuple[XidRecord, bool, dict[str, BranchRecord], frozenset[str] | None]:
         """Write ``Committing`` with the winners (and the job's ``txn_version``). Returns
-        (record, decided by this call, winner records read while validating). A decided
-        xid is returned as it is. ``prepared``: winner records the caller read in this
-        attempt, not read again (a winner leaves ``Prepared`` only with a change of the
-        xid record, which the decision's compare-and-set refuses)."""
+        (record, decided by this call, winner records read while validating, every
+        branch id the xid has, where the decision proved it knew them all: else None).
+        A decided xid is returned as it is. ``prepared``: winner records the caller read
+        in this attempt, not read again (a winner leaves ``Prepared`` only with a change
+        of the xid record, which the decision's compare-and-set refuses).
+
+        Each registration's multi-op raises the data version of the xid's branches
+        folder by one and checks the xid's version, which the decision raises: so the
+        folder's version at the decision counts every branch the xid will ever have. A
+        decision that knows as many branch ids carries the check of that count (one
+        that fails is sent again without it), and whoever finishes the xid need not
+        list its branches to find the rest."""
         given = {b.branch_id: b for b in prepared}
         try:
             return self._run(epoch, generation, lambda cached: self._commit_once(
@@ -244,6 +255,7 @@ class Transitions:
         multi = self._fenced(generation)
         multi.check(self.layout.xid(epoch), record.version, label="xid")  # refuse zombies
         multi.create(self.layout.branch(epoch, branch_id), branch.to_bytes(), label="branch")
+        multi.set_data(self.layout.branches(epoch), b"", -1, label="branch")  # counts them
         try:
             multi.commit()
         except MultiFailed as failed:
@@ -299,10 +311,12 @@ class Transitions:
     def _commit_once(self, epoch: int, generation: int, winners: list[str] | None,
                      txn_version: int | None, cached: bool,
                      given: dict[str, BranchRecord] | None = None
-                     ) -> tuple[XidRecord, bool, dict[str, BranchRecord]]:
+                     ) -> tuple[XidRecord, bool, dict[str, BranchRecord], frozenset[str] | None]:
         record = self._require(epoch, cached)
         if record.state in (XidState.COMMITTING, XidState.COMMITTED):
-            return record, False, {}  # decided already: finish that decision
+            # decided already (by this object, if it proved the branches: say them)
+            every = self._every[1] if self._every and self._every[0] == epoch else None
+            return record, False, {}, every
         _require_undecided(record)
         chosen = list(dict.fromkeys(record.selected if winners is None else winners))
         try:
@@ -318,7 +332,20 @@ class Transitions:
             return self._commit_once(epoch, generation, winners, txn_version, cached=True)
         decided = record.moved_to(XidState.COMMITTING, generation, winners=tuple(chosen),
                                   decided_at=time.time(), txn_version=txn_version)
-        return self._write(record, generation, decided), True, known
+        # every branch this attempt knows of: all there are if the registrations' count
+        # says so, checked by the decision itself (a registration after it cannot pass)
+        seen = frozenset({*chosen, *(given or {}), *known,
+                          *(b for e, b in self._branches if e == epoch)})
+        try:
+            written = self._write(record, generation, decided,
+                                  registered=(self.layout.branches(epoch), len(seen)))
+        except MultiFailed as failed:
+            if failed.label != REGISTERED:
+                raise
+            # another branch exists (or one an older release registered): list them later
+            return self._write(record, generation, decided), True, known, None
+        self._every = (epoch, seen)
+        return written, True, known, seen
 
     def _abort_once(self, epoch: int, generation: int, older_than: int | None,
                     judged_version: int | None, cached: bool) -> tuple[XidRecord, bool]:
@@ -422,13 +449,18 @@ class Transitions:
         return XidState.INITIALIZED
 
     def _write(self, current: XidRecord, generation: int, new: XidRecord,
-               reopen: bool = False) -> XidRecord:
-        """One fenced compare-and-set of the xid record (plus its open-index entry)."""
+               reopen: bool = False, registered: tuple[str, int] | None = None
+               ) -> XidRecord:
+        """One fenced compare-and-set of the xid record (plus its open-index entry;
+        ``registered``: the check that the branches folder counts that many
+        registrations, failing with label ``REGISTERED``)."""
         multi = self._fenced(generation)
         multi.set_data(self.layout.xid(current.epoch), new.to_bytes(), current.version,
                        label="xid")
         if reopen:
             multi.create(self.layout.open_marker(current.epoch), label="open")
+        if registered is not None:
+            multi.check(*registered, label=REGISTERED)
         multi.commit()
         written = replace(new, version=current.version + 1)
         self._remember(written)

@@ -42,7 +42,7 @@ class AttachMarkedRun(StrategyRun):
             raise
 
     def read_staged(self) -> dict[str, PartitionManifest]:
-        staged, self.watermark = read_staged_with_watermark(
+        staged, self.watermark, _ = read_staged_with_watermark(
             self.client, self.manifest.staging_database, self.manifest.staging_table,
             (self.manifest.target_database, self.manifest.target_table),
             purpose="read staged parts and the target's block number before publish",
@@ -50,7 +50,7 @@ class AttachMarkedRun(StrategyRun):
         return staged
 
     def publish_pending(self, pending: list[PartitionManifest], record: PublishRecord,
-                        sealed: dict[str, bool]) -> None:
+                        sealed: dict[str, bool]) -> set[str]:
         intended = record.intended
         try:
             self.require_staged(pending, sealed, intended)
@@ -73,6 +73,7 @@ class AttachMarkedRun(StrategyRun):
             raise
         self.mark_published()
         self.set_target_merges("START")
+        return attached
 
     def attach(self, partitions: list[PartitionManifest], watermark: int,
                sealed: dict[str, bool]) -> None:

@@ -72,7 +72,9 @@ class PublishRecord:
     intent); ``published``: partitions recorded as visible; ``deduplicated``: partitions
     the server dropped as duplicates of earlier parts (``attach_replicated`` copies them
     with an INSERT); ``watermark``: the target's highest block number before an
-    ``attach_marked`` attach; ``at``: when the first ``attach_replicated`` intent was
+    ``attach_marked`` attach or a ``move``; ``server_clock``: the server's clock (Unix
+    seconds) read with that watermark (``move``: a repeat on a server started before it
+    knows that no restart came between); ``at``: when the first ``attach_replicated`` intent was
     written; ``blocks_before`` and ``attach_watermarks``: per partition, the deduplication
     block ids and the highest block number the target held before the first
     ``attach_replicated`` ATTACH; ``dropped_parts``: per deduplicated partition, the staged
@@ -89,6 +91,7 @@ class PublishRecord:
     published: tuple[str, ...] = ()
     deduplicated: tuple[str, ...] = ()
     watermark: int | None = None
+    server_clock: int | None = None
     at: float | None = None
     blocks_before: dict[str, tuple[str, ...]] | None = None
     attach_watermarks: dict[str, int] | None = None
@@ -113,6 +116,8 @@ class PublishRecord:
             raw["deduplicated"] = list(self.deduplicated)
         if self.watermark is not None:
             raw["watermark"] = self.watermark
+        if self.server_clock is not None:
+            raw["server_clock"] = self.server_clock
         if self.at is not None:
             raw["at"] = self.at
         if self.blocks_before is not None:
@@ -143,7 +148,8 @@ class PublishRecord:
         return cls(state=state, attaching=tuple(raw.get("attaching", ())),
                    published=tuple(raw.get("published", ())),
                    deduplicated=tuple(raw.get("deduplicated", ())),
-                   watermark=raw.get("watermark"), at=raw.get("at"),
+                   watermark=raw.get("watermark"), server_clock=raw.get("server_clock"),
+                   at=raw.get("at"),
                    blocks_before=None if blocks is None else {
                        pid: tuple(ids) for pid, ids in blocks.items()},
                    attach_watermarks=None if attach_marks is None else {

@@ -30,8 +30,7 @@ STEP_AFTER_INSERT = "publish.after_insert"
 
 # The crash points each way of publishing passes, in order.
 PUBLISH_STEPS: dict[str, tuple[str, ...]] = {
-    Strategy.MOVE: (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH,
-                    STEP_AFTER_MARK),
+    Strategy.MOVE: (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH),
     Strategy.ATTACH_REPLICATED: (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH,
                                  STEP_AFTER_MARK, STEP_AFTER_DROP),
     Strategy.ATTACH_MARKED: (STEP_BEFORE_PARTITION, STEP_AFTER_INTENT, STEP_AFTER_ATTACH,

@@ -2,7 +2,9 @@
 staging against the manifest, publish the rest (the strategy's part), mark, drop staging.
 
 The ledger record is one per staging table: an intent before the statement that makes
-rows visible, ``published`` after it; a published staging table is never attached again.
+rows visible, ``published`` after it where the run goes on (``move`` ends with that
+statement: its intent and the emptied staging say it); a published staging table is
+never attached again.
 All partitions go into one ``ALTER`` (chunks of ``MAX_COMMANDS_PER_ALTER``); the commands
 of one ALTER are not atomic together, so a repeat decides each partition on its own
 (``attach_decision``). One run per call, in one thread; repeats may come from any process.
@@ -68,7 +70,10 @@ class StrategyRun:
             if pending:
                 sealed = self.sealed(pending)
                 self.on_step(STEP_BEFORE_PARTITION)
-                self.publish_pending(pending, record, sealed)
+                earlier = self.publish_pending(pending, record, sealed) or set()
+                report.already_published += [p.partition_id for p in pending
+                                             if p.partition_id in earlier]
+                pending = [p for p in pending if p.partition_id not in earlier]
             else:  # every partition was resolved by an operator
                 self.mark_published()
             report.published = [p.partition_id for p in pending]
@@ -83,8 +88,10 @@ class StrategyRun:
         return report
 
     def publish_pending(self, pending: list[PartitionManifest], record: PublishRecord,
-                        sealed: dict[str, bool]) -> None:
-        """Make ``pending`` visible and end with ``mark_published``."""
+                        sealed: dict[str, bool]) -> set[str] | None:
+        """Make ``pending`` visible and record it (``mark_published``, where the
+        strategy's own records do not say it already); returns the partitions an earlier
+        run made visible, as this one found (None: none)."""
         raise NotImplementedError
 
     def read_staged(self) -> dict[str, PartitionManifest]:
@@ -132,8 +139,9 @@ class StrategyRun:
         PublishRecord(PUBLISHED).store(self.ledger, self.key)
         self.on_step(STEP_AFTER_MARK)
 
-    def wait_for_interrupted_statement(self) -> None:
-        """Wait until no ALTER of an interrupted run still reads this staging table.
+    def wait_for_interrupted_statement(self) -> int:
+        """Wait until no ALTER of an interrupted run still reads this staging table;
+        returns when the server started (Unix seconds, as of the last look).
 
         The server finishes a statement whose client died; deciding "not attached" while
         such an ATTACH or MOVE still runs would publish the partition twice.
@@ -141,9 +149,13 @@ class StrategyRun:
         deadline = time.monotonic() + STATEMENT_WAIT_SECONDS
         running = f"position(query, {sql_string(self.staging)}) > 0"
         own = "position(query, 'system.processes') = 0"  # this query names the table too
-        while int(self.client.query_value(
-                f"SELECT count() FROM system.processes WHERE {running} AND {own}",
-                purpose="look for a running statement of an interrupted publish")):
+        while True:
+            found = self.client.query_rows(
+                "SELECT count() AS running, toUnixTimestamp(now()) - uptime() AS started "
+                f"FROM system.processes WHERE {running} AND {own}",
+                purpose="look for a running statement of an interrupted publish")[0]
+            if not int(found["running"]):
+                return int(found["started"])
             if time.monotonic() > deadline:
                 raise InDoubtPublish(
                     target=self.target, staging=self.staging,

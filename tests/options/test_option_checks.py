@@ -303,18 +303,24 @@ def test_next_job_of_the_sink_publishes_with_the_strategy_an_operator_switched_t
     assert_exactly_once(sink.url, sink.table, range(ROWS + 100))
 
 
+def moved_by_hand(sink: Sink, coord: Coordinator, epoch: int, winner: str,
+                  partition_id: str) -> None:
+    """What MOVE PARTITION does where the server has it: the parts leave the winner's
+    staging for the target (as if the move had run before the server lost MOVE
+    PARTITION)."""
+    staged = publish_manifest(coord, coord.branches(epoch, [winner])[0])
+    staging = qualified_name(staged.staging_database, staged.staging_table)
+    db, name = sink.table.split(".")
+    run_sql(sink.url, f"ALTER TABLE `{db}`.`{name}` ATTACH PARTITION ID '{partition_id}' "
+                      f"FROM {staging}")
+    run_sql(sink.url, f"ALTER TABLE {staging} DROP PARTITION ID '{partition_id}'")
+
+
 def test_partition_the_failed_move_had_moved_is_not_published_again(spark, sink, zk):
     epoch = stuck(spark, sink)
     coord = sink.coordinator(zk)
     winner = sorted(coord.xid(epoch).winners)[0]
-    staged = publish_manifest(coord, coord.branches(epoch, [winner])[0])
-    staging = qualified_name(staged.staging_database, staged.staging_table)
-    db, name = sink.table.split(".")
-    # What MOVE PARTITION does where the server has it: the parts leave staging for the
-    # target (as if the move had run before the server lost MOVE PARTITION).
-    run_sql(sink.url, f"ALTER TABLE `{db}`.`{name}` ATTACH PARTITION ID '202601' "
-                      f"FROM {staging}")
-    run_sql(sink.url, f"ALTER TABLE {staging} DROP PARTITION ID '202601'")
+    moved_by_hand(sink, coord, epoch, winner, "202601")
     assert sink.cli("recover", "--sink", sink.sink_id, "--epoch", str(epoch),
                     "--strategy", "attach_marked") == 0
     assert_exactly_once(sink.url, sink.table, range(ROWS))
@@ -409,6 +415,19 @@ def test_given_up_partition_is_recorded_shown_and_the_rest_published_once(
     assert sink.cli("status", "--sink", sink.sink_id) == 0
     assert (f"GIVEN UP partition 202602 of branch {winner}, {len(given_up)} rows"
             in capsys.readouterr().out)
+
+
+def test_give_up_is_refused_for_a_partition_its_move_intent_names_and_staging_left(
+    spark, sink, zk, capsys
+):
+    epoch = stuck(spark, sink)
+    coord = sink.coordinator(zk)
+    winner = sorted(coord.xid(epoch).winners)[0]
+    moved_by_hand(sink, coord, epoch, winner, "202601")
+    assert sink.cli("resolve", "--sink", sink.sink_id, "--epoch", str(epoch), "--branch",
+                    winner, "--partition", "202601", "--give-up") == 2
+    assert "['202601'] of branch" in capsys.readouterr().err
+    assert GIVEN_UP_KEY not in coord.ledger(epoch, winner).items()
 
 
 def test_verify_does_not_count_given_up_rows_as_missing(spark, sink, zk, capsys):

@@ -6,6 +6,7 @@ chdb opens one data path per process for the life of the process, so every test 
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -16,7 +17,7 @@ from server_ext.client.chdb_client import ChdbClient
 from server_ext.errors import InDoubtPublish, StagingChanged
 from server_ext.publish.move import move_apart
 from server_ext.publish.publish_branch import publish
-from server_ext.publish.publish_ledger import MemoryLedger
+from server_ext.publish.publish_ledger import MemoryLedger, PublishRecord, ledger_key
 from server_ext.publish.publish_steps import PUBLISH_STEPS
 from server_ext.publish.strategy_choice import choose_strategy
 from server_ext.staging.manifest import Manifest
@@ -133,6 +134,18 @@ def test_repeated_move_publish_is_a_no_op(chdb, database, staging_name) -> None:
     assert keys_in(chdb, database) == ALL_ROWS
 
 
+def test_move_that_returned_is_recorded_by_its_intent_and_a_repeat_marks_it_published(
+        chdb, database, staging_name) -> None:
+    manifest = stage(chdb, make_target(chdb, database), staging_name)
+    ledger = MemoryLedger()
+    publish(chdb, manifest, "move", ledger)
+    key = ledger_key(manifest.staging_table)
+    assert PublishRecord.load(ledger, key).intended == set(manifest.partition_ids)
+    publish(chdb, manifest, "move", ledger)
+    assert PublishRecord.load(ledger, key).is_published
+    assert keys_in(chdb, database) == ALL_ROWS
+
+
 @pytest.mark.parametrize("step", PUBLISH_STEPS["move"])
 def test_move_rerun_after_crash_at_step_publishes_each_row_once(
         chdb, database, staging_name, step) -> None:
@@ -157,11 +170,36 @@ def test_move_rerun_after_a_crash_inside_the_multi_partition_alter_moves_the_res
 
 
 def back_in_staging_after_a_restart(chdb: ChdbClient, database: str, staging_name: str,
-                                    partition_id: str) -> None:
+                                    partition_id: str, ledger: MemoryLedger) -> None:
     """The state a server killed inside a MOVE can come back with (measured on 26.9): the
-    partition is in the target (one fresh block, the same parts) and still in staging."""
+    partition is in the target (one fresh block, the same parts) and still in staging;
+    and the server started after the intent (its clock in the intent set back to 0)."""
     chdb.execute(f"ALTER TABLE `{database}`.t ATTACH PARTITION ID '{partition_id}' FROM "
                  f"`{STAGING_DATABASE}`.`{staging_name}`", purpose="the move that ran")
+    intent = ledger.get(ledger_key(staging_name))
+    assert intent is not None and intent["server_clock"] > 0
+    ledger.put(ledger_key(staging_name), {**intent, "server_clock": 0})
+
+
+def test_move_rerun_on_a_server_not_restarted_moves_the_rest_though_merges_mixed_the_target(
+        chdb, database, staging_name, other_staging) -> None:
+    """Another run's parts moved above this run's watermark and merged with older parts:
+    no restart came between, so what is still staged was not moved and is moved now."""
+    while int(chdb.query_value("SELECT uptime()", purpose="test setup")) < 2:
+        time.sleep(0.2)  # a server started seconds before the intent, as one in service
+    target = make_target(chdb, database)
+    chdb.execute(f"INSERT INTO `{database}`.t (d, k) VALUES ('2024-02-09', 900)",
+                 purpose="an earlier row in the partition")
+    manifest = stage(chdb, target, staging_name)
+    other = stage(chdb, target, other_staging, **OTHER_ROWS)
+    ledger = MemoryLedger()
+    with pytest.raises(Crash):
+        publish(chdb, manifest, "move", ledger, on_step=crash_at("publish.after_intent"))
+    publish(chdb, other, "move", MemoryLedger())
+    chdb.execute(f"OPTIMIZE TABLE `{database}`.t FINAL", purpose="merge across the watermark")
+    publish(chdb, manifest, "move", ledger)
+    count, unique, _ = keys_in(chdb, database)
+    assert (count, unique) == (131, 131)
 
 
 def test_move_rerun_after_a_restart_brought_a_moved_partition_back_moves_it_no_more(
@@ -170,9 +208,9 @@ def test_move_rerun_after_a_restart_brought_a_moved_partition_back_moves_it_no_m
     ledger = MemoryLedger()
     with pytest.raises(Crash):
         publish(chdb, manifest, "move", ledger, on_step=crash_at("publish.after_intent"))
-    back_in_staging_after_a_restart(chdb, database, staging_name, "202402")
+    back_in_staging_after_a_restart(chdb, database, staging_name, "202402", ledger)
     report = publish(chdb, manifest, "move", ledger)
-    assert report.published == ["202401", "202402", "202403"]
+    assert (report.published, report.already_published) == (["202401", "202403"], ["202402"])
     assert keys_in(chdb, database) == ALL_ROWS
 
 
@@ -184,7 +222,7 @@ def test_move_rerun_decides_again_after_a_second_interruption(
     ledger = MemoryLedger()
     with pytest.raises(Crash):
         publish(chdb, manifest, "move", ledger, on_step=crash_at("publish.after_intent"))
-    back_in_staging_after_a_restart(chdb, database, staging_name, "202402")
+    back_in_staging_after_a_restart(chdb, database, staging_name, "202402", ledger)
     with pytest.raises(Crash):
         publish(chdb, manifest, "move", ledger, on_step=crash_at("publish.after_intent"))
     publish(chdb, manifest, "move", ledger)
@@ -200,7 +238,7 @@ def test_move_rerun_is_in_doubt_when_a_merge_mixed_the_moved_part(
     ledger = MemoryLedger()
     with pytest.raises(Crash):
         publish(chdb, manifest, "move", ledger, on_step=crash_at("publish.after_intent"))
-    back_in_staging_after_a_restart(chdb, database, staging_name, "202402")
+    back_in_staging_after_a_restart(chdb, database, staging_name, "202402", ledger)
     chdb.execute(f"OPTIMIZE TABLE `{database}`.t PARTITION ID '202402' FINAL",
                  purpose="a merge after the restart")
     with pytest.raises(InDoubtPublish, match="202402") as err:
@@ -240,7 +278,7 @@ def test_move_rerun_decides_its_own_parts_while_another_run_moved_above_its_wate
         publish(chdb, manifest, "move", ledger, on_step=crash_at("publish.after_intent"))
     publish(chdb, other, "move", MemoryLedger())
     if restart_brought_back:
-        back_in_staging_after_a_restart(chdb, database, staging_name, "202402")
+        back_in_staging_after_a_restart(chdb, database, staging_name, "202402", ledger)
     publish(chdb, manifest, "move", ledger)
     count, unique, total = keys_in(chdb, database)
     assert (count, unique) == (130, 130)

@@ -238,12 +238,8 @@ class RecoverCommands(Session):
             key = ledger_key(switch.manifest.staging_table)
             publish_record = PublishRecord.load(ledger, key)
             cleared = sorted(publish_record.intended) if publish_record else []
-            moved: list[str] = []
-            if cleared and switch.old == Strategy.MOVE:
-                staged = read_staged_partitions(
-                    self.client_for(switch.server), switch.manifest.staging_database,
-                    switch.manifest.staging_table, purpose="read staging before a switch")
-                moved = sorted(p for p in cleared if p not in staged)
+            moved = (self._moved(switch.server, switch.manifest, cleared)
+                     if switch.old == Strategy.MOVE else [])
             if cleared and publish_record is not None:
                 PublishRecord.intent((), {*publish_record.published, *moved}).store(ledger, key)
             step = SwitchStep(switch.old, switch.new, switch.why, tuple(cleared), tuple(moved),
@@ -255,6 +251,17 @@ class RecoverCommands(Session):
             known = EpochMetrics.from_dict(record.metrics if record else None).strategy_switches
             coord.record_metrics(epoch, EpochMetrics(
                 strategy_switches={**known, **switched}).to_dict())
+
+    def _moved(self, server: str | None, manifest: server_ext.Manifest,
+               intended: Sequence[str]) -> list[str]:
+        """The partitions a ``move`` intent names that staging no longer holds: moved
+        (``move``'s own repeat rule; a MOVE that returned leaves no other record)."""
+        if not intended:
+            return []
+        staged = read_staged_partitions(
+            self.client_for(server), manifest.staging_database, manifest.staging_table,
+            purpose="read staging for the partitions a move intent names")
+        return sorted(p for p in intended if p not in staged)
 
     def _server_view(self, branch: BranchRecord, manifest: server_ext.Manifest
                      ) -> tuple[server_ext.Capabilities, server_ext.TargetTable]:
@@ -399,10 +406,16 @@ class RecoverCommands(Session):
             publish_record = PublishRecord.load(ledger, key)
             done = (set() if publish_record is None else set(staged)
                     if publish_record.is_published else set(publish_record.published))
+            if publish_record is not None and (switched_strategy(coord, branch)
+                                               or recorded_strategy(branch)) == Strategy.MOVE:
+                done.update(self._moved(server_of(branch), manifest,
+                                        sorted(publish_record.intended)))
             published = sorted(set(partition_ids) & done)
             if published:
                 raise RecoverRefused(f"partition(s) {published} of branch {branch_id} are "
-                                     "recorded as published already; nothing to give up")
+                                     "published already (recorded, or moved out of "
+                                     "staging by the move its intent names); nothing to "
+                                     "give up")
             now, by = round(time.time(), 3), _operator()
             given = {pid: GivenUp(staged[pid].rows, reason, now, by) for pid in partition_ids}
             GivenUpPartitions.load(ledger).adding(given).store(ledger)
