@@ -181,6 +181,19 @@ def back_in_staging_after_a_restart(chdb: ChdbClient, database: str, staging_nam
     ledger.put(ledger_key(staging_name), {**intent, "server_clock": 0})
 
 
+def interrupted_while_another_run_moved(chdb: ChdbClient, target: TargetTable, name: str,
+                                        other_name: str) -> tuple[Manifest, MemoryLedger]:
+    """A run of staging ``name`` crashed after its intent; then another run (staging
+    ``other_name``, ``OTHER_ROWS``) moved its parts above that intent's watermark."""
+    manifest = stage(chdb, target, name)
+    other = stage(chdb, target, other_name, **OTHER_ROWS)
+    ledger = MemoryLedger()
+    with pytest.raises(Crash):
+        publish(chdb, manifest, "move", ledger, on_step=crash_at("publish.after_intent"))
+    publish(chdb, other, "move", MemoryLedger())
+    return manifest, ledger
+
+
 def test_move_rerun_on_a_server_not_restarted_moves_the_rest_though_merges_mixed_the_target(
         chdb, database, staging_name, other_staging) -> None:
     """Another run's parts moved above this run's watermark and merged with older parts:
@@ -190,12 +203,8 @@ def test_move_rerun_on_a_server_not_restarted_moves_the_rest_though_merges_mixed
     target = make_target(chdb, database)
     chdb.execute(f"INSERT INTO `{database}`.t (d, k) VALUES ('2024-02-09', 900)",
                  purpose="an earlier row in the partition")
-    manifest = stage(chdb, target, staging_name)
-    other = stage(chdb, target, other_staging, **OTHER_ROWS)
-    ledger = MemoryLedger()
-    with pytest.raises(Crash):
-        publish(chdb, manifest, "move", ledger, on_step=crash_at("publish.after_intent"))
-    publish(chdb, other, "move", MemoryLedger())
+    manifest, ledger = interrupted_while_another_run_moved(chdb, target, staging_name,
+                                                           other_staging)
     chdb.execute(f"OPTIMIZE TABLE `{database}`.t FINAL", purpose="merge across the watermark")
     publish(chdb, manifest, "move", ledger)
     count, unique, _ = keys_in(chdb, database)
@@ -270,13 +279,8 @@ def test_move_rerun_decides_its_own_parts_while_another_run_moved_above_its_wate
         chdb, database, staging_name, other_staging, restart_brought_back) -> None:
     """The case ``move_apart`` lets happen: the other staging table's parts are moved
     after this run's intent, so they lie above its watermark when the run is repeated."""
-    target = make_target(chdb, database)
-    manifest = stage(chdb, target, staging_name)
-    other = stage(chdb, target, other_staging, **OTHER_ROWS)
-    ledger = MemoryLedger()
-    with pytest.raises(Crash):
-        publish(chdb, manifest, "move", ledger, on_step=crash_at("publish.after_intent"))
-    publish(chdb, other, "move", MemoryLedger())
+    manifest, ledger = interrupted_while_another_run_moved(
+        chdb, make_target(chdb, database), staging_name, other_staging)
     if restart_brought_back:
         back_in_staging_after_a_restart(chdb, database, staging_name, "202402", ledger)
     publish(chdb, manifest, "move", ledger)

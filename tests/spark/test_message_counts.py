@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 import pytest
 
 import txsink
-from coordinator import Coordinator, SinkAdmin
+from coordinator import Coordinator, SinkAdmin, XidState
 from tests.harness.wire import ClickHouseProxy, Request, ZooKeeperProxy
-from tests.sinkutil import SHORT_SESSION, create_events, events_df, save
+from tests.sinkutil import SHORT_SESSION, assert_exactly_once, create_events, events_df, save
 from txsink.core.payload import staging_place
 from txsink.ops import cli
 
@@ -91,6 +91,45 @@ def test_a_batch_jobs_metrics_count_every_message_it_sent_until_committed(
     assert (metrics["store_requests"], metrics["statements"]) == (len(requests), len(statements))
 
 
+def open_listings_in(requests: list[Request]) -> list[Request]:
+    """The listings of the sink's open xids among ``requests``."""
+    return [r for r in requests if r.kind.startswith("getChildren") and r.kind.endswith("/open")]
+
+
+def open_listings(proxies: tuple[ZooKeeperProxy, ClickHouseProxy]) -> list[Request]:
+    """The listings of the sink's open xids sent since the proxies' log was cleared."""
+    return open_listings_in(proxies[0].log.requests)
+
+
+def test_a_batch_job_after_one_this_process_committed_lists_no_open_xid(
+        spark, server_url, server_db, zk_chroot, proxies):
+    target = create_events(server_url, server_db)
+    options = proxied_options(proxies, zk_chroot)
+    txsink.write(events_df(spark, 0, 500, partitions=2), table=target, sink_id="listed",
+                 **options)
+    proxies[0].log.requests.clear()
+    txsink.write(events_df(spark, 500, 500, partitions=2), table=target, sink_id="listed",
+                 **options)
+    assert open_listings(proxies) == []
+
+
+def test_a_batch_job_after_another_writer_fenced_finishes_what_that_writer_decided(
+        spark, server_url, server_db, zk, zk_chroot, proxies):
+    target = create_events(server_url, server_db)
+    options = proxied_options(proxies, zk_chroot)
+    txsink.write(events_df(spark, 0, 500, partitions=2), table=target, sink_id="listed",
+                 **options)
+    other = Coordinator(zk, "listed")  # another writer, which dies after its decision
+    generation = other.fence()
+    epoch = other.allocate_epoch()
+    other.begin(epoch, generation)
+    other.decide(epoch, generation, [])
+    txsink.write(events_df(spark, 500, 500, partitions=2), table=target, sink_id="listed",
+                 **options)
+    assert other.xid(epoch).state is XidState.COMMITTED
+    assert_exactly_once(server_url, target, range(1000))
+
+
 def write_ids(folder, first: int, count: int) -> None:
     folder.mkdir(exist_ok=True)
     (folder / f"{first}.json").write_text(
@@ -98,22 +137,28 @@ def write_ids(folder, first: int, count: int) -> None:
                 f'"value": {i / 2}}}\n' for i in range(first, first + count)))
 
 
-@pytest.mark.parametrize("way", ["foreachBatch", "writeStream"])
-def test_a_micro_batchs_metrics_count_every_message_it_sent_until_committed(
-        spark, server_url, server_db, zk, zk_chroot, proxies, tmp_path, way):
+def started_stream(spark, tmp_path, way: str, target: str, options: dict[str, str]):
+    """A file stream of ``tmp_path/in`` (checkpoint ``tmp_path/cp``) into ``target``."""
+    rows = (spark.readStream.schema("id long, day date, name string, value double")
+            .json(str(tmp_path / "in")).writeStream
+            .option("checkpointLocation", str(tmp_path / "cp")))
+    if way == "foreachBatch":
+        return rows.foreachBatch(txsink.foreach_batch(table=target, **options)).start()
+    return rows.format("clickhouse_tx").options(table=target, **options).start()
+
+
+def second_micro_batch(spark, server_url, server_db, zk, zk_chroot, proxies, tmp_path,
+                       way: str) -> tuple[Coordinator, list[Request], list[Request]]:
+    """A stream's second micro-batch (epoch 1; epoch 0 sets the sink up): the sink's
+    coordinator and what was sent for the epoch until its ``Committed`` write."""
     target = create_events(server_url, server_db)
     options = {**proxied_options(proxies, zk_chroot), "sink_id": "counted"}
     txsink.register(spark)
     source = tmp_path / "in"
     write_ids(source, 0, 300)
-    rows = (spark.readStream.schema("id long, day date, name string, value double")
-            .json(str(source)).writeStream.option("checkpointLocation", str(tmp_path / "cp")))
-    if way == "foreachBatch":
-        stream = rows.foreachBatch(txsink.foreach_batch(table=target, **options)).start()
-    else:
-        stream = rows.format("clickhouse_tx").options(table=target, **options).start()
+    stream = started_stream(spark, tmp_path, way, target, options)
     try:
-        stream.processAllAvailable()  # epoch 0 sets the sink up
+        stream.processAllAvailable()
         for proxy in proxies:
             proxy.log.requests.clear()
         write_ids(source, 1000, 300)
@@ -121,13 +166,51 @@ def test_a_micro_batchs_metrics_count_every_message_it_sent_until_committed(
     finally:
         stream.stop()
     coord = Coordinator(zk, "counted")
-    requests, statements = sent_until_committed(proxies, coord, 1)
+    return coord, *sent_until_committed(proxies, coord, 1)
+
+
+@pytest.mark.parametrize("way", ["foreachBatch", "writeStream"])
+def test_a_micro_batchs_metrics_count_every_message_it_sent_until_committed(
+        spark, server_url, server_db, zk, zk_chroot, proxies, tmp_path, way):
+    coord, requests, statements = second_micro_batch(spark, server_url, server_db, zk,
+                                                     zk_chroot, proxies, tmp_path, way)
     if way == "writeStream":  # Spark plans it twice; the other call's check is not counted
-        requests.remove(next(r for r in requests if r.kind.startswith("getChildren")
-                             and r.kind.endswith("/open")))
+        requests = [r for r in requests if r not in open_listings_in(requests)]
         statements.remove(next(s for s in statements if "system.tables" in s.kind))
     metrics = coord.xid(1).metrics
     assert (metrics["store_requests"], metrics["statements"]) == (len(requests), len(statements))
+
+
+@pytest.mark.parametrize(("way", "listings"), [("foreachBatch", 0), ("writeStream", 1)])
+def test_a_micro_batch_after_one_this_process_committed_lists_no_open_xid(
+        spark, server_url, server_db, zk, zk_chroot, proxies, tmp_path, way, listings):
+    """``writeStream``: Spark's task-side plan runs in a Python worker that commits
+    nothing, so it never knows the sink settled; the committing side lists nothing."""
+    _, requests, _ = second_micro_batch(spark, server_url, server_db, zk, zk_chroot, proxies,
+                                        tmp_path, way)
+    assert len(open_listings_in(requests)) == listings
+
+
+@pytest.mark.parametrize("way", ["foreachBatch", "writeStream"])
+def test_a_new_run_of_the_query_in_this_process_rolls_decided_xids_forward_first(
+        spark, server_url, server_db, zk_chroot, proxies, tmp_path, way):
+    target = create_events(server_url, server_db)
+    options = {**proxied_options(proxies, zk_chroot), "sink_id": "rerun"}
+    txsink.register(spark)
+    source = tmp_path / "in"
+    for first in (0, 1000):  # the second run: the same checkpoint, a new run id
+        write_ids(source, first, 300)
+        proxies[0].log.requests.clear()
+        stream = started_stream(spark, tmp_path, way, target, options)
+        try:
+            stream.processAllAvailable()
+        finally:
+            stream.stop()
+    listed = open_listings(proxies)
+    decision = next(r for r in proxies[0].log.requests
+                    if r.kind.startswith("multi") and "generation; setData" in r.kind)
+    assert listed and listed[0].at < decision.at
+    assert_exactly_once(server_url, target, [*range(300), *range(1000, 1300)])
 
 
 def test_status_shows_each_epochs_store_requests_and_statements(

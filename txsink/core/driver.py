@@ -63,6 +63,7 @@ from txsink.core.messages import BranchMessage, CarriedMessage, SkippedMessage
 from txsink.core.metrics import EpochMetrics
 from txsink.core.publisher import BranchPublisher, server_of
 from txsink.core.retention_step import retain_after_commit
+from txsink.core.settled_sinks import SETTLED, Settled, Sink
 from txsink.core.tuning import DEFAULT_TUNING, Tuning
 from txsink.core.write_plan import WritePlan
 from txsink.options import INLINE, PIPELINED, SinkOptions
@@ -87,11 +88,16 @@ def open_sink(options: SinkOptions, sink_id: str) -> tuple[Coordinator, int]:
     """Fence older writers of ``sink_id`` and recover their unfinished xids (batch).
 
     The sink's tree is checked at every job's start, not only once per process: a
-    record lost since the last job is refused before anything is staged."""
+    record lost since the last job is refused before anything is staged. The recovery
+    is skipped where nobody fenced the sink since this process's last batch commit of
+    it (``settled_sinks``)."""
     coord = connections.coordinator(options, sink_id)
     coord.check_tree()
+    known = SETTLED.forget(sink_key(options, sink_id))
     generation = coord.fence()
-    if options.transaction.recover_on_start:
+    # nobody fenced since this process's last batch commit of the sink: nothing to recover
+    settled = known is not None and known.batch and known.generation == generation - 1
+    if options.transaction.recover_on_start and not settled:
         _recover(options, coord, older_than_generation=None)
     return coord, generation
 
@@ -110,11 +116,39 @@ def open_stream(options: SinkOptions, sink_id: str) -> Coordinator:
     A decided xid whose lease this driver's own pipelined publish holds is left to it
     at once (the next decision waits for it, ``txsink.core.pipeline``); any other holder
     is waited for, so that a restarted driver rolls forward what the dead one decided.
+
+    Skipped where this process knows the sink (``settled_sinks``): the micro-batch's
+    begin or commit then checks that it still does, under its generation.
     """
     coord = connections.coordinator(options, sink_id)
-    if options.transaction.recover_on_start:
-        _recover(options, coord, older_than_generation=0, leave_to=pipeline.is_own)
+    if options.transaction.recover_on_start and SETTLED.known(sink_key(options,
+                                                                          sink_id)) is None:
+        _roll_forward(options, coord)
     return coord
+
+
+def sink_key(options: SinkOptions, sink_id: str) -> Sink:
+    """The sink as ``settled_sinks`` knows it."""
+    return options.store.root_identity, sink_id
+
+
+def batch_committed(options: SinkOptions, sink_id: str, generation: int) -> None:
+    """A batch writer's xid ``Committed`` under ``generation``: its next start in this
+    process need not recover, if nobody fenced the sink since (:func:`open_sink`)."""
+    SETTLED.settled(sink_key(options, sink_id), generation, batch=True)
+
+
+def _roll_forward(options: SinkOptions, coord: Coordinator) -> None:
+    _recover(options, coord, older_than_generation=0, leave_to=pipeline.is_own)
+
+
+def _rolled_forward_for(plan: WritePlan, coord: Coordinator, known: Settled | None,
+                        generation: int) -> None:
+    """Before a micro-batch under ``generation`` begins or decides: decided xids rolled
+    forward unless this process settled the sink under that generation."""
+    if ((known is None or known.generation != generation)
+            and plan.options.transaction.recover_on_start):
+        _roll_forward(plan.options, coord)
 
 
 def wait_published(options: SinkOptions, sink_id: str, timeout: float = 60.0) -> None:
@@ -312,9 +346,12 @@ def begin_micro_batch(plan: WritePlan, epoch: int, run_id: str) -> WritePlan:
     micro-batch finds its xid as the tasks would (``Committed``: they write nothing)."""
     run = attempt.stream_run(plan, plan.stream_query or "", run_id)
     coord = connections.coordinator(plan.options, plan.sink_id)
+    known = SETTLED.forget(sink_key(plan.options, plan.sink_id))
     with counting() as meter, refused_in_run(plan, epoch, run):
         generation = join_run(coord, epoch, run)
         assert generation is not None
+        _rolled_forward_for(plan, coord, known, generation)
+        SETTLED.settled(sink_key(plan.options, plan.sink_id), generation)
         with taken_over_said(coord, generation):
             coord.begin(epoch, generation, new=True)
     crashpoints.hit(crashpoints.DRIVER_AFTER_BEGIN)
@@ -420,12 +457,20 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object],
     after the ``Committed`` write. The messages it sends are counted into the epoch's
     metrics (``message_count``)."""
     run = carried_run(plan, [m for m in messages if isinstance(m, CarriedMessage)])
+    batch = plan.generation is not None
+    sink = sink_key(plan.options, plan.sink_id)
+    known = SETTLED.forget(sink)
     with counting() as meter, refused_in_run(plan, epoch, run):
-        _commit_epoch(plan, epoch, messages, publish, meter, run)
+        generation = _commit_epoch(plan, epoch, messages, publish, meter, run,
+                                   None if batch else known)
+    if not plan.options.transaction.in_transaction():
+        SETTLED.settled(sink, generation, batch)  # batch: as batch_committed
 
 
 def _commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object], publish: str | None,
-                  meter: Meter, run: attempt.Run | None) -> None:
+                  meter: Meter, run: attempt.Run | None, known: Settled | None) -> int:
+    """:func:`commit_epoch`'s work; returns the generation it was decided under.
+    ``known``: a stream's sink as this process knew it (:func:`_rolled_forward_for`)."""
     pipelined = ((publish or plan.options.publish.mode) == PIPELINED and plan.generation is None
                  and not plan.options.transaction.in_transaction())
     coord = connections.coordinator(plan.options, plan.sink_id,
@@ -434,6 +479,8 @@ def _commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object], publi
     carried = [m for m in messages if isinstance(m, CarriedMessage)]
     started = time.time()
     generation = generation_of(plan, coord, messages, join_run(coord, epoch, run))
+    if plan.generation is None and not plan.options.transaction.in_transaction():
+        _rolled_forward_for(plan, coord, known, generation)
     with taken_over_said(coord, generation):
         # a micro-batch with no task still gets its xid; one whose tasks staged nothing
         # (they carried their rows, or had none) expects to create it
@@ -443,7 +490,7 @@ def _commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object], publi
     if state is XidState.COMMITTED:  # a replay (also of an epoch whose record was pruned)
         log.info("txsink sink=%s epoch=%d already committed; nothing to do", plan.sink_id, epoch)
         finish_clean_up(plan, coord, epoch)
-        return
+        return generation
     if pipelined:  # N+1's decision waits until N is Committed
         pipeline.settle(plan.options, coord, epoch,
                         lambda previous: _finish_decided(plan, coord, previous, generation))
@@ -466,7 +513,7 @@ def _commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object], publi
                                                     publisher)
             if plan.options.transaction.in_transaction():
                 coord.select(epoch, generation, winners)
-                return
+                return generation
             if pipelined:
                 held.enter_context(coord.publish_lease(epoch, generation, coord.lease_wait))
                 decided = coord.decide(epoch, generation, winners,
@@ -478,12 +525,13 @@ def _commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object], publi
             pipeline.pipeline_for(plan.options, plan.sink_id).start(
                 epoch, lambda: _publish_in_background(plan, coord, epoch, generation, lease,
                                                       metrics))
-            return
+            return generation
         final = decide(coord, epoch, generation, winners, publisher,
                        plan.options.transaction.txn_version, records, metrics)
     metrics.logged(coord, final)
     # after Committed: off the decision's path
     retain_after_commit(plan.options, coord, plan.tuning)
+    return generation
 
 
 def _publish_in_background(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
@@ -566,6 +614,7 @@ def abort_epoch(plan: WritePlan, epoch: int, messages: Sequence[object]) -> None
     """Roll back an undecided xid; a decided one is finished by recovery, never undone."""
     if plan.options.transaction.in_transaction():
         return  # the transaction block aborts the whole xid
+    SETTLED.forget(sink_key(plan.options, plan.sink_id))
     coord = connections.coordinator(plan.options, plan.sink_id)
     publisher = publisher_for(plan.options, coord, tuning=plan.tuning)
     try:

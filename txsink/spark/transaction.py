@@ -146,6 +146,7 @@ class Transaction:
                                       self._parsed.transaction.txn_version)
         finally:
             self.coord.release(self.epoch)
+        driver.batch_committed(self._parsed, self.sink_id, self.generation)
         self.finished = "committed"
         metrics = self._metrics(self.epoch, final, started)
         self.coord.record_metrics(self.epoch, metrics.to_dict())
