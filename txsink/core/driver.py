@@ -346,12 +346,13 @@ def begin_micro_batch(plan: WritePlan, epoch: int, run_id: str) -> WritePlan:
     micro-batch finds its xid as the tasks would (``Committed``: they write nothing)."""
     run = attempt.stream_run(plan, plan.stream_query or "", run_id)
     coord = connections.coordinator(plan.options, plan.sink_id)
-    known = SETTLED.forget(sink_key(plan.options, plan.sink_id))
+    sink = sink_key(plan.options, plan.sink_id)
+    known = SETTLED.forget(sink)
     with counting() as meter, refused_in_run(plan, epoch, run):
         generation = join_run(coord, epoch, run)
         assert generation is not None
         _rolled_forward_for(plan, coord, known, generation)
-        SETTLED.settled(sink_key(plan.options, plan.sink_id), generation)
+        SETTLED.settled(sink, generation)
         with taken_over_said(coord, generation):
             coord.begin(epoch, generation, new=True)
     crashpoints.hit(crashpoints.DRIVER_AFTER_BEGIN)
@@ -457,20 +458,18 @@ def commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object],
     after the ``Committed`` write. The messages it sends are counted into the epoch's
     metrics (``message_count``)."""
     run = carried_run(plan, [m for m in messages if isinstance(m, CarriedMessage)])
-    batch = plan.generation is not None
     sink = sink_key(plan.options, plan.sink_id)
     known = SETTLED.forget(sink)
     with counting() as meter, refused_in_run(plan, epoch, run):
-        generation = _commit_epoch(plan, epoch, messages, publish, meter, run,
-                                   None if batch else known)
+        generation = _commit_epoch(plan, epoch, messages, publish, meter, run, known)
     if not plan.options.transaction.in_transaction():
-        SETTLED.settled(sink, generation, batch)  # batch: as batch_committed
+        SETTLED.settled(sink, generation, batch=plan.generation is not None)
 
 
 def _commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object], publish: str | None,
                   meter: Meter, run: attempt.Run | None, known: Settled | None) -> int:
     """:func:`commit_epoch`'s work; returns the generation it was decided under.
-    ``known``: a stream's sink as this process knew it (:func:`_rolled_forward_for`)."""
+    ``known``: the sink as this process knew it (a stream's: :func:`_rolled_forward_for`)."""
     pipelined = ((publish or plan.options.publish.mode) == PIPELINED and plan.generation is None
                  and not plan.options.transaction.in_transaction())
     coord = connections.coordinator(plan.options, plan.sink_id,
