@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from server_ext.capabilities import row_hash_argument
+from server_ext.client.catalog import catalog_rows
 from server_ext.client.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError, ServerUnreachable
 from server_ext.sql import qualified_name, sql_string, table_filter
@@ -79,7 +80,7 @@ def table_rows(client: SqlClient, database: str, table: str,
     server cannot answer.
     """
     purpose = f"count rows of {database}.{table}"
-    meta = client.query_rows(
+    meta = catalog_rows(client,
         "SELECT hostName() AS host, * FROM system.tables "
         f"WHERE {table_filter(database, table, name_column='name')}",
         purpose=purpose,

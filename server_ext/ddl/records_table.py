@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
+from server_ext.client.catalog import catalog_rows
 from server_ext.client.client_protocol import SqlClient
 from server_ext.errors import KEEPER_EXCEPTION, UNKNOWN_DATABASE, UNKNOWN_TABLE, ClickHouseError
 from server_ext.sharding.urls import shown_url
@@ -144,7 +145,7 @@ class KeeperMapTable:
             return (f"the ClickHouse server at {self.client.url} has no KeeperMap table "
                     "engine (a server older than 22.8): keep the coordinator's records in "
                     "ZooKeeper (coordinator=zookeeper)")
-        found = self.client.query_rows(
+        found = catalog_rows(self.client,
             f"SELECT engine, engine_full FROM system.tables WHERE "
             f"{table_filter(self.database, self.table, name_column='name')}",
             purpose="describe the coordinator records table")

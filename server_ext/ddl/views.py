@@ -35,6 +35,7 @@ import logging
 from dataclasses import dataclass
 
 from server_ext.capabilities import fires_view_chains
+from server_ext.client.catalog import catalog_rows
 from server_ext.client.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError
 from server_ext.publish.strategy_choice import target_engine_problem
@@ -109,7 +110,7 @@ def discover(client: SqlClient, target: TargetTable) -> tuple[ViewNode, ...]:
 
 
 def _dependents(client: SqlClient, table: tuple[str, str]) -> list[tuple[str, str]]:
-    rows = client.query_rows(
+    rows = catalog_rows(client,
         "SELECT dependencies_database AS dbs, dependencies_table AS names FROM system.tables "
         f"WHERE {table_filter(table[0], table[1], name_column='name')}",
         purpose=f"list the views of {table[0]}.{table[1]}")
@@ -121,7 +122,7 @@ def _dependents(client: SqlClient, table: tuple[str, str]) -> list[tuple[str, st
 def _node(client: SqlClient, view: tuple[str, str], source: tuple[str, str], index: int,
           parent: int) -> ViewNode:
     name = f"{view[0]}.{view[1]}"
-    rows = client.query_rows(
+    rows = catalog_rows(client,
         "SELECT engine, create_table_query FROM system.tables "
         f"WHERE {table_filter(view[0], view[1], name_column='name')}",
         purpose=f"describe view {name}")
@@ -162,7 +163,7 @@ def _inner_table(client: SqlClient, view: tuple[str, str]) -> tuple[str, str]:
     """The inner table of a view without ``TO``: ``.inner.<view>`` (18.16, Ordinary
     databases) or ``.inner_id.<uuid of the view>`` (Atomic databases)."""
     database, name = view
-    rows = client.query_rows(
+    rows = catalog_rows(client,
         "SELECT name FROM system.tables "
         f"WHERE database = {sql_string(database)} AND name LIKE '.inner%'",
         purpose=f"find the inner table of view {database}.{name}")
@@ -170,7 +171,7 @@ def _inner_table(client: SqlClient, view: tuple[str, str]) -> tuple[str, str]:
     if f".inner.{name}" in names:
         return database, f".inner.{name}"
     if any(n.startswith(".inner_id.") for n in names):
-        uuid = client.query_rows(
+        uuid = catalog_rows(client,
             "SELECT toString(uuid) AS id FROM system.tables "
             f"WHERE {table_filter(database, name, name_column='name')}",
             purpose=f"find the inner table of view {database}.{name}")[0]["id"]

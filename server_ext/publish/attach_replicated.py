@@ -15,6 +15,7 @@ import logging
 import time
 
 from server_ext.capabilities import known_settings
+from server_ext.client.catalog import catalog_value
 from server_ext.errors import KEEPER_EXCEPTION, ClickHouseError, InDoubtPublish, PartsDeduplicated
 from server_ext.publish.attach_decision import AttachDecider, partition_watermarks
 from server_ext.publish.publish_ledger import PublishRecord
@@ -68,7 +69,7 @@ class AttachReplicatedRun(StrategyRun):
     def dedup_window_seconds(self) -> float:
         """The target's ``replicated_deduplication_window_seconds``: its own setting, else
         the server's default for MergeTree tables."""
-        engine_full = self.client.query_value(
+        engine_full = catalog_value(self.client,
             "SELECT engine_full FROM system.tables WHERE database = "
             f"{sql_string(self.manifest.target_database)} AND name = "
             f"{sql_string(self.manifest.target_table)}", purpose="read target's settings")
@@ -252,7 +253,7 @@ class AttachReplicatedRun(StrategyRun):
 
     def feeds_views(self) -> bool:
         """Whether a materialized view reads the target."""
-        return bool(int(self.client.query_value(
+        return bool(int(catalog_value(self.client,
             "SELECT count() FROM system.tables WHERE database = "
             f"{sql_string(self.manifest.target_database)} AND name = "
             f"{sql_string(self.manifest.target_table)} AND notEmpty(dependencies_table)",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import re
 
+from server_ext.client.catalog import catalog_rows
 from server_ext.client.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError, ShardingError
 from server_ext.sharding.engine_args import engine_arguments, name_value
@@ -53,7 +54,7 @@ def layout_from_distributed(client: SqlClient, table: str,
 
 
 def _distributed_args(client: SqlClient, database: str, name: str, purpose: str) -> list[str]:
-    rows = client.query_rows(
+    rows = catalog_rows(client,
         "SELECT engine, engine_full FROM system.tables "
         f"WHERE {table_filter(database, name, name_column='name')}",
         purpose=purpose,

@@ -31,7 +31,7 @@ from server_ext.staging.staging_tables import (
     staging_qualified,
     staging_table_name,
 )
-from server_ext.staging.sweeper import sweep
+from server_ext.staging.sweeper import staging_tables, sweep
 from server_ext.staging.writer import DEFAULT_BLOCK_ROWS, BranchWriter
 
 __all__ = [
@@ -63,5 +63,6 @@ __all__ = [
     "PartitionCounter",
     "check_partition_bound",
     "partition_bound_settings",
+    "staging_tables",
     "sweep",
 ]

@@ -36,6 +36,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from server_ext.client.catalog import catalog_rows
 from server_ext.client.client_protocol import SqlClient
 from server_ext.sql import sql_string
 from server_ext.staging.staging_tables import (
@@ -73,7 +74,7 @@ class SweepResult:
 
 def staging_tables(client: SqlClient) -> list[tuple[str, int, int]]:
     """(name, metadata time, server time) of every table in the staging database."""
-    rows = client.query_rows(
+    rows = catalog_rows(client,
         "SELECT name, toUInt32(metadata_modification_time) AS created, "
         "toUInt32(now()) AS server_now FROM system.tables "
         f"WHERE database = {sql_string(STAGING_DATABASE)} ORDER BY name",

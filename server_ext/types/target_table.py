@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from server_ext.client.catalog import catalog_rows
 from server_ext.client.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError
 from server_ext.sql import (
@@ -85,7 +86,7 @@ def describe_table(client: SqlClient, table: str) -> TargetTable:
     """
     database, name = split_table_name(table)
     purpose = f"describe table {shown_name(database, name)}"
-    found = client.query_rows(
+    found = catalog_rows(client,
         "SELECT engine, engine_full, partition_key, sorting_key, primary_key, "
         "create_table_query FROM system.tables "
         f"WHERE {table_filter(database, name, name_column='name')}",
@@ -118,7 +119,7 @@ def definitions(client: SqlClient, tables: Iterable[tuple[str, str]]) -> tuple:
     server's version. Equal answers mean an equal description; a dropped table drops out."""
     pairs = sorted(set(tables))
     where = " OR ".join(f"({table_filter(db, name, name_column='name')})" for db, name in pairs)
-    rows = client.query_rows(
+    rows = catalog_rows(client,
         "SELECT database, name, engine, create_table_query, "
         "toString(metadata_modification_time) AS modified, dependencies_database AS dbs, "
         f"dependencies_table AS names, version() AS server FROM system.tables WHERE {where} "
@@ -129,7 +130,7 @@ def definitions(client: SqlClient, tables: Iterable[tuple[str, str]]) -> tuple:
 
 def _require_exists(client: SqlClient, database: str, name: str, purpose: str) -> None:
     """Raise a clear UNKNOWN_DATABASE / UNKNOWN_TABLE error instead of a DESCRIBE failure."""
-    rows = client.query_rows(
+    rows = catalog_rows(client,
         f"SELECT (SELECT count() FROM system.databases WHERE name = {sql_string(database)}) AS db, "
         "(SELECT count() FROM system.tables "
         f"WHERE {table_filter(database, name, name_column='name')}) AS tbl",

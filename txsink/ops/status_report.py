@@ -29,7 +29,13 @@ from coordinator.protocol.liveness import Verdict
 from server_ext.client import SqlClient
 from server_ext.errors import ClickHouseError
 from server_ext.sql import sql_string
-from server_ext.staging import STAGING_DATABASE, parse_staging_table_name, root_tag, sink_key
+from server_ext.staging import (
+    STAGING_DATABASE,
+    parse_staging_table_name,
+    root_tag,
+    sink_key,
+    staging_tables,
+)
 
 FORMAT = 1
 
@@ -144,9 +150,7 @@ def _staging_use(sink_id: str, root: str, open_epochs: set[int], servers: list[s
     for server in servers:
         try:
             client = client_for(server)
-            names = [r["name"] for r in client.query_rows(
-                f"SELECT name FROM system.tables WHERE database = {sql_string(STAGING_DATABASE)}",
-                purpose="list staging tables")]
+            names = [name for name, _, _ in staging_tables(client)]
             parts = {r["table"]: int(r["bytes"]) for r in client.query_rows(
                 "SELECT table, toString(sum(bytes_on_disk)) AS bytes FROM system.parts "
                 f"WHERE database = {sql_string(STAGING_DATABASE)} AND active GROUP BY table",

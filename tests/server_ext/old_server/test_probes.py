@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 
 from server_ext.capabilities import detect_capabilities, fires_view_chains
+from server_ext.client.catalog import catalog_value
 from server_ext.client.http_client import ClickHouseClient
 from server_ext.old_server import probes
 from server_ext.sql import SCRATCH_DATABASE
@@ -16,7 +17,7 @@ def test_the_move_probe_leaves_no_table_behind(clickhouse_url: str, monkeypatch)
     monkeypatch.setattr(probes.uuid, "uuid4", lambda: marker)
     client = ClickHouseClient(clickhouse_url)
     detect_capabilities(client, refresh=True)
-    leftovers = client.query_value(
+    leftovers = catalog_value(client,
         f"SELECT count() FROM system.tables WHERE database = '{SCRATCH_DATABASE}' "
         f"AND name LIKE '%{marker.hex[:12]}'", purpose="count probe tables")
     assert leftovers == "0"
