@@ -85,15 +85,18 @@ class ViewProblem(ValueError):
 
 
 def discover(client: SqlClient, target: TargetTable) -> tuple[ViewNode, ...]:
-    """Every materialized view the target feeds, parents first (see the module doc).
+    """Every materialized view the target feeds, parents first (see the module doc), on
+    ``client``'s server. ``target.views`` (read with its description) is taken as that
+    server's: pass a table another server described with ``views=None``.
 
     Raises :class:`ViewProblem` for a view that cannot be staged.
     """
     nodes: list[ViewNode] = []
-    pending: list[tuple[tuple[str, str], int, int]] = [((target.database, target.name), -1, 0)]
+    pending: list[tuple[TargetTable, int, int]] = [(target, -1, 0)]
     while pending:
-        source, parent, depth = pending.pop(0)
-        views = _dependents(client, source)
+        table, parent, depth = pending.pop(0)
+        source = (table.database, table.name)
+        views = list(table.views) if table.views is not None else _dependents(client, source)
         if views and depth > 0 and not fires_view_chains(client):
             log.info("the server does not fire views on what a view writes: %s, reading "
                      "%s.%s, get nothing from a write into %s, as from a plain INSERT",
@@ -105,7 +108,7 @@ def discover(client: SqlClient, target: TargetTable) -> tuple[ViewNode, ...]:
                                   f"{MAX_DEPTH} views below {target.database}.{target.name}")
             node = _node(client, view, source, len(nodes), parent)
             nodes.append(node)
-            pending.append(((node.table.database, node.table.name), node.index, depth + 1))
+            pending.append((node.table, node.index, depth + 1))
     return tuple(nodes)
 
 

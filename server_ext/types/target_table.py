@@ -66,6 +66,9 @@ class TargetTable:
     replicated: bool
     index_granularity: int
     create_table_query: str
+    # (database, name) of the materialized views that read it, read with its description
+    # (None: not read; view discovery then asks the server)
+    views: tuple[tuple[str, str], ...] | None = field(default=None, compare=False)
 
     @property
     def qualified(self) -> str:
@@ -88,7 +91,8 @@ def describe_table(client: SqlClient, table: str) -> TargetTable:
     purpose = f"describe table {shown_name(database, name)}"
     found = catalog_rows(client,
         "SELECT engine, engine_full, partition_key, sorting_key, primary_key, "
-        "create_table_query FROM system.tables "
+        "create_table_query, dependencies_database AS dbs, dependencies_table AS names "
+        "FROM system.tables "
         f"WHERE {table_filter(database, name, name_column='name')}",
         purpose=purpose,
     )
@@ -109,6 +113,7 @@ def describe_table(client: SqlClient, table: str) -> TargetTable:
         engine_full=meta["engine_full"], replicated=meta["engine"].startswith("Replicated"),
         index_granularity=_index_granularity(meta["engine_full"]),
         create_table_query=meta["create_table_query"],
+        views=tuple(sorted(zip(meta["dbs"], meta["names"], strict=True))),
     )
 
 

@@ -70,7 +70,13 @@ from server_ext.staging import (
 from server_ext.types import ContentDigest
 from txsink.core import carried_rows, combine, connections, crashpoints, payload
 from txsink.core.message_count import counting
-from txsink.core.messages import BranchMessage, CarriedMessage, SkippedMessage, handed_over
+from txsink.core.messages import (
+    BranchMessage,
+    CarriedMessage,
+    SkippedMessage,
+    handed_begun,
+    handed_over,
+)
 from txsink.core.payload import BranchOwner
 from txsink.core.shard_branch import ShardBranch, new_branch_id, pick_replica
 from txsink.core.staged_table import StagedTable
@@ -476,4 +482,5 @@ def stage_attempt(plan: WritePlan, coord: Coordinator, epoch: int, generation: i
         rows=rows, bad_rows=sum(b.bad_rows for b in attempt.branches.values()),
         bytes=bytes_sent, partitions=partitions, started_at=started, stage_ms=stage_ms,
         seal_ms=(time.time() - sealed) * 1000, prepared=handed_over(attempt.prepared),
+        begun=handed_begun(coord.begun(epoch)),
     )

@@ -59,7 +59,7 @@ from txsink.core import (
     quarantine_share,
 )
 from txsink.core.message_count import MessageCount, Meter, counting
-from txsink.core.messages import BranchMessage, CarriedMessage, SkippedMessage
+from txsink.core.messages import BranchMessage, CarriedMessage, SkippedMessage, handed_xid
 from txsink.core.metrics import EpochMetrics
 from txsink.core.publisher import BranchPublisher, server_of
 from txsink.core.retention_step import retain_after_commit
@@ -483,7 +483,9 @@ def _commit_epoch(plan: WritePlan, epoch: int, messages: Sequence[object], publi
     with taken_over_said(coord, generation):
         # a micro-batch with no task still gets its xid; one whose tasks staged nothing
         # (they carried their rows, or had none) expects to create it
-        state = coord.begin(epoch, generation, known=plan.begun, new=plan.begun is None
+        state = coord.begin(epoch, generation,
+                            known=plan.begun or handed_xid(branch_messages, plan.sink_id),
+                            new=plan.begun is None
                             and not any(isinstance(m, BranchMessage | SkippedMessage)
                                         for m in messages))
     if state is XidState.COMMITTED:  # a replay (also of an epoch whose record was pruned)

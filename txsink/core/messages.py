@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 
-from coordinator import BranchRecord
+from coordinator import BranchRecord, XidRecord
 
 
 @dataclass(frozen=True)
@@ -38,11 +38,29 @@ class BranchMessage:
     # the branches' records as its prepare wrote them, (branch id, version, stored text):
     # the commit decides with them instead of reading them (Coordinator.winner_records)
     prepared: tuple[tuple[str, int, str], ...] = ()
+    # the xid's record as the attempt's begin left it, (version, stored text): the commit
+    # takes the newest of them where the plan did not begin the xid (writeStream)
+    begun: tuple[int, str] | None = None
 
     def handed_records(self, sink_id: str) -> list[BranchRecord]:
         """The prepared branches' records this message carries."""
         return [BranchRecord.from_bytes(sink_id, self.epoch, branch_id, text.encode(), version)
                 for branch_id, version, text in self.prepared]
+
+
+def handed_xid(messages: Iterable[BranchMessage], sink_id: str) -> XidRecord | None:
+    """The newest xid record the messages carry (None: none carries one)."""
+    found = [m for m in messages if m.begun is not None]
+    if not found:
+        return None
+    newest = max(found, key=lambda m: m.begun[0])  # type: ignore[index]
+    version, text = newest.begun  # type: ignore[misc]
+    return XidRecord.from_bytes(sink_id, newest.epoch, text.encode(), version)
+
+
+def handed_begun(record: XidRecord | None) -> tuple[int, str] | None:
+    """``BranchMessage.begun`` of ``record``."""
+    return None if record is None else (record.version, record.to_bytes().decode())
 
 
 def handed_over(records: Iterable[BranchRecord]) -> tuple[tuple[str, int, str], ...]:
@@ -114,6 +132,9 @@ def from_text(text: str) -> TaskMessage:
         values["branch_ids"] = tuple(values["branch_ids"])
     if "prepared" in values:
         values["prepared"] = tuple((str(b), int(v), str(t)) for b, v, t in values["prepared"])
+    if values.get("begun") is not None:
+        version, text = values["begun"]
+        values["begun"] = (int(version), str(text))
     if cls is CarriedMessage:
         values["arrow"] = base64.b64decode(values["arrow"])
     return cls(**values)
