@@ -47,7 +47,12 @@ from server_ext.sql import (
     table_filter,
     tokenize,
 )
-from server_ext.types.target_table import TargetTable, describe_table
+from server_ext.types.target_table import (
+    DEPENDENTS_COLUMNS,
+    TargetTable,
+    dependents_of,
+    describe_table,
+)
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +101,7 @@ def discover(client: SqlClient, target: TargetTable) -> tuple[ViewNode, ...]:
     while pending:
         table, parent, depth = pending.pop(0)
         source = (table.database, table.name)
-        views = list(table.views) if table.views is not None else _dependents(client, source)
+        views = table.views if table.views is not None else _dependents(client, source)
         if views and depth > 0 and not fires_view_chains(client):
             log.info("the server does not fire views on what a view writes: %s, reading "
                      "%s.%s, get nothing from a write into %s, as from a plain INSERT",
@@ -112,14 +117,12 @@ def discover(client: SqlClient, target: TargetTable) -> tuple[ViewNode, ...]:
     return tuple(nodes)
 
 
-def _dependents(client: SqlClient, table: tuple[str, str]) -> list[tuple[str, str]]:
+def _dependents(client: SqlClient, table: tuple[str, str]) -> tuple[tuple[str, str], ...]:
     rows = catalog_rows(client,
-        "SELECT dependencies_database AS dbs, dependencies_table AS names FROM system.tables "
+        f"SELECT {DEPENDENTS_COLUMNS} FROM system.tables "
         f"WHERE {table_filter(table[0], table[1], name_column='name')}",
         purpose=f"list the views of {table[0]}.{table[1]}")
-    if not rows:
-        return []
-    return sorted(zip(rows[0]["dbs"], rows[0]["names"], strict=True))
+    return dependents_of(rows[0]) if rows else ()
 
 
 def _node(client: SqlClient, view: tuple[str, str], source: tuple[str, str], index: int,

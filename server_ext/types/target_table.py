@@ -25,6 +25,13 @@ from server_ext.sql import (
 from server_ext.types.chtypes import ChType, parse_type
 
 UNWRITABLE_DEFAULT_KINDS = ("MATERIALIZED", "ALIAS", "EPHEMERAL")
+#: system.tables columns naming the views that read a table (the same on 18.16 and 26.x)
+DEPENDENTS_COLUMNS = "dependencies_database AS dbs, dependencies_table AS names"
+
+
+def dependents_of(row: dict) -> tuple[tuple[str, str], ...]:
+    """(database, name) of the views a ``DEPENDENTS_COLUMNS`` row names, sorted."""
+    return tuple(sorted(zip(row["dbs"], row["names"], strict=True)))
 
 
 @dataclass(frozen=True)
@@ -91,8 +98,7 @@ def describe_table(client: SqlClient, table: str) -> TargetTable:
     purpose = f"describe table {shown_name(database, name)}"
     found = catalog_rows(client,
         "SELECT engine, engine_full, partition_key, sorting_key, primary_key, "
-        "create_table_query, dependencies_database AS dbs, dependencies_table AS names "
-        "FROM system.tables "
+        f"create_table_query, {DEPENDENTS_COLUMNS} FROM system.tables "
         f"WHERE {table_filter(database, name, name_column='name')}",
         purpose=purpose,
     )
@@ -113,7 +119,7 @@ def describe_table(client: SqlClient, table: str) -> TargetTable:
         engine_full=meta["engine_full"], replicated=meta["engine"].startswith("Replicated"),
         index_granularity=_index_granularity(meta["engine_full"]),
         create_table_query=meta["create_table_query"],
-        views=tuple(sorted(zip(meta["dbs"], meta["names"], strict=True))),
+        views=dependents_of(meta),
     )
 
 

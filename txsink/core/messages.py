@@ -50,12 +50,11 @@ class BranchMessage:
 
 def handed_xid(messages: Iterable[BranchMessage], sink_id: str) -> XidRecord | None:
     """The newest xid record the messages carry (None: none carries one)."""
-    found = [m for m in messages if m.begun is not None]
+    found = [(m.begun, m.epoch) for m in messages if m.begun is not None]
     if not found:
         return None
-    newest = max(found, key=lambda m: m.begun[0])  # type: ignore[index]
-    version, text = newest.begun  # type: ignore[misc]
-    return XidRecord.from_bytes(sink_id, newest.epoch, text.encode(), version)
+    (version, text), epoch = max(found, key=lambda begun_epoch: begun_epoch[0][0])
+    return XidRecord.from_bytes(sink_id, epoch, text.encode(), version)
 
 
 def handed_begun(record: XidRecord | None) -> tuple[int, str] | None:
