@@ -40,13 +40,14 @@ from coordinator.formats.records import BranchRecord, StreamRecord, XidRecord
 from coordinator.formats.states import BranchState, XidState
 from coordinator.plumbing.auth import AccessDenied, DigestAuth, hosts_problem
 from coordinator.plumbing.tls import ZooKeeperTLS, ZooKeeperTLSError, tls_hint
-from coordinator.protocol.branch_ledger import Ledger
+from coordinator.protocol.branch_ledger import Ledger, put_together
 from coordinator.protocol.callbacks import (
     AlreadyDone,
     BranchCallback,
     CallbackPolicy,
     Done,
     Failed,
+    GroupCallback,
     Outcome,
     RetryLater,
 )
@@ -76,6 +77,8 @@ __all__ = [
     "GaveUp",
     "InvalidTransition",
     "Ledger",
+    "put_together",
+    "GroupCallback",
     "PublishGroups",
     "grouped_by",
     "MalformedRecord",

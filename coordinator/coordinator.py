@@ -64,7 +64,7 @@ from coordinator.plumbing.nodes import NodeStore
 from coordinator.plumbing.paths import DEFAULT_ROOT, SinkLayout
 from coordinator.plumbing.store import SinkStore, default_retry
 from coordinator.protocol.branch_ledger import Ledger
-from coordinator.protocol.callbacks import BranchCallback, CallbackPolicy
+from coordinator.protocol.callbacks import BranchCallback, CallbackPolicy, GroupCallback
 from coordinator.protocol.completion import Completion, PublishGroups
 from coordinator.protocol.epochs import EpochCounter, LastCommitted, TxnVersion
 from coordinator.protocol.fencing import Generation
@@ -269,14 +269,17 @@ class Coordinator:
                metrics_of: Callable[[XidRecord], dict[str, Any]] | None = None,
                txn_version: int | None = None,
                publish_groups: PublishGroups | None = None,
-               prepared: Iterable[BranchRecord] = ()) -> XidRecord:
+               prepared: Iterable[BranchRecord] = (),
+               publish_group: GroupCallback | None = None) -> XidRecord:
         """Decide ``Committing`` with ``winners`` (None: the selected branches), publish
         them, roll back every other branch, mark ``Committed``; returns the record.
 
         ``publish_groups`` splits the winners into groups (for txsink: by server and
         target table, see ``BranchPublisher.groups``; ``grouped_by`` makes one from a key):
         the groups are published at once, the winners of one group one after another.
-        Without it, one after another.
+        Without it, one after another. ``publish_group``: publishes a group of several
+        winners in one call (``coordinator.protocol.callbacks``), instead of ``publish``
+        for each.
 
         On an xid already ``Committing`` the recorded decision is finished (``winners``
         is ignored); on a ``Committed`` one nothing happens. ``Aborted`` raises
@@ -301,7 +304,8 @@ class Coordinator:
         return self._finish(record, generation, fresh=decided_now, finish=lambda r, lease:
                             self._completion.finish_commit(r, lease, generation, publish,
                                                            rollback, metrics_of, known,
-                                                           publish_groups, every))
+                                                           publish_groups, every,
+                                                           publish_group))
 
     def decide(self, epoch: int, generation: int, winners: list[str] | None,
                txn_version: int | None = None,

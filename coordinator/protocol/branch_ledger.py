@@ -22,6 +22,7 @@ what the last ``put`` stored, or None. Values are JSON objects.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from kazoo.exceptions import NoNodeError
@@ -76,16 +77,7 @@ class Ledger:
         return found[0] if found is not None else None
 
     def put(self, key: str, value: dict[str, Any]) -> None:
-        if self.lease is None:
-            raise PublishLeaseLost(
-                f"ledger of branch {self.branch_id} (xid {self.store.sink_id}/{self.epoch}): "
-                "a write needs the xid's publish lease")
-        self.get(key)
-        assert self._entries is not None
-        found = self._entries.get(key)
-        data = encode(value, f"ledger entry {key!r} of branch {self.branch_id}")
-        version = self.store.run(self._put, key, data, found[1] if found else None)
-        self._entries[key] = (decode(data), version)
+        put_together([(self, key, value)])
 
     def confirm(self) -> None:
         """Raise :class:`PublishLeaseLost` unless the caller's lease lives right now."""
@@ -99,38 +91,6 @@ class Ledger:
 
     def _entry(self, key: str) -> str:
         return self.store.layout.ledger_entry(self.epoch, self.branch_id, key)
-
-    def _put(self, key: str, data: bytes, version: int | None) -> int:
-        """One fenced compare-and-set (creating the ledger's node with its first entry);
-        returns the entry's new version."""
-        assert self.lease is not None
-        path = self._entry(key)
-        multi = self.lease.guard(Multi(self.store.client))
-        if not self._node_exists:
-            multi.create(self.path, label="ledger")
-        multi.write(path, data, version, label="entry")
-        try:
-            multi.commit()
-        except MultiFailed as failed:
-            if failed.label == LEASE:
-                raise PublishLeaseLost(
-                    f"xid {self.store.sink_id}/{self.epoch}: publish lease lost before writing "
-                    f"ledger entry {key!r} of branch {self.branch_id}") from None
-            if failed.label == "ledger" and isinstance(failed.error, NoNodeError):
-                raise UnknownBranch(
-                    f"branch {self.branch_id} of xid {self.store.sink_id}/{self.epoch} "
-                    "has no record; a ledger lives under a registered branch") from None
-            if failed.conflict:  # the node or the entry written meanwhile, or by our own
-                self._node_exists = True  # try whose reply was lost
-                found = self.store.read_json(path)
-                if found is not None and encode(found[0], key) == data:
-                    return found[1]
-                raise LedgerConflict(
-                    f"ledger entry {key!r} of branch {self.branch_id} (xid "
-                    f"{self.store.sink_id}/{self.epoch}) was changed by another writer") from None
-            raise failed.error from None
-        self._node_exists = True
-        return 0 if version is None else version + 1
 
     def _read_all(self) -> dict[str, tuple[dict[str, Any], int]]:
         try:
@@ -150,3 +110,70 @@ class Ledger:
 
     def _items(self) -> dict[str, dict[str, Any]]:
         return {key: value for key, (value, _) in self._read_all().items()}
+
+
+def put_together(entries: Sequence[tuple[Ledger, str, dict[str, Any]]]) -> None:
+    """Write entries of one or more ledgers of one xid in one fenced multi-op, each as a
+    compare-and-set against what its ledger last read (a ledger's node created with its
+    first entry): all are written or none. Raises as ``Ledger.put`` says; the ledgers
+    must share one lease (a coordinator's ledgers of the xid do)."""
+    if not entries:
+        return
+    first = entries[0][0]
+    if first.lease is None or any(ledger.lease is not first.lease for ledger, _, _ in entries):
+        raise PublishLeaseLost(
+            f"ledger of branch {first.branch_id} (xid {first.store.sink_id}/{first.epoch}): "
+            "a write needs the xid's publish lease")
+    writes = []
+    for ledger, key, value in entries:
+        ledger.get(key)
+        assert ledger._entries is not None
+        found = ledger._entries.get(key)
+        writes.append((ledger, key, encode(value, f"ledger entry {key!r} of branch "
+                                                  f"{ledger.branch_id}"),
+                       found[1] if found else None))
+    versions = first.store.run(_write, first.lease, writes)
+    for (ledger, key, data, _), version in zip(writes, versions, strict=True):
+        ledger._node_exists = True
+        assert ledger._entries is not None
+        ledger._entries[key] = (decode(data), version)
+
+
+def _write(lease: PublishLease, writes: list[tuple[Ledger, str, bytes, int | None]]
+           ) -> list[int]:
+    """One fenced multi-op of ``writes`` (ledger, key, data, version read); the entries'
+    new versions."""
+    store = writes[0][0].store
+    multi = lease.guard(Multi(store.client))
+    created = set()
+    for ledger, key, data, version in writes:
+        if not ledger._node_exists and ledger.path not in created:
+            multi.create(ledger.path, label="ledger")
+            created.add(ledger.path)
+        multi.write(ledger._entry(key), data, version, label="entry")
+    try:
+        multi.commit()
+    except MultiFailed as failed:
+        ledger, key = writes[0][0], writes[0][1]
+        if failed.label == LEASE:
+            raise PublishLeaseLost(
+                f"xid {store.sink_id}/{ledger.epoch}: publish lease lost before writing "
+                f"ledger entry {key!r} of branch {ledger.branch_id}") from None
+        if failed.label == "ledger" and isinstance(failed.error, NoNodeError):
+            raise UnknownBranch(
+                f"a branch of xid {store.sink_id}/{ledger.epoch} has no record; a ledger "
+                "lives under a registered branch") from None
+        if not failed.conflict:
+            raise failed.error from None
+        # the node or an entry written meanwhile, or by our own try whose reply was lost
+        versions = []
+        for ledger, key, data, _ in writes:
+            ledger._node_exists = True
+            found = store.read_json(ledger._entry(key))
+            if found is None or encode(found[0], key) != data:
+                raise LedgerConflict(
+                    f"ledger entry {key!r} of branch {ledger.branch_id} (xid "
+                    f"{store.sink_id}/{ledger.epoch}) was changed by another writer") from None
+            versions.append(found[1])
+        return versions
+    return [0 if version is None else version + 1 for *_, version in writes]

@@ -8,6 +8,8 @@ of a :data:`BranchCallback` (as Flink's ``Committer.CommitRequest``):
   process or by a later recovery, and for a winner only under the xid's publish lease;
 - it may be called concurrently for different branches (winners of different publish
   groups, non-winners' rollbacks), never twice at once for one branch by one actor;
+- a :data:`GroupCallback` publishes several winners at once (the caller's way of sharing
+  their work); it keeps the same contract for each of them;
 - it answers with an :data:`Outcome`: :class:`Done`, :class:`AlreadyDone` (a repeat found
   the work done: success, logged at debug), :class:`RetryLater` (transient: called again
   with exponential back-off, up to :class:`CallbackPolicy`'s tries) or :class:`Failed`
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpiredError
 from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_exponential
@@ -64,6 +66,7 @@ class Failed:
 
 Outcome = Done | AlreadyDone | RetryLater | Failed
 BranchCallback = Callable[[BranchRecord], "Outcome | None"]
+GroupCallback = Callable[[list[BranchRecord]], "Outcome | None"]
 
 _KAZOO_TRANSIENT = (ConnectionLoss, OperationTimeoutError, SessionExpiredError)
 
@@ -93,6 +96,12 @@ class CallbackPolicy:
     attempts: int = 6
     initial_wait: float = 0.1
     max_wait: float = 2.0
+
+    def call_group(self, callback: GroupCallback, group: list[BranchRecord], action: str,
+                   xid_state: XidState) -> None:
+        """:meth:`call` of a group callback; reports name every branch of the group."""
+        named = replace(group[0], branch_id="+".join(b.branch_id for b in group))
+        self.call(lambda _: callback(group), named, action, xid_state)
 
     def call(self, callback: BranchCallback, branch: BranchRecord, action: str,
              xid_state: XidState) -> None:

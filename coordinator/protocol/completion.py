@@ -40,7 +40,7 @@ from coordinator.formats.records import BranchRecord, XidRecord
 from coordinator.formats.states import BranchState, XidState
 from coordinator.plumbing.multi import CHUNK_BYTES, CONFLICT_RETRIES, Multi, MultiFailed
 from coordinator.plumbing.store import SinkStore
-from coordinator.protocol.callbacks import BranchCallback, CallbackPolicy
+from coordinator.protocol.callbacks import BranchCallback, CallbackPolicy, GroupCallback
 from coordinator.protocol.epochs import LAST_COMMITTED, LastCommitted, TxnVersion
 from coordinator.protocol.publish_lease import LEASE, PublishLease
 
@@ -95,7 +95,8 @@ class Completion:
                       metrics_of: Callable[[XidRecord], dict[str, Any]] | None = None,
                       known: dict[str, BranchRecord] | None = None,
                       publish_groups: PublishGroups | None = None,
-                      every: frozenset[str] | None = None) -> XidRecord:
+                      every: frozenset[str] | None = None,
+                      publish_group: GroupCallback | None = None) -> XidRecord:
         """Publish the winners of a ``Committing`` xid and mark it ``Committed``.
         ``known``: branch records the caller read in this attempt, not read again (the
         final write is a compare-and-set of each: a record changed since fails it, and
@@ -115,7 +116,7 @@ class Completion:
                     f"{branch.state.value if branch else 'missing'}; the record was altered")
             if branch.state is not BranchState.COMMITTED:  # else marked by an earlier,
                 pending.append(branch)                      # partly applied final write
-        self._publish(pending, publish, publish_groups)
+        self._publish(pending, publish, publish_groups, publish_group)
         self.step(steps.COMMIT_AFTER_PUBLISH)
         # Every non-winner, read *after* the decision: no branch can register any more.
         names = [b for b in (every if every is not None else
@@ -135,8 +136,10 @@ class Completion:
         return final
 
     def _publish(self, winners: list[BranchRecord], publish: BranchCallback,
-                 publish_groups: PublishGroups | None) -> None:
-        """Publish ``winners``: one after another within a group, the groups at once
+                 publish_groups: PublishGroups | None,
+                 publish_group: GroupCallback | None = None) -> None:
+        """Publish ``winners``: one after another within a group (a group of several in
+        one call of ``publish_group``, where given), the groups at once
         (``publish_groups``; without it, all one after another).
 
         The caller's groups are what may run at once (for txsink, publishes into
@@ -147,6 +150,10 @@ class Completion:
         group has stopped.
         """
         def publish_all(group: list[BranchRecord]) -> None:
+            if publish_group is not None and len(group) > 1:
+                self.policy.call_group(publish_group, group, "publish", XidState.COMMITTING)
+                self.step(steps.COMMIT_AFTER_BRANCH_PUBLISHED)
+                return
             for branch in group:
                 self.policy.call(publish, branch, "publish", XidState.COMMITTING)
                 self.step(steps.COMMIT_AFTER_BRANCH_PUBLISHED)

@@ -43,11 +43,11 @@ class AttachMarkedRun(StrategyRun):
 
     def read_staged(self) -> dict[str, PartitionManifest]:
         staged, self.watermark, _ = read_staged_with_watermark(
-            self.client, self.manifest.staging_database, self.manifest.staging_table,
+            self.client, self.manifest.staging_database, [self.manifest.staging_table],
             (self.manifest.target_database, self.manifest.target_table),
             purpose="read staged parts and the target's block number before publish",
         )
-        return staged
+        return staged.get(self.manifest.staging_table, {})
 
     def publish_pending(self, pending: list[PartitionManifest], record: PublishRecord,
                         sealed: dict[str, bool]) -> set[str]:

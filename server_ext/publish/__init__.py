@@ -11,7 +11,7 @@ from server_ext.publish.combined import (
     create_precombined,
     publish_combined,
 )
-from server_ext.publish.move import move_apart
+from server_ext.publish.move import IntentWriter, move_apart, move_together
 from server_ext.publish.overwrite import publish_overwrite
 from server_ext.publish.publish_branch import publish
 from server_ext.publish.publish_ledger import (
@@ -37,6 +37,8 @@ __all__ = [
     "publish",
     "publish_overwrite",
     "move_apart",
+    "move_together",
+    "IntentWriter",
     "PUBLISH_STEPS",
     "PublishReport",
     "STRATEGIES",

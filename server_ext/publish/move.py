@@ -11,17 +11,27 @@ blindly. An empty staging partition the intent names was moved; one it does not 
 lost data. So a MOVE that returned needs no ``published`` mark: its intent and the
 emptied staging say it (the xid's final write marks the branch); only what a repeat
 decides without moving is marked. Runs into one target are independent where
-``move_apart`` says so.
+``move_apart`` says so, and then ``move_together`` publishes them with one intent write.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
+from server_ext.client.client_protocol import SqlClient
 from server_ext.errors import ClickHouseError
-from server_ext.publish.publish_ledger import PublishRecord
-from server_ext.publish.publish_steps import STEP_AFTER_ATTACH, alter_in_chunks
+from server_ext.publish.publish_ledger import PublishLedger, PublishRecord
+from server_ext.publish.publish_steps import (
+    STEP_AFTER_ATTACH,
+    STEP_AFTER_INTENT,
+    STEP_BEFORE_PARTITION,
+    PublishReport,
+    StepHook,
+    alter_in_chunks,
+    no_step,
+)
 from server_ext.publish.strategy_choice import Strategy
 from server_ext.publish.strategy_run import StrategyRun
 from server_ext.sql import sql_string
@@ -62,11 +72,11 @@ class MoveRun(StrategyRun):
 
     def read_staged(self) -> dict[str, PartitionManifest]:
         staged, self.watermark, self.server_clock = read_staged_with_watermark(
-            self.client, self.manifest.staging_database, self.manifest.staging_table,
+            self.client, self.manifest.staging_database, [self.manifest.staging_table],
             (self.manifest.target_database, self.manifest.target_table),
             purpose="read staged parts and the target's block number before publish",
         )
-        return staged
+        return staged.get(self.manifest.staging_table, {})
 
     def publish_pending(self, pending: list[PartitionManifest], record: PublishRecord,
                         sealed: dict[str, bool]) -> set[str]:
@@ -87,18 +97,83 @@ class MoveRun(StrategyRun):
         if movable:  # staging holds rows, so the staged parts' read gave the watermark
             self.put_intent(movable, {*record.published, *moved}, watermark=self.watermark,
                             server_clock=self.server_clock)
-            try:
-                alter_in_chunks(
-                    self.client, self.staging,
-                    [f"MOVE PARTITION ID {sql_string(p.partition_id)} TO TABLE {self.target}"
-                     for p in movable],
-                    purpose="move partitions into target", retry=False,
-                )
-            except ClickHouseError as exc:
-                # the statement must not be re-sent, but the whole publish may be: it decides
-                exc.retryable = exc.retryable or exc.outcome_unknown
-                raise
-            self.on_step(STEP_AFTER_ATTACH)
+            self.move(movable)
         else:  # decided by this repeat alone: recorded, never decided again
             self.mark_published()
         return moved
+
+    def intent(self, staged: dict[str, PartitionManifest]) -> PublishRecord:
+        """The intent of a first run, from staging's parts as read with the watermark:
+        every partition must still hold exactly its sealed parts."""
+        self.require_staged(list(self.manifest.partitions),
+                            self.sealed(list(self.manifest.partitions), staged), set())
+        return PublishRecord.intent(self.manifest.partition_ids, (), watermark=self.watermark,
+                                    server_clock=self.server_clock)
+
+    def move(self, movable: Sequence[PartitionManifest]) -> None:
+        """The MOVE: sent once, its intent stored and the lease confirmed."""
+        try:
+            alter_in_chunks(
+                self.client, self.staging,
+                [f"MOVE PARTITION ID {sql_string(p.partition_id)} TO TABLE {self.target}"
+                 for p in movable],
+                purpose="move partitions into target", retry=False,
+            )
+        except ClickHouseError as exc:
+            # the statement must not be re-sent, but the whole publish may be: it decides
+            exc.retryable = exc.retryable or exc.outcome_unknown
+            raise
+        self.on_step(STEP_AFTER_ATTACH)
+
+
+IntentWriter = Callable[[Sequence[tuple[PublishLedger, str, dict]]], None]
+
+
+def move_together(client: SqlClient, items: Sequence[tuple[Manifest, PublishLedger]],
+                  write_intents: IntentWriter, *, on_step: StepHook | None = None
+                  ) -> list[PublishReport]:
+    """Publish staging tables of one target with ``move`` (each with its own ledger), the
+    first runs' intents in one write: ``write_intents(entries)`` stores every (ledger,
+    key, value) durably and at once, as each ledger's ``put`` would. Re-runnable.
+
+    The tables must ``move_apart``. A first run (no record in its ledger) reads its
+    staged parts with every other first run's in one query, so their intents share one
+    watermark and clock; after the joint write, one ``confirm`` precedes their MOVEs,
+    sent one after another. Each table then stands where its own ``publish`` would have
+    left it after its intent, so a repeat, joint or not, finishes each on its own. A
+    table with a record (a repeat) is published by its own run. Reports in ``items``'
+    order.
+    """
+    step = on_step or no_step
+    runs = [MoveRun(client, manifest, ledger, step) for manifest, ledger in items]
+    first = [run for run in runs if not run.manifest.is_empty
+             and PublishRecord.load(run.ledger, run.key) is None]
+    databases = {run.manifest.staging_database for run in first}
+    if len(first) < 2 or len(databases) != 1:
+        return [run.run() for run in runs]
+    reports = {id(run): run.run() for run in runs if run not in first}
+    target = first[0].manifest
+    staged, watermark, server_clock = read_staged_with_watermark(
+        client, databases.pop(), [run.manifest.staging_table for run in first],
+        (target.target_database, target.target_table),
+        purpose="read staged parts and the target's block number before publish")
+    intents = []
+    for run in first:
+        run.watermark, run.server_clock = watermark, server_clock
+        intents.append((run.ledger, run.key,
+                        run.intent(staged.get(run.manifest.staging_table, {})).to_dict()))
+    step(STEP_BEFORE_PARTITION)
+    write_intents(intents)
+    step(STEP_AFTER_INTENT)
+    first[0].ledger.confirm()  # the MOVEs below make rows visible
+    for run in first:
+        started = time.perf_counter()
+        run.move(list(run.manifest.partitions))
+        report = PublishReport(run.strategy, run.target, list(run.manifest.partition_ids),
+                               rows=run.manifest.rows,
+                               seconds=time.perf_counter() - started)
+        log.info("published %d partitions (%d rows) of %s into %s with move, intent "
+                 "shared by %d tables", len(report.published), report.rows, run.staging,
+                 run.target, len(first))
+        reports[id(run)] = report
+    return [reports[id(run)] for run in runs]

@@ -100,9 +100,11 @@ class StrategyRun:
             purpose="read staged parts before publish",
         )
 
-    def sealed(self, pending: list[PartitionManifest]) -> dict[str, bool]:
-        """Per partition: True if staging holds exactly the sealed parts, False if none."""
-        staged = self.read_staged()
+    def sealed(self, pending: list[PartitionManifest],
+               staged: dict[str, PartitionManifest] | None = None) -> dict[str, bool]:
+        """Per partition: True if staging holds exactly the sealed parts, False if none
+        (``staged``: staging's parts as the caller read them, else read now)."""
+        staged = self.read_staged() if staged is None else staged
         result = {}
         for partition in pending:
             found = staged.get(partition.partition_id)

@@ -76,21 +76,22 @@ def read_staged_tables(
 
 
 def read_staged_with_watermark(
-    client: SqlClient, database: str, table: str, target: tuple[str, str], *, purpose: str
-) -> tuple[dict[str, PartitionManifest], int | None, int | None]:
-    """``read_staged_partitions`` and, in the same query, the highest block number of
-    any part of ``target`` (database, table; 0 for none) and the server's clock (Unix
-    seconds); both None when staging holds nothing."""
+    client: SqlClient, database: str, tables: list[str], target: tuple[str, str], *,
+    purpose: str
+) -> tuple[dict[str, dict[str, PartitionManifest]], int | None, int | None]:
+    """``read_staged_tables`` and, in the same query, the highest block number of any
+    part of ``target`` (database, table; 0 for none) and the server's clock (Unix
+    seconds); both None when the tables hold nothing."""
     watermark = ("(SELECT max(max_block_number) FROM system.parts WHERE database = "
                  f"{sql_string(target[0])} AND table = {sql_string(target[1])}) AS watermark, "
                  "toUnixTimestamp(now()) AS server_clock, ")
+    names = ", ".join(sql_string(t) for t in tables)
     rows = client.query_rows(_STAGED_PARTS.format(extra=watermark,
                                                   database=sql_string(database),
-                                                  names=sql_string(table)), purpose=purpose)
+                                                  names=names), purpose=purpose)
     if not rows:
         return {}, None, None
-    return (_grouped(rows).get(table, {}), int(rows[0]["watermark"]),
-            int(rows[0]["server_clock"]))
+    return _grouped(rows), int(rows[0]["watermark"]), int(rows[0]["server_clock"])
 
 
 _STAGED_PARTS = (

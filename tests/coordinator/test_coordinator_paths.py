@@ -12,8 +12,10 @@ from coordinator import (
     Coordinator,
     Ledger,
     MalformedRecord,
+    PublishLeaseLost,
     SinkTreeDamaged,
     UnknownBranch,
+    put_together,
 )
 from coordinator.plumbing.paths import SinkLayout, escape, unescape
 from coordinator.sink_admin import SinkAdmin
@@ -114,6 +116,36 @@ def test_a_second_ledger_of_a_branch_under_the_first_lease_reads_what_the_first_
     with coord.publish_lease(0):
         coord.ledger(0, "p0-a0-aaaa0000").put(STAGING, INTENT)
         assert coord.ledger(0, "p0-a0-aaaa0000").get(STAGING) == INTENT
+
+
+def two_branches(zk: KazooClient) -> Coordinator:
+    coord, generation = new_coordinator(zk)
+    coord.begin(0, generation)
+    for branch_id in ("p0-a0-aaaa0000", "p1-a0-bbbb0000"):
+        coord.register_branch(0, branch_id, generation, owner={})
+    return coord
+
+
+def test_entries_of_several_ledgers_are_written_together(zk: KazooClient) -> None:
+    coord = two_branches(zk)
+    with coord.publish_lease(0):
+        first, second = coord.ledger(0, "p0-a0-aaaa0000"), coord.ledger(0, "p1-a0-bbbb0000")
+        put_together([(first, STAGING, INTENT), (second, "other", {"state": "published"})])
+        assert first.get(STAGING) == INTENT
+    assert coord.ledger(0, "p0-a0-aaaa0000").get(STAGING) == INTENT
+    assert coord.ledger(0, "p1-a0-bbbb0000").get("other") == {"state": "published"}
+
+
+def test_entries_written_together_after_the_lease_was_lost_are_none_written(
+        zk: KazooClient) -> None:
+    coord = two_branches(zk)
+    with coord.publish_lease(0) as lease:
+        ledgers = [coord.ledger(0, "p0-a0-aaaa0000"), coord.ledger(0, "p1-a0-bbbb0000")]
+        zk.delete(lease.node)  # as a session expiry deletes it
+        with pytest.raises(PublishLeaseLost):
+            put_together([(ledger, STAGING, INTENT) for ledger in ledgers])
+    assert coord.ledger(0, "p0-a0-aaaa0000").items() == {}
+    assert coord.ledger(0, "p1-a0-bbbb0000").items() == {}
 
 
 def test_the_coordinator_ledger_implements_the_server_ext_protocol() -> None:

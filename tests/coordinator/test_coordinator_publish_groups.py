@@ -100,3 +100,24 @@ def test_groups_that_are_not_a_split_of_the_winners_are_refused_before_any_publi
         coord.commit(EPOCH, generation, winners, target.publish, target.rollback,
                      publish_groups=lambda found: [list(found)[:1]])
     assert target.visible_in(EPOCH) == set()
+
+
+def test_a_group_of_several_winners_is_published_in_one_call_of_publish_group(
+        zk: KazooClient) -> None:
+    coord, generation = new_coordinator(zk)
+    coord.begin(EPOCH, generation)
+    winners = prepared_branches(coord, EPOCH, generation, 2, prefix="a")
+    lone = prepared_branches(coord, EPOCH, generation, 1, prefix="b")
+    target = Target()
+    calls: list[list[str]] = []
+
+    def publish_group(group: list[BranchRecord]) -> None:
+        calls.append([b.branch_id for b in group])
+        for branch in group:
+            target.publish(branch)
+
+    coord.commit(EPOCH, generation, winners + lone, target.publish, target.rollback,
+                 publish_groups=grouped_by(lambda b: b.branch_id[0]),
+                 publish_group=publish_group)
+    assert calls == [winners]  # the lone winner through publish
+    assert target.visible_in(EPOCH) == {*winners, *lone}

@@ -1,4 +1,5 @@
-"""``BranchPublisher.groups``: which winners of one epoch are published at once."""
+"""``BranchPublisher.groups`` and ``together``: which winners of one epoch are published
+at once, and which of a group share one intent write."""
 
 from __future__ import annotations
 
@@ -33,31 +34,40 @@ def grouped(winners: list[BranchRecord]) -> list[list[str]]:
             for group in BranchPublisher.groups(winners)]
 
 
-def test_move_winners_of_one_table_without_look_alike_parts_are_published_at_once() -> None:
-    assert grouped([staged("p0", 10), staged("p1", 11)]) == [["p0"], ["p1"]]
+def together(winners: list[BranchRecord]) -> list[str]:
+    return [m.staging_table for m in BranchPublisher.together(winners)]
 
 
-def test_move_winners_of_one_table_with_parts_of_equal_rows_and_bytes_go_one_after_another(
-        ) -> None:
-    assert grouped([staged("p0", 10), staged("p1", 10)]) == [["p0", "p1"]]
-
-
-def test_winners_of_another_strategy_go_one_after_another() -> None:
-    winners = [staged("p0", 10, "attach_marked"), staged("p1", 11, "attach_marked")]
-    assert grouped(winners) == [["p0", "p1"]]
-
-
-def test_move_winners_holding_merged_parts_go_one_after_another() -> None:
-    assert grouped([staged("p0", 10, level=1), staged("p1", 11)]) == [["p0", "p1"]]
-
-
-def test_a_combined_winner_keeps_every_winner_of_its_table_in_one_group() -> None:
-    combined = CombinedBranch.of({"p2": manifest("p2", 12), "p3": manifest("p3", 13)},
-                                 strategy="move", staging="c", server=None)
-    assert grouped([staged("p0", 10), winner("c", combined)]) == [["p0", "c"]]
+def test_winners_of_one_table_are_one_group() -> None:
+    assert grouped([staged("p0", 10), staged("p1", 11)]) == [["p0", "p1"]]
 
 
 def test_winners_of_different_tables_are_different_groups() -> None:
     winners = [staged("p0", 10), staged("p1", 10), staged("p2", 10, table="rollup")]
     assert grouped(winners) == [["p0", "p1"], ["p2"]]
 
+
+def test_move_winners_without_look_alike_parts_are_published_together() -> None:
+    assert together([staged("p0", 10), staged("p1", 11)]) == ["s_p0", "s_p1"]
+
+
+def test_move_winners_with_parts_of_equal_rows_and_bytes_go_one_after_another() -> None:
+    assert together([staged("p0", 10), staged("p1", 10)]) == []
+
+
+def test_winners_of_another_strategy_go_one_after_another() -> None:
+    assert together([staged("p0", 10, "attach_marked"), staged("p1", 11, "attach_marked")]) == []
+
+
+def test_move_winners_holding_merged_parts_go_one_after_another() -> None:
+    assert together([staged("p0", 10, level=1), staged("p1", 11)]) == []
+
+
+def test_a_combined_winner_goes_one_after_another_with_the_others() -> None:
+    combined = CombinedBranch.of({"p2": manifest("p2", 12), "p3": manifest("p3", 13)},
+                                 strategy="move", staging="c", server=None)
+    assert together([staged("p0", 10), winner("c", combined)]) == []
+
+
+def test_a_lone_winner_is_published_on_its_own() -> None:
+    assert together([staged("p0", 10)]) == []

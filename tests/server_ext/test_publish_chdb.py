@@ -15,7 +15,7 @@ import pytest
 from server_ext.capabilities import detect_capabilities
 from server_ext.client.chdb_client import ChdbClient
 from server_ext.errors import InDoubtPublish, StagingChanged
-from server_ext.publish.move import move_apart
+from server_ext.publish.move import move_apart, move_together
 from server_ext.publish.publish_branch import publish
 from server_ext.publish.publish_ledger import MemoryLedger, PublishRecord, ledger_key
 from server_ext.publish.publish_steps import PUBLISH_STEPS
@@ -287,6 +287,85 @@ def test_move_rerun_decides_its_own_parts_while_another_run_moved_above_its_wate
     count, unique, total = keys_in(chdb, database)
     assert (count, unique) == (130, 130)
     assert total == sum(range(90)) + sum(range(1000, 1040))
+
+
+class CountingWriter:
+    """``move_together``'s intent writer over memory ledgers, counting its writes."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+
+    def __call__(self, entries) -> None:
+        self.writes += 1
+        for ledger, key, value in entries:
+            ledger.put(key, value)
+
+
+def staged_pair(chdb: ChdbClient, database: str, staging_name: str, other_staging: str
+                ) -> list[tuple[Manifest, MemoryLedger]]:
+    target = make_target(chdb, database)
+    return [(stage(chdb, target, staging_name), MemoryLedger()),
+            (stage(chdb, target, other_staging, **OTHER_ROWS), MemoryLedger())]
+
+
+BOTH_ROWS = (130, 130, sum(range(90)) + sum(range(1000, 1040)))
+
+
+def test_moves_together_publish_both_tables_once_with_one_intent_write(
+        chdb, database, staging_name, other_staging) -> None:
+    items = staged_pair(chdb, database, staging_name, other_staging)
+    writer = CountingWriter()
+    reports = move_together(chdb, items, writer)
+    assert writer.writes == 1
+    assert [r.rows for r in reports] == [90, 40]
+    assert keys_in(chdb, database) == BOTH_ROWS
+
+
+def test_moves_together_leave_each_table_recorded_as_its_own_move_would(
+        chdb, database, staging_name, other_staging) -> None:
+    items = staged_pair(chdb, database, staging_name, other_staging)
+    move_together(chdb, items, CountingWriter())
+    for manifest, ledger in items:
+        record = PublishRecord.load(ledger, ledger_key(manifest.staging_table))
+        assert record.intended == set(manifest.partition_ids)
+        assert publish(chdb, manifest, "move", ledger).published == []
+    assert keys_in(chdb, database) == BOTH_ROWS
+
+
+# every crash point of a joint publish: the second MOVE's too
+JOINT_CRASHES = [(step, 1) for step in PUBLISH_STEPS["move"]] + [("publish.after_attach", 2)]
+
+
+@pytest.mark.parametrize(("step", "occurrence"), JOINT_CRASHES)
+def test_moves_together_repeated_table_by_table_after_a_crash_publish_each_row_once(
+        chdb, database, staging_name, other_staging, step, occurrence) -> None:
+    items = staged_pair(chdb, database, staging_name, other_staging)
+    with pytest.raises(Crash):
+        move_together(chdb, items, CountingWriter(), on_step=crash_at(step, occurrence))
+    for manifest, ledger in items:
+        publish(chdb, manifest, "move", ledger)
+    assert keys_in(chdb, database) == BOTH_ROWS
+
+
+@pytest.mark.parametrize(("step", "occurrence"), JOINT_CRASHES)
+def test_moves_together_repeated_together_after_a_crash_publish_each_row_once(
+        chdb, database, staging_name, other_staging, step, occurrence) -> None:
+    items = staged_pair(chdb, database, staging_name, other_staging)
+    with pytest.raises(Crash):
+        move_together(chdb, items, CountingWriter(), on_step=crash_at(step, occurrence))
+    move_together(chdb, items, CountingWriter())
+    assert keys_in(chdb, database) == BOTH_ROWS
+
+
+def test_moves_together_refuse_a_changed_table_before_writing_any_intent(
+        chdb, database, staging_name, other_staging) -> None:
+    items = staged_pair(chdb, database, staging_name, other_staging)
+    chdb.execute(f"ALTER TABLE `{STAGING_DATABASE}`.`{other_staging}` DROP PARTITION ID "
+                 "'202402'", purpose="lose staged rows")
+    writer = CountingWriter()
+    with pytest.raises(StagingChanged, match="202402"):
+        move_together(chdb, items, writer)
+    assert writer.writes == 0 and keys_in(chdb, database) == (0, 0, 0)
 
 
 def test_move_refuses_a_partition_gone_from_staging_without_an_intent(

@@ -268,7 +268,8 @@ def decide(coord: Coordinator, epoch: int, generation: int, winners: list[str] |
     with taken_over_said(coord, generation):
         return coord.commit(epoch, generation, winners, publish=publisher.publish,
                             rollback=publisher.rollback, txn_version=txn_version,
-                            publish_groups=publisher.groups, prepared=prepared,
+                            publish_groups=publisher.groups,
+                            publish_group=publisher.publish_group, prepared=prepared,
                             metrics_of=metrics)
 
 
@@ -553,7 +554,7 @@ def _finish_decided(plan: WritePlan, coord: Coordinator, epoch: int, generation:
     with publisher_for(plan.options, coord, plan.tables, plan.tuning) as publisher:
         return coord.commit(epoch, generation, None, publish=publisher.publish,
                             rollback=publisher.rollback, publish_groups=publisher.groups,
-                            metrics_of=metrics)
+                            publish_group=publisher.publish_group, metrics_of=metrics)
 
 
 class CommittedMetrics:

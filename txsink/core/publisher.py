@@ -28,6 +28,7 @@ from coordinator import (
     Failed,
     Outcome,
     RetryLater,
+    put_together,
 )
 from server_ext.client import ClickHouseClient
 from server_ext.publish import (
@@ -40,6 +41,7 @@ from server_ext.publish import (
     Strategy,
     combine_key,
     move_apart,
+    move_together,
     publish,
     publish_combined,
     publish_overwrite,
@@ -141,23 +143,46 @@ class BranchPublisher:
     @staticmethod
     def groups(winners: Sequence[BranchRecord]) -> list[list[BranchRecord]]:
         """``Coordinator.commit``'s ``publish_groups``: the winners of one server and
-        target table form one group (published one after another), except ``move``
-        winners of their own staging that ``move_apart`` lets run at once (each its own
-        group); different groups are published at once. One combined branch per server
-        and table (``txsink.core.combine``) makes most groups one winner."""
+        target table form one group, published by :meth:`publish_group`; different
+        groups are published at once. One combined branch per server and table
+        (``txsink.core.combine``) makes most groups one winner."""
         by_target: dict[tuple[str | None, str, str], list[BranchRecord]] = {}
         for record in winners:
             by_target.setdefault(target_of(record), []).append(record)
-        groups: list[list[BranchRecord]] = []
-        for records in by_target.values():
-            payloads = [from_record(r.manifest) for r in records]
-            moved = [p.manifest for p in payloads if isinstance(p, StagedBranch)
-                     and p.strategy == Strategy.MOVE and not p.overwrite]
-            if 1 < len(records) == len(moved) and move_apart(moved):
-                groups += [[record] for record in records]
-            else:
-                groups.append(records)
-        return groups
+        return list(by_target.values())
+
+    @staticmethod
+    def together(records: Sequence[BranchRecord]) -> list[server_ext.Manifest]:
+        """The manifests of ``records`` if :meth:`publish_group` publishes them together
+        (``move`` winners of their own staging that ``move_apart``), else none."""
+        payloads = [from_record(r.manifest) for r in records]
+        moved = [p.manifest for p in payloads if isinstance(p, StagedBranch)
+                 and p.strategy == Strategy.MOVE and not p.overwrite]
+        return moved if len(moved) == len(records) > 1 and move_apart(moved) else []
+
+    def publish_group(self, records: list[BranchRecord]) -> Outcome:
+        """``Coordinator.commit``'s ``publish_group``: ``move`` winners of their own
+        staging that ``move_apart`` lets publish independently go together
+        (``server_ext.publish.move_together``: one intent write, one confirm); any other
+        group one winner after another, as :meth:`publish` each."""
+        moved = self.together(records)
+        ledgers = [self.coord.ledger(r.epoch, r.branch_id) for r in records] if moved else []
+        if not ledgers or any(switched_strategy(self.coord, r, ledger)
+                              for r, ledger in zip(records, ledgers, strict=True)):
+            for record in records:
+                outcome = self.publish(record)
+                if not isinstance(outcome, Done | AlreadyDone):
+                    return outcome
+            return Done()
+        try:
+            move_together(self.client_for(server_of(records[0])),
+                          list(zip(moved, ledgers, strict=True)), put_together,
+                          on_step=crashpoints.hit)
+        except server_ext.ClickHouseError as exc:
+            return judged(exc)
+        for record in records:
+            self._release(record)
+        return Done()
 
     def _target_lock(self, record: BranchRecord) -> threading.Lock:
         with self._lock:
