@@ -189,7 +189,9 @@ class Coordinator:
     # -- xid -------------------------------------------------------------------------
 
     def begin(self, epoch: int, generation: int, hold: str | None = None,
-              new: bool = False, known: XidRecord | None = None) -> XidState:
+              new: bool = False, known: XidRecord | None = None,
+              last_committed: tuple[int | None, int] | None = None,
+              defer: bool = False) -> XidState:
         """Create the xid (``Unknown → Initialized``) or report its state; idempotent.
 
         ``Initialized`` of an older generation is adopted by this one (so recovery by
@@ -207,17 +209,29 @@ class Coordinator:
         ``new``: the caller expects the xid not to exist yet (an allocated epoch): it is
         created without being read first. ``known``: its record as the writer that began
         it handed it over (:meth:`begun`), not read again while ``Initialized`` (every
-        later step's compare-and-set proves it current). The result is the same either way.
+        later step's compare-and-set proves it current). ``last_committed``: the sink's
+        :meth:`last_committed` as a planner read it, checked (not read) where the xid is
+        created. ``defer``: an xid to create is created with the first branch that
+        registers, in one multi-op (or by :meth:`begun`). The result is the same either
+        way.
         """
         holder = holder_identity(hold) if hold else None
-        state = self._steps.begin(epoch, generation, holder, new=new, known=known)
+        state = self._steps.begin(epoch, generation, holder, new=new, known=known,
+                                  last_committed=last_committed, defer=defer)
         if holder is not None:
             self._holders[epoch] = holder[0]
         return state
 
+    def last_committed(self) -> tuple[int | None, int]:
+        """The sink's last committed epoch and the version of its node (None, -1 before
+        any), for a later :meth:`begin` to check instead of reading it."""
+        return self.store.run(self._last.read)
+
     def begun(self, epoch: int) -> XidRecord | None:
         """The xid's record as this instance last wrote or read it: after :meth:`begin`,
-        what to hand to the writers that join it (``begin``'s ``known``)."""
+        what to hand to the writers that join it (``begin``'s ``known``). A creation
+        that a deferring ``begin`` left to a registration that never came is sent first."""
+        self._steps.send_deferred(epoch)
         return self._steps.known(epoch)
 
     def hold(self, epoch: int, role: str) -> bool:

@@ -71,27 +71,47 @@ class Transitions:
         self._xids: dict[int, XidRecord] = {}
         self._branches: dict[tuple[int, str], BranchRecord] = {}
         self._every: tuple[int, frozenset[str]] | None = None  # the last proof: every branch
+        # xids a deferring begin found to create: (record, last_committed version to check)
+        self._deferred: dict[int, tuple[XidRecord, int | None]] = {}
 
     # -- public steps ------------------------------------------------------------------
 
     def begin(self, epoch: int, generation: int,
               holder: tuple[str, bytes] | None = None, new: bool = False,
-              known: XidRecord | None = None) -> XidState:
+              known: XidRecord | None = None,
+              last_committed: tuple[int | None, int] | None = None,
+              defer: bool = False) -> XidState:
         """``holder`` (name, data): a new xid is created watched, with this session's
         liveness holder in the same multi-op (``coordinator/protocol/liveness.py``).
         ``new``: the caller expects no record (an allocated epoch, a micro-batch whose
         tasks staged nothing), so the first try creates it without reading it; a record
         that exists fails that multi-op, and the step reads it and decides as usual.
         ``known``: the record as the writer that created it handed it over (the driver to
-        its tasks), taken as the first try's read while ``Initialized``."""
+        its tasks), taken as the first try's read while ``Initialized``.
+        ``last_committed``: (epoch, node version) as a planner read it, the first try's
+        value of the node where it lies below ``epoch``: the creating multi-op checks the
+        version, so a node moved since fails it, and the next try reads the node.
+        ``defer``: an xid to create is created by this object's first :meth:`register` of
+        the epoch, in the registration's multi-op (or by :meth:`send_deferred`)."""
         if holder is not None:
             Liveness(self.store).ensure()
         if known is not None and known.epoch == epoch:
             self._remember(known)
+        given = (last_committed if last_committed is not None and
+                 (last_committed[0] is None or last_committed[0] < epoch) else None)
+        defer = defer and holder is None
         return self._run(epoch, generation, lambda first: (
-            self._begin_new(epoch, generation, holder) if new and first else
+            self._begin_new(epoch, generation, holder, given, defer) if new and first else
             self._begin_once(self._read(epoch, first and known is not None), epoch,
-                             generation, holder, first)))
+                             generation, holder, first, given if first else None, defer)))
+
+    def send_deferred(self, epoch: int) -> None:
+        """Create the xid a deferring :meth:`begin` left to a registration that never
+        came (nothing if there is none)."""
+        deferred = self._deferred.pop(epoch, None)
+        if deferred is not None:
+            self._xids.pop(epoch, None)
+            self.begin(epoch, deferred[0].generation)
 
     def known(self, epoch: int) -> XidRecord | None:
         """The xid's record as this object last wrote or read it (None: it has not)."""
@@ -99,6 +119,17 @@ class Transitions:
 
     def register(self, epoch: int, branch_id: str, generation: int,
                  owner: dict[str, Any]) -> None:
+        deferred = self._deferred.pop(epoch, None)
+        if deferred is not None:
+            try:
+                self.store.run(self._create, epoch, generation, None, deferred[1],
+                               deferred[0], (branch_id, owner))
+                return
+            except MultiFailed:  # created meanwhile, fenced, last_committed moved: begin
+                self._xids.pop(epoch, None)  # afresh (and say why where it refuses)
+            if self.begin(epoch, generation) is not XidState.INITIALIZED:
+                raise XidDecided(f"xid {self.store.sink_id}/{epoch} was decided before "
+                                 f"branch {branch_id} registered")
         self._run(epoch, generation,
                   lambda cached: self._register_once(epoch, branch_id, generation, owner, cached))
 
@@ -183,17 +214,18 @@ class Transitions:
 
     # -- one try of each step (raise MultiFailed to be re-run from a fresh read) --------
 
-    def _begin_new(self, epoch: int, generation: int,
-                   holder: tuple[str, bytes] | None) -> XidState:
+    def _begin_new(self, epoch: int, generation: int, holder: tuple[str, bytes] | None,
+                   given: tuple[int | None, int] | None = None, defer: bool = False
+                   ) -> XidState:
         """The first try of a begin that expects no record: above ``last_committed`` the
         xid is created unread (a record there fails the creation, and the next try reads
         it); at or below it, the record decides, as in :meth:`_begin_once`."""
-        last, check = self._last_committed(epoch, first=True)
+        last, check = given or self._last_committed(epoch, first=True)
         if last is not None and epoch <= last:
             record = self._read(epoch, False)
             if record is not None:
                 return self._begin_once(record, epoch, generation, holder, False)
-        return self._begin_missing(epoch, generation, holder, last, check)
+        return self._begin_missing(epoch, generation, holder, last, check, defer)
 
     def _last_committed(self, epoch: int, first: bool) -> tuple[int | None, int | None]:
         """(``last_committed``, the version to check it at in the creating multi-op):
@@ -206,7 +238,8 @@ class Transitions:
         return last_committed.read()[0], None
 
     def _begin_missing(self, epoch: int, generation: int, holder: tuple[str, bytes] | None,
-                       last: int | None, check: int | None) -> XidState:
+                       last: int | None, check: int | None, defer: bool = False
+                       ) -> XidState:
         """Begin an xid that has no record: every committed epoch lies at or below
         ``last_committed``, so above it there is nothing to ask."""
         if last is not None and epoch <= last:
@@ -215,13 +248,15 @@ class Transitions:
                 return XidState.COMMITTED
             if epoch == last:
                 raise self._lost(epoch, last)
-        return self._create(epoch, generation, holder, check)
+        return self._create(epoch, generation, holder, check, defer=defer)
 
     def _begin_once(self, record: XidRecord | None, epoch: int, generation: int,
-                    holder: tuple[str, bytes] | None, first: bool) -> XidState:
+                    holder: tuple[str, bytes] | None, first: bool,
+                    given: tuple[int | None, int] | None = None, defer: bool = False
+                    ) -> XidState:
         if record is None:
             return self._begin_missing(epoch, generation, holder,
-                                       *self._last_committed(epoch, first))
+                                       *(given or self._last_committed(epoch, first)), defer)
         if record.state is XidState.INITIALIZED:
             if record.generation > generation:
                 raise Fenced(f"xid {record.xid} belongs to generation {record.generation}; "
@@ -248,10 +283,7 @@ class Transitions:
         if record.state is not XidState.INITIALIZED:
             raise XidDecided(f"xid {record.xid} is {record.state.value}; branch "
                              f"{branch_id} may not register after the decision")
-        now = time.time()
-        branch = BranchRecord(self.store.sink_id, epoch, branch_id, BranchState.UNKNOWN,
-                              generation, record.attempt, owner=dict(owner), created=now,
-                              updated=now).moved_to(BranchState.INITIALIZED)
+        branch = self._new_branch(record, branch_id, owner, generation)
         multi = self._fenced(generation)
         multi.check(self.layout.xid(epoch), record.version, label="xid")  # refuse zombies
         multi.create(self.layout.branch(epoch, branch_id), branch.to_bytes(), label="branch")
@@ -423,12 +455,21 @@ class Transitions:
             f"--committed-through {last}`; otherwise restore the record from a backup")
 
     def _create(self, epoch: int, generation: int, holder: tuple[str, bytes] | None,
-                last_committed_version: int | None = None) -> XidState:
+                last_committed_version: int | None = None, record: XidRecord | None = None,
+                registering: tuple[str, dict[str, Any]] | None = None, defer: bool = False
+                ) -> XidState:
+        """Create the xid (``record``: as a deferring begin made it), with the first
+        branch's registration where ``registering`` (branch id, owner) names it;
+        ``defer``: left to the epoch's first registration (:meth:`begin`)."""
         now = time.time()
-        record = XidRecord(self.store.sink_id, epoch, XidState.UNKNOWN, generation,
-                           created=now, updated=now,
-                           liveness=WATCHED if holder else None,
-                           ).moved_to(XidState.INITIALIZED, generation)
+        record = record or XidRecord(self.store.sink_id, epoch, XidState.UNKNOWN, generation,
+                                     created=now, updated=now,
+                                     liveness=WATCHED if holder else None,
+                                     ).moved_to(XidState.INITIALIZED, generation)
+        if defer:
+            self._deferred[epoch] = (record, last_committed_version)
+            self._remember(replace(record, version=0))
+            return XidState.INITIALIZED
         multi = self._fenced(generation)
         multi.create(self.layout.xid(epoch), record.to_bytes(), label="xid")
         multi.create(self.layout.branches(epoch), label="branches")
@@ -439,6 +480,12 @@ class Transitions:
             last_committed.check(multi, last_committed_version)
         if holder is not None:  # watched from its first instant: no window to misjudge
             Liveness(self.store).add_to(multi, epoch, *holder)
+        branch = None
+        if registering is not None:
+            branch = self._new_branch(replace(record, version=0), *registering, generation)
+            multi.create(self.layout.branch(epoch, branch.branch_id), branch.to_bytes(),
+                         label="branch")
+            multi.set_data(self.layout.branches(epoch), b"", -1, label="branch")
         try:
             multi.commit()
         except MultiFailed as failed:
@@ -446,7 +493,16 @@ class Transitions:
                 last_committed.forget()
             raise
         self._remember(replace(record, version=0))
+        if branch is not None:
+            self._branches[(epoch, branch.branch_id)] = replace(branch, version=0)
         return XidState.INITIALIZED
+
+    def _new_branch(self, record: XidRecord, branch_id: str, owner: dict[str, Any],
+                    generation: int) -> BranchRecord:
+        now = time.time()
+        return BranchRecord(self.store.sink_id, record.epoch, branch_id, BranchState.UNKNOWN,
+                            generation, record.attempt, owner=dict(owner), created=now,
+                            updated=now).moved_to(BranchState.INITIALIZED)
 
     def _write(self, current: XidRecord, generation: int, new: XidRecord,
                reopen: bool = False, registered: tuple[str, int] | None = None

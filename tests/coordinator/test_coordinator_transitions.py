@@ -536,3 +536,67 @@ def test_a_record_handed_over_from_another_attempt_of_the_xid_is_read_instead(
     stale = replace(written, attempt=written.attempt + 1, manifest={"rows": 99})
     (taken,) = coord.winner_records(EPOCH, [written.branch_id], handed=[stale])
     assert taken.manifest == written.manifest
+
+
+# -- a stream task's begin: the creation deferred to its first registration ----------
+
+def task(zk: NodeStore) -> Coordinator:
+    return Coordinator(zk, SINK)
+
+
+def test_a_deferred_begin_creates_the_xid_with_its_first_registration(
+        driver: tuple[Coordinator, int], zk: NodeStore) -> None:
+    coord, generation = driver
+    writer = task(zk)
+    assert writer.begin(EPOCH, generation, defer=True) is X.INITIALIZED
+    assert coord.xid(EPOCH) is None  # nothing sent yet
+    writer.register_branch(EPOCH, "p0-a0-00010000", generation, owner={"staging": "s"})
+    assert coord.xid(EPOCH).state is X.INITIALIZED
+    assert [b.branch_id for b in coord.branches(EPOCH)] == ["p0-a0-00010000"]
+    writer.prepare_branch(EPOCH, "p0-a0-00010000", {"rows": 3, "staging": "s"})
+    assert coord.branches(EPOCH)[0].state is BranchState.PREPARED
+
+
+def test_a_deferred_creation_another_writer_made_first_registers_into_its_xid(
+        driver: tuple[Coordinator, int], zk: NodeStore) -> None:
+    coord, generation = driver
+    late, early = task(zk), task(zk)
+    late.begin(EPOCH, generation, defer=True)
+    early.begin(EPOCH, generation)
+    early.register_branch(EPOCH, "p1-a0-00010000", generation, owner={"staging": "s1"})
+    late.register_branch(EPOCH, "p0-a0-00010000", generation, owner={"staging": "s0"})
+    assert sorted(b.branch_id for b in coord.branches(EPOCH)) == [
+        "p0-a0-00010000", "p1-a0-00010000"]
+
+
+def test_a_deferred_creation_of_a_xid_decided_meanwhile_is_refused(
+        driver: tuple[Coordinator, int], zk: NodeStore) -> None:
+    coord, generation = driver
+    writer = task(zk)
+    writer.begin(EPOCH, generation, defer=True)
+    coord.begin(EPOCH, generation)
+    coord.abort(EPOCH, generation, Target().rollback)
+    with pytest.raises(XidAborted):
+        writer.register_branch(EPOCH, "p0-a0-00010000", generation, owner={"staging": "s"})
+    assert coord.branches(EPOCH) == []
+
+
+def test_a_deferred_creation_no_registration_took_is_sent_before_it_is_handed_over(
+        driver: tuple[Coordinator, int], zk: NodeStore) -> None:
+    coord, generation = driver
+    writer = task(zk)
+    writer.begin(EPOCH, generation, defer=True)
+    assert writer.begun(EPOCH).state is X.INITIALIZED
+    assert coord.xid(EPOCH).state is X.INITIALIZED
+
+
+def test_a_last_committed_handed_over_is_checked_and_read_again_once_it_moved(
+        driver: tuple[Coordinator, int], zk: NodeStore) -> None:
+    coord, generation = driver
+    handed = coord.last_committed()
+    bring_to(coord, generation, X.COMMITTED)  # moves it to EPOCH
+    writer = task(zk)
+    # EPOCH committed and its record is there: the stale value must not create it anew
+    assert writer.begin(EPOCH, generation, new=True, last_committed=handed) is X.COMMITTED
+    assert writer.begin(EPOCH + 1, generation, new=True, last_committed=handed) is \
+        X.INITIALIZED

@@ -442,7 +442,12 @@ def run_of(owner: dict[str, object]) -> str:
 
 def _write_branch(plan: WritePlan, coord: Coordinator, epoch: int, generation: int,
                   batches: Iterator[pa.RecordBatch]) -> BranchMessage | SkippedMessage:
-    state = coord.begin(epoch, generation, known=plan.begun)
+    # a stream's task: its first partition expects to create the xid (the others to find
+    # it), and the creation rides its first branch's registration
+    stream = plan.begun is None and plan.last_committed is not None
+    state = coord.begin(epoch, generation, known=plan.begun,
+                        new=stream and _task_identity()[0] == 0,
+                        last_committed=plan.last_committed, defer=plan.begun is None)
     if state in (XidState.COMMITTED, XidState.COMMITTING):
         # Decided by an earlier run: the replay adds nothing; its commit finishes the xid.
         return SkippedMessage(epoch, generation)

@@ -102,8 +102,10 @@ def open_sink(options: SinkOptions, sink_id: str) -> tuple[Coordinator, int]:
     return coord, generation
 
 
-def open_stream(options: SinkOptions, sink_id: str) -> Coordinator:
-    """Finish every xid of the sink that an earlier driver decided but did not publish.
+def open_stream(options: SinkOptions, sink_id: str) -> tuple[int | None, int] | None:
+    """Finish every xid of the sink that an earlier driver decided but did not publish;
+    then the sink's ``last_committed`` (epoch, node version), which the micro-batch's
+    tasks check instead of reading it when they create its xid (None where skipped).
 
     Spark calls ``streamWriter()`` twice per micro-batch (task side and commit side),
     so nothing here may fence or roll back: the query's tasks fence once per run
@@ -120,11 +122,12 @@ def open_stream(options: SinkOptions, sink_id: str) -> Coordinator:
     Skipped where this process knows the sink (``settled_sinks``): the micro-batch's
     begin or commit then checks that it still does, under its generation.
     """
+    if not options.transaction.recover_on_start or SETTLED.known(sink_key(options,
+                                                                          sink_id)):
+        return None
     coord = connections.coordinator(options, sink_id)
-    if options.transaction.recover_on_start and SETTLED.known(sink_key(options,
-                                                                          sink_id)) is None:
-        _roll_forward(options, coord)
-    return coord
+    _roll_forward(options, coord)
+    return coord.last_committed()
 
 
 def sink_key(options: SinkOptions, sink_id: str) -> Sink:

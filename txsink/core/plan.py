@@ -124,7 +124,8 @@ def plan_write(raw_options: dict[str, str], spark_schema, overwrite: bool, *,
                 StreamPlans.key(raw_options, spark_schema, overwrite), options,
                 lambda: plan_afresh(options, spark_schema, overwrite, streaming=True))
             if kept:
-                driver.open_stream(plan.options, plan.sink_id)
+                plan = replace(plan, last_committed=driver.open_stream(plan.options,
+                                                                       plan.sink_id))
         else:
             plan = plan_afresh(options, spark_schema, overwrite, streaming=streaming)
     return replace(plan, planned=meter.read())
@@ -147,14 +148,14 @@ def plan_afresh(options: SinkOptions, spark_schema, overwrite: bool, *,
     quarantined, quarantine_strategy = quarantine_plan.quarantine_table_for(
         options, checked.layout, overwrite=overwrite, clients=clients)  # before any xid
     sink_id = options.transaction.resolved_sink_id(streaming)
-    covered_by_txn, begun = None, None
+    covered_by_txn, begun, last_committed = None, None, None
     if options.transaction.in_transaction():
         generation, epoch = options.transaction.tx_generation, options.transaction.tx_epoch
     elif streaming:
         if options.transaction.txn_version is not None:
             raise OptionError("option txn_version is for batch jobs: a stream's "
                               "micro-batches are idempotent by their batch id already")
-        driver.open_stream(options, sink_id)
+        last_committed = driver.open_stream(options, sink_id)
         generation = epoch = None
     else:
         opened = driver.open_xid(options, sink_id, hold="batch driver")
@@ -169,4 +170,5 @@ def plan_afresh(options: SinkOptions, spark_schema, overwrite: bool, *,
                      epoch=epoch, layout=checked.layout, table=checked.table,
                      covered_by_txn=covered_by_txn, views=checked.views,
                      view_strategies=checked.view_strategies, quarantine=quarantined,
-                     quarantine_strategy=quarantine_strategy, begun=begun)
+                     quarantine_strategy=quarantine_strategy, begun=begun,
+                     last_committed=last_committed)

@@ -51,6 +51,9 @@ class WritePlan:
     # the xid as the driver began it (a batch job, a foreachBatch micro-batch): its tasks'
     # begin and the commit's take it instead of reading it (``Coordinator.begin``'s known)
     begun: XidRecord | None = None
+    # a stream's: the sink's last_committed (epoch, node version) as its planner read it,
+    # which the task creating the micro-batch's xid checks instead of reading
+    last_committed: tuple[int | None, int] | None = None
 
     @property
     def target(self) -> str:
